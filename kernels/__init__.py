@@ -1,0 +1,62 @@
+"""CUDA C++ kernels compiled at run time by NVRTC (through ``cupy.RawModule``).
+
+Each ``*.cu`` file here is one family of kernels, templated on the real type;
+the matching ``*_ref.py`` module says in NumPy what each kernel computes.
+Modules are compiled once per (file, type, options) and cached, so callers fetch
+functions at setup and never compile during graph capture.
+"""
+import functools
+import os
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+# NVRTC does not see cudaGraphSetConditional through cuda_runtime.h; declaring the
+# device-runtime entry point is enough (no -rdc, no libcudadevrt).
+CONDITIONAL_PRELUDE = (
+    'extern "C" __device__ void cudaGraphSetConditional('
+    "unsigned long long handle, unsigned int value);\n"
+)
+
+_CTYPES = {"float64": "double", "float32": "float"}
+
+
+def source(name):
+    """Text of ``kernels/<name>.cu``."""
+    with open(os.path.join(_HERE, f"{name}.cu"), encoding="utf-8") as f:
+        return f.read()
+
+
+def ctype(dtype):
+    """C type name for a NumPy dtype (``float64`` -> ``double``)."""
+    import numpy as np
+    key = np.dtype(dtype).name
+    if key not in _CTYPES:
+        raise ValueError(f"unsupported dtype {key}; use float64 or float32")
+    return _CTYPES[key]
+
+
+@functools.lru_cache(maxsize=None)
+def module(name, real="double", defines=()):
+    """Compile ``kernels/<name>.cu`` with ``real_t`` set to ``real``.
+
+    Parameters
+    ----------
+    name : str
+        Kernel file stem.
+    real : {"double", "float"}
+        The floating-point type the kernels are instantiated with.
+    defines : tuple of (str, str)
+        Extra preprocessor definitions.
+
+    Returns
+    -------
+    cupy.RawModule
+    """
+    import cupy
+
+    head = [CONDITIONAL_PRELUDE, f"typedef {real} real_t;\n"]
+    head += [f"#define {k} {v}\n" for k, v in defines]
+    code = "".join(head) + source(name)
+    mod = cupy.RawModule(code=code, options=("--std=c++17",))
+    mod.compile()
+    return mod

@@ -1,0 +1,269 @@
+"""Graph engine: run one iteration body eagerly, as a relaunched graph, or in a WHILE node.
+
+The engine is generic: it knows bodies, not algorithms. A *body* is any object
+with a ``launch(stream, loop)`` method that enqueues one iteration of kernels on
+the CuPy ``stream``, working only on buffers allocated at setup. ``loop`` is a
+:class:`LoopContext` that gives the body
+
+* ``loop.handle``: the WHILE node's condition handle as ``numpy.uint64``, to be
+  passed to the body's condition kernel, which calls ``cudaGraphSetConditional``
+  when the handle is non-zero (it is zero outside ``while`` mode);
+* ``loop.condition(name)`` and ``loop.if_then(name)``: an IF node inside the
+  body (``while`` mode) or, in the other modes, a plain inline branch whose
+  kernels must themselves return early when their device flag is clear.
+
+Every body must be idempotent once finished: after its condition kernel has
+recorded a stop reason, further iterations must change nothing. This is what
+makes ``graph`` mode (k unrolled iterations per launch) and ``eager`` mode give
+the same numbers as ``while`` mode.
+
+Modes
+-----
+eager
+    Plain kernel launches; the host checks ``done()`` every ``check_every``
+    iterations.
+graph
+    ``unroll`` iterations captured once into a graph and relaunched; the host
+    checks ``done()`` after each launch (one synchronisation per ``unroll``
+    iterations).
+while
+    The body sits in a WHILE conditional node: the whole run is one launch.
+"""
+import contextlib
+import time
+
+import numpy as np
+
+from .backend import require_cupy
+
+MODES = ("auto", "eager", "graph", "while")
+# Conditional nodes need CUDA 12.4 in both the driver and the runtime.
+_MIN_CONDITIONAL_VERSION = 12040
+
+
+def conditional_nodes_supported():
+    """True when the driver and the runtime both support WHILE/IF graph nodes."""
+    cupy = require_cupy()
+    rt = cupy.cuda.runtime
+    return min(rt.driverGetVersion(), rt.runtimeGetVersion()) >= _MIN_CONDITIONAL_VERSION
+
+
+def resolve_mode(mode):
+    """Map ``auto`` to a concrete mode.
+
+    Returns
+    -------
+    (str, str or None)
+        The mode and a note explaining an automatic choice.
+    """
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {', '.join(MODES)}, not {mode!r}")
+    if mode != "auto":
+        if mode == "while" and not conditional_nodes_supported():
+            from .errors import DeviceError
+            raise DeviceError("mode 'while' needs CUDA >= 12.4 (driver and runtime) for conditional graph nodes")
+        return mode, None
+    if conditional_nodes_supported():
+        return "while", "auto: CUDA supports conditional nodes, using while"
+    return "graph", "auto: CUDA < 12.4 has no conditional nodes, using graph"
+
+
+def _core():
+    """The ``cuda.core`` namespace holding ``Device`` (1.x or the older experimental one)."""
+    try:
+        from cuda import core
+        core.Device  # noqa: B018 - raise AttributeError on 0.x
+        return core
+    except (ImportError, AttributeError):
+        from cuda.core import experimental
+        return experimental
+
+
+class _StreamRef:
+    """Expose a raw stream pointer through the ``__cuda_stream__`` protocol."""
+
+    def __init__(self, ptr):
+        self._ptr = int(ptr)
+
+    def __cuda_stream__(self):
+        return (0, self._ptr)
+
+
+def _cupy_stream(builder):
+    """A CuPy stream object that enqueues onto a cuda.core graph builder's capture stream."""
+    cupy = require_cupy()
+    _, ptr = builder.__cuda_stream__()
+    return cupy.cuda.ExternalStream(int(ptr))
+
+
+class LoopContext:
+    """What a body sees of the driver running it (see module docstring)."""
+
+    def __init__(self, builder=None, handle=0):
+        self._builder = builder          # cuda.core builder of the WHILE body, or None
+        self.handle = np.uint64(handle)
+        self._conditions = {}
+
+    @property
+    def conditional(self):
+        """True when IF nodes are real graph nodes (``while`` mode)."""
+        return self._builder is not None
+
+    def condition(self, name):
+        """Handle (``numpy.uint64``) of the IF condition ``name``; 0 outside ``while`` mode."""
+        if self._builder is None:
+            return np.uint64(0)
+        if name not in self._conditions:
+            self._conditions[name] = self._builder.create_condition(default_value=0)
+        return np.uint64(int(self._conditions[name].handle))
+
+    @contextlib.contextmanager
+    def if_then(self, name, stream):
+        """Yield the stream on which the branch ``name``'s kernels are launched.
+
+        In ``while`` mode the kernels land in an IF node controlled by the
+        condition ``name`` (set on the device by an earlier kernel of the body);
+        elsewhere they are launched inline on ``stream``.
+        """
+        if self._builder is None:
+            yield stream
+            return
+        if name not in self._conditions:
+            raise RuntimeError(f"condition {name!r} must be created and set before its IF node")
+        branch = self._builder.if_then(self._conditions[name]).begin_building()
+        try:
+            with _cupy_stream(branch) as inner:
+                yield inner
+        finally:
+            branch.end_building()
+
+
+class GraphEngine:
+    """Drive one iteration body in ``eager``, ``graph`` or ``while`` mode.
+
+    Parameters
+    ----------
+    body : object
+        Has ``launch(stream, loop)`` (see module docstring).
+    mode : {"auto", "eager", "graph", "while"}
+    unroll : int
+        Iterations per graph launch in ``graph`` mode, and per host check in
+        ``eager`` mode.
+    stream : cupy.cuda.Stream, optional
+        Stream the runs are launched on; a new non-blocking stream by default.
+
+    Attributes
+    ----------
+    mode : str
+        The concrete mode.
+    note : str or None
+        Why ``auto`` chose ``mode``.
+    instantiations : int
+        How many executable graphs this engine has built (``graph``/``while``).
+    """
+
+    def __init__(self, body, mode="auto", unroll=1, stream=None):
+        cupy = require_cupy()
+        if unroll < 1:
+            raise ValueError("unroll must be >= 1")
+        self.body = body
+        self.mode, self.note = resolve_mode(mode)
+        self.unroll = int(unroll)
+        self.stream = stream if stream is not None else cupy.cuda.Stream(non_blocking=True)
+        self.instantiations = 0
+        self._graph = None
+        self._core_stream = None
+
+    # -- building ---------------------------------------------------------
+    def _device(self):
+        cupy = require_cupy()
+        dev = _core().Device(cupy.cuda.Device().id)
+        dev.set_current()
+        return dev
+
+    def _build(self):
+        dev = self._device()
+        builder = dev.create_graph_builder().begin_building("relaxed")
+        if self.mode == "while":
+            cond = builder.create_condition(default_value=1)
+            body_builder = builder.while_loop(cond).begin_building("relaxed")
+            loop = LoopContext(body_builder, int(cond.handle))
+            with _cupy_stream(body_builder) as s:
+                self.body.launch(s, loop)
+            body_builder.end_building()
+        else:
+            loop = LoopContext()
+            with _cupy_stream(builder) as s:
+                for _ in range(self.unroll):
+                    self.body.launch(s, loop)
+        self._graph = builder.end_building().complete()
+        self._core_stream = dev.create_stream(_StreamRef(self.stream.ptr))
+        self.instantiations += 1
+
+    def invalidate(self):
+        """Forget the captured graph (the body's buffers moved); the next run recaptures."""
+        if self._graph is not None:
+            self._graph.close()
+        self._graph = None
+
+    # -- running ----------------------------------------------------------
+    def _wait(self, on_wait, poll_interval):
+        if on_wait is None:
+            self.stream.synchronize()
+            return
+        while not self.stream.done:
+            on_wait()
+            time.sleep(poll_interval)
+        on_wait()
+
+    def run(self, done, max_iterations, *, check_every=1, on_wait=None, poll_interval=0.1):
+        """Run the body until ``done()`` is true or ``max_iterations`` have been launched.
+
+        Parameters
+        ----------
+        done : callable
+            ``done() -> bool``, read on the host after the stream has been
+            synchronised (typically the body's device status word).
+        max_iterations : int
+            Upper bound on iterations launched; the body's own condition must
+            stop the device loop at the same bound in ``while`` mode.
+        check_every : int
+            Host checks in ``eager`` mode happen every this many iterations.
+        on_wait : callable, optional
+            Called about every ``poll_interval`` seconds while the host waits
+            (e.g. to show progress from host-mapped memory).
+
+        Returns
+        -------
+        int
+            Number of launches made (kernel iterations in eager mode, graph launches otherwise).
+        """
+        if self.mode == "eager":
+            loop = LoopContext()
+            launched = 0
+            with self.stream:
+                while launched < max_iterations:
+                    steps = min(check_every, max_iterations - launched)
+                    for _ in range(steps):
+                        self.body.launch(self.stream, loop)
+                    launched += steps
+                    self._wait(on_wait, poll_interval)
+                    if done():
+                        break
+            return launched
+
+        if self._graph is None:
+            self._build()
+        if self.mode == "while":
+            self._graph.launch(self._core_stream)
+            self._wait(on_wait, poll_interval)
+            return 1
+        launches = 0
+        bound = -(-max_iterations // self.unroll)  # ceil: the host loop can never spin
+        while launches < bound:
+            self._graph.launch(self._core_stream)
+            launches += 1
+            self._wait(on_wait, poll_interval)
+            if done():
+                break
+        return launches

@@ -1,0 +1,9 @@
+"""Preconditioned conjugate gradients: CPU reference and GPU graph drivers.
+
+Run ``python -m solvers.pcg --help`` for the command line.
+"""
+from .api import cg
+from .result import Reason, SolveResult
+from .solver import PCG
+
+__all__ = ["cg", "PCG", "Reason", "SolveResult"]

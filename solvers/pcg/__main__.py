@@ -1,0 +1,163 @@
+"""Command line: ``python -m solvers.pcg --matrix file.mtx``.
+
+Exit codes: 0 converged, 1 not converged or breakdown, 2 bad input or unusable device.
+"""
+import argparse
+import json
+import sys
+
+from ..errors import DeviceError, InputError
+from .problem import load_problem
+from .solver import PCG
+
+EXIT_CONVERGED, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+
+
+def build_parser():
+    p = argparse.ArgumentParser(
+        prog="python -m solvers.pcg",
+        description="Solve A x = b (A symmetric positive definite) by preconditioned CG; "
+                    "on a GPU the whole solve is one CUDA graph launch.")
+    p.add_argument("--matrix", required=True, help="Matrix Market file (.mtx or .mtx.gz)")
+    p.add_argument("--rhs", help="right-hand side (.mtx, .npy or .txt); default b = A @ ones")
+    p.add_argument("--x0", help="initial guess (.mtx, .npy or .txt); default zeros")
+    p.add_argument("--rtol", type=float, default=1e-8, help="relative tolerance (default 1e-8)")
+    p.add_argument("--atol", type=float, default=0.0, help="absolute tolerance (default 0)")
+    p.add_argument("--maxiter", type=int, help="iteration limit (default 10 n)")
+    p.add_argument("--precond", choices=("none", "jacobi"), default="jacobi")
+    p.add_argument("--device", choices=("auto", "cpu", "gpu"), default="auto")
+    p.add_argument("--mode", choices=("auto", "eager", "graph", "while"), default="auto",
+                   help="GPU driver (graph and while need a GPU)")
+    p.add_argument("--unroll", type=int, default=8, help="iterations per launch in graph mode")
+    p.add_argument("--dtype", choices=("float64", "float32"), default="float64")
+    p.add_argument("--output", help="write the solution (.mtx or .npy)")
+    p.add_argument("--json", help="write the report as JSON")
+    p.add_argument("--plot", help="plot the convergence history to this PNG (needs matplotlib)")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("-q", "--quiet", action="store_true", help="print one summary line")
+    g.add_argument("-v", "--verbose", action="store_true", help="print more detail")
+    return p
+
+
+def _report(problem, solver, result, error):
+    return {
+        "matrix": problem.name, "n": problem.n, "nnz": problem.nnz,
+        "device": result.device, "device_name": getattr(solver, "device_name", None),
+        "mode": result.mode, "mode_note": result.mode_note,
+        "preconditioner": solver.preconditioner, "dtype": str(solver.dtype),
+        "converged": result.converged, "reason": result.reason.label, "info": result.info,
+        "iterations": result.iterations,
+        "residual_norm": result.residual_norm, "true_residual_norm": result.true_residual_norm,
+        "true_relative_residual": result.relative_residual, "b_norm": result.b_norm,
+        "tolerance": result.tolerance, "error_vs_exact": error,
+        "setup_time_s": result.setup_time, "solve_time_s": result.solve_time,
+        "time_per_iteration_s": result.time_per_iteration if result.iterations else None,
+        "history": None if result.history is None else [float(v) for v in result.history],
+    }
+
+
+def _print_report(rep, args, out=sys.stdout):
+    status = "converged" if rep["converged"] else "NOT CONVERGED: " + rep["reason"]
+    if args.quiet:
+        print(f"{rep['matrix']}: {status}, {rep['iterations']} iterations, "
+              f"true relative residual {rep['true_relative_residual']:.3e}", file=out)
+        return
+    where = rep["device"] + (f" ({rep['device_name']})" if rep["device_name"] else "")
+    lines = [
+        f"matrix                  {rep['matrix']}  (n = {rep['n']:,}, nnz = {rep['nnz']:,})",
+        f"device                  {where}, mode {rep['mode']}",
+        f"preconditioner          {rep['preconditioner']}, {rep['dtype']}",
+        f"result                  {status} in {rep['iterations']} iterations",
+        f"true relative residual  {rep['true_relative_residual']:.3e}  "
+        f"(||b - A x|| / ||b||; stop when ||r|| <= {rep['tolerance']:.3e})",
+    ]
+    if rep["error_vs_exact"] is not None:
+        lines.append(f"error vs exact solution {rep['error_vs_exact']:.3e}  (b = A @ ones, ||x - 1|| / ||1||)")
+    lines.append(f"setup time              {rep['setup_time_s'] * 1e3:.3f} ms")
+    per_it = rep["time_per_iteration_s"]
+    per_it_text = f"  ({per_it * 1e6:.2f} us per iteration)" if per_it else ""
+    lines.append(f"solve time              {rep['solve_time_s'] * 1e3:.3f} ms{per_it_text}")
+    if rep["mode_note"]:
+        lines.append(f"note                    {rep['mode_note']}")
+    if args.verbose:
+        lines.append(f"recursive residual      {rep['residual_norm']:.6e}")
+        lines.append(f"true residual norm      {rep['true_residual_norm']:.6e}")
+        lines.append(f"||b||                   {rep['b_norm']:.6e}")
+    print("\n".join(lines), file=out)
+
+
+def _require_matplotlib(path):
+    """Fail before solving, not after, when the plot cannot be made."""
+    try:
+        import matplotlib
+    except ImportError:
+        raise InputError("--plot needs matplotlib (pip install matplotlib)", path) from None
+    matplotlib.use("Agg")
+
+
+def _plot(path, history, title):
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.semilogy(range(len(history)), history)
+    ax.set_xlabel("iteration")
+    ax.set_ylabel("||r|| (recursive)")
+    ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    try:
+        fig.savefig(path, dpi=120)
+    except OSError as exc:
+        raise InputError(f"cannot write plot ({exc.strerror})", path) from None
+    finally:
+        plt.close(fig)
+
+
+def _write_json(path, rep):
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(rep, f, indent=2)
+    except OSError as exc:
+        raise InputError(f"cannot write JSON report ({exc.strerror})", path) from None
+
+
+def _write_output(path, x):
+    from ..mmio import write_vector
+    try:
+        write_vector(path, x.get() if hasattr(x, "get") else x)
+    except OSError as exc:
+        raise InputError(f"cannot write solution ({exc.strerror})", path) from None
+
+
+def main(argv=None):
+    """Run the CLI; returns the exit code."""
+    args = build_parser().parse_args(argv)
+    try:
+        if args.maxiter is not None and args.maxiter < 0:
+            raise InputError("--maxiter must be >= 0")
+        if args.rtol < 0 or args.atol < 0:
+            raise InputError("--rtol and --atol must be >= 0")
+        if args.unroll < 1:
+            raise InputError("--unroll must be >= 1")
+        if args.plot:
+            _require_matplotlib(args.plot)
+        problem = load_problem(args.matrix, args.rhs, args.x0, dtype=args.dtype)
+        solver = PCG(problem.A, preconditioner=args.precond, rtol=args.rtol, atol=args.atol,
+                     maxiter=args.maxiter, device=args.device, mode=args.mode, dtype=args.dtype,
+                     unroll=args.unroll, record_history=bool(args.plot or args.json))
+        result = solver.solve(problem.b, problem.x0)
+        rep = _report(problem, solver, result, problem.solution_error(result.x))
+        _print_report(rep, args)
+        if args.output:
+            _write_output(args.output, result.x)
+        if args.json:
+            _write_json(args.json, rep)
+        if args.plot and result.history is not None:
+            _plot(args.plot, result.history, f"{problem.name}: PCG ({args.precond})")
+    except (InputError, DeviceError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    return EXIT_CONVERGED if result.converged else EXIT_FAILED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,133 @@
+"""PCG on the CPU with NumPy: the reference every GPU driver is compared to.
+
+The iteration is the one the GPU kernels run (see ``kernels/pcg.cu``):
+same stopping rule, same breakdown and NaN checks, same iteration count.
+"""
+import numpy as np
+
+from ..backend import is_device_array
+from ..errors import DeviceError, InputError
+from .result import Reason
+
+
+def pcg_iterate(matvec, psolve, b, x, tol, maxiter, callback=None, history=None, dot=np.dot):
+    """Run preconditioned CG in place on ``x``.
+
+    Parameters
+    ----------
+    matvec, psolve : callable
+        ``A @ v`` and ``M^{-1} v``.
+    b : ndarray
+        Right-hand side.
+    x : ndarray
+        Initial guess, overwritten by the solution.
+    tol : float
+        Absolute threshold: stop when ``||r|| <= tol``.
+    maxiter : int
+        Maximum number of updates of ``x``.
+    callback : callable, optional
+        ``callback(x)`` after each update, as in SciPy.
+    history : list, optional
+        Receives ``||r||`` before the first and after every update.
+    dot : callable
+        Inner product; a distributed run passes one that sums over ranks.
+
+    Returns
+    -------
+    (Reason, int, float)
+        Stop reason, iterations done, final recursive residual norm.
+    """
+    r = b - matvec(x) if np.any(x) else b.copy()
+    rnorm = float(np.sqrt(dot(r, r)))
+    if history is not None:
+        history.append(rnorm)
+    if not np.isfinite(rnorm):
+        return Reason.NOT_FINITE, 0, rnorm
+    if rnorm <= tol:
+        return Reason.CONVERGED, 0, rnorm
+    z = psolve(r)
+    rz = float(dot(r, z))
+    if not np.isfinite(rz):
+        return Reason.NOT_FINITE, 0, rnorm
+    if rz <= 0:
+        return Reason.BREAKDOWN, 0, rnorm
+    p = z.copy()
+    for it in range(1, maxiter + 1):
+        q = matvec(p)
+        pq = float(dot(p, q))
+        if not np.isfinite(pq):
+            return Reason.NOT_FINITE, it - 1, rnorm
+        if pq <= 0:
+            return Reason.BREAKDOWN, it - 1, rnorm
+        alpha = rz / pq
+        x += alpha * p
+        r -= alpha * q
+        if callback is not None:
+            callback(x)
+        rnorm = float(np.sqrt(dot(r, r)))
+        if history is not None:
+            history.append(rnorm)
+        if not np.isfinite(rnorm):
+            return Reason.NOT_FINITE, it, rnorm
+        if rnorm <= tol:
+            return Reason.CONVERGED, it, rnorm
+        if it == maxiter:
+            break
+        z = psolve(r)
+        rz_new = float(dot(r, z))
+        if not np.isfinite(rz_new):
+            return Reason.NOT_FINITE, it, rnorm
+        if rz_new <= 0:
+            return Reason.BREAKDOWN, it, rnorm
+        beta = rz_new / rz
+        rz = rz_new
+        p *= beta
+        p += z
+    return Reason.MAX_ITERATIONS, maxiter, rnorm
+
+
+class CPUPCG:
+    """Set-up-once PCG on NumPy/SciPy data (one instance per matrix)."""
+
+    device = "cpu"
+    mode = "numpy"
+    mode_note = None
+
+    def __init__(self, A, preconditioner, dtype):
+        self.A = A
+        self.M = preconditioner
+        self.dtype = np.dtype(dtype)
+
+    @property
+    def shape(self):
+        return self.A.shape
+
+    def update_values(self, A):
+        self.A = A
+
+    def check_vector(self, v, name):
+        """Return ``v`` as a 1-D host array of the solver's dtype, or raise InputError."""
+        if is_device_array(v):
+            raise DeviceError(f"{name} is a GPU array but the solver runs on the CPU")
+        v = np.asarray(v)
+        if v.ndim == 2 and 1 in v.shape:
+            v = v.reshape(-1)
+        if v.shape != (self.shape[0],):
+            raise InputError(f"{name} has shape {v.shape}, expected ({self.shape[0]},)")
+        if np.iscomplexobj(v) or not np.issubdtype(v.dtype, np.number):
+            raise InputError(f"{name} must be real, got dtype {v.dtype}")
+        return v.astype(self.dtype, copy=False)
+
+    def norm(self, v):
+        return float(np.linalg.norm(v))
+
+    def solve(self, b, x0, tol, maxiter, callback, record_history):
+        """Return ``(x, reason, iterations, rnorm, history)``."""
+        b = np.asarray(b, dtype=self.dtype)
+        x = np.zeros_like(b) if x0 is None else np.array(x0, dtype=self.dtype, copy=True)
+        history = [] if record_history else None
+        reason, its, rnorm = pcg_iterate(self.A.dot, self.M.apply, b, x, tol, maxiter, callback, history)
+        return x, reason, its, rnorm, (np.array(history) if history is not None else None)
+
+    def true_residual_norm(self, b, x):
+        return float(np.linalg.norm(np.asarray(b, dtype=self.dtype) - self.A.dot(x)))

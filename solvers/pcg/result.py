@@ -1,0 +1,90 @@
+"""The outcome of one PCG solve, shared by every device and driver."""
+import dataclasses
+import enum
+
+import numpy as np
+
+
+class Reason(enum.IntEnum):
+    """Why a solve stopped. The values are the codes the GPU status word holds."""
+
+    RUNNING = 0
+    CONVERGED = 1
+    MAX_ITERATIONS = 2
+    BREAKDOWN = 3      # p.Ap <= 0 or r.z <= 0: matrix or preconditioner not positive definite
+    NOT_FINITE = 4     # NaN or Inf appeared in the recurrences
+
+    @property
+    def label(self):
+        return {
+            Reason.RUNNING: "running",
+            Reason.CONVERGED: "converged",
+            Reason.MAX_ITERATIONS: "max iterations reached",
+            Reason.BREAKDOWN: "breakdown (matrix or preconditioner not positive definite)",
+            Reason.NOT_FINITE: "NaN or Inf encountered",
+        }[self]
+
+    def info(self, iterations):
+        """SciPy's ``info``: 0 converged, iterations when not converged, < 0 breakdown."""
+        if self is Reason.CONVERGED:
+            return 0
+        if self is Reason.MAX_ITERATIONS:
+            return max(int(iterations), 1)
+        return -1 if self is Reason.BREAKDOWN else -2
+
+
+@dataclasses.dataclass
+class SolveResult:
+    """Result of :meth:`solvers.PCG.solve`.
+
+    Attributes
+    ----------
+    x : array
+        Solution (NumPy on the CPU, CuPy on the GPU).
+    reason : Reason
+    iterations : int
+        Number of PCG updates of ``x``.
+    residual_norm : float
+        ``||r||`` of the recurrence at exit.
+    true_residual_norm : float
+        ``||b - A x||`` recomputed at exit.
+    b_norm, tolerance : float
+        ``||b||`` and the absolute stopping threshold ``max(atol, rtol*||b||)``.
+    setup_time, solve_time : float
+        Seconds spent setting up (once per solver object) and in this solve.
+    device, mode : str
+        Where and how it ran; ``mode_note`` says why when chosen automatically.
+    history : ndarray or None
+        Recursive residual norm per iteration (index 0 is the initial residual).
+    """
+
+    x: object
+    reason: Reason
+    iterations: int
+    residual_norm: float
+    true_residual_norm: float
+    b_norm: float
+    tolerance: float
+    setup_time: float
+    solve_time: float
+    device: str
+    mode: str
+    mode_note: str = None
+    history: np.ndarray = None
+
+    @property
+    def info(self):
+        return self.reason.info(self.iterations)
+
+    @property
+    def converged(self):
+        return self.reason is Reason.CONVERGED
+
+    @property
+    def relative_residual(self):
+        """True residual over ``||b||`` (the absolute residual when ``b`` is zero)."""
+        return self.true_residual_norm / self.b_norm if self.b_norm > 0 else self.true_residual_norm
+
+    @property
+    def time_per_iteration(self):
+        return self.solve_time / self.iterations if self.iterations else float("nan")

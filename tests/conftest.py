@@ -1,0 +1,59 @@
+"""Shared fixtures: test data location and the GPU marker policy.
+
+GPU tests carry ``@pytest.mark.gpu``. Without a usable GPU they are skipped,
+unless ``REQUIRE_GPU=1`` is set, in which case they fail.
+"""
+import os
+import pathlib
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+
+
+def _data_dir():
+    candidates = [os.environ.get("GRAPHSOLVE_DATA"), REPO.parent / "shared" / "data", REPO / "shared" / "data"]
+    for c in candidates:
+        if c and (pathlib.Path(c) / "matrices").is_dir():
+            return pathlib.Path(c)
+    return None
+
+
+DATA = _data_dir()
+MATRICES = DATA / "matrices" if DATA else None
+MD_DATA = DATA / "md" if DATA else None
+
+
+def pytest_collection_modifyitems(config, items):
+    from solvers.backend import gpu_available
+
+    if gpu_available():
+        return
+    if os.environ.get("REQUIRE_GPU") == "1":
+        for item in items:
+            if "gpu" in item.keywords:
+                item.add_marker(pytest.mark.usefixtures("_gpu_required"))
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU with CuPy")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def _gpu_required():
+    pytest.fail("REQUIRE_GPU=1 but no usable GPU (CuPy missing or no device)")
+
+
+@pytest.fixture(scope="session")
+def matrices_dir():
+    if MATRICES is None:
+        pytest.skip("shared test matrices not found (set GRAPHSOLVE_DATA)")
+    return MATRICES
+
+
+@pytest.fixture(scope="session")
+def md_data_dir():
+    if MD_DATA is None or not MD_DATA.is_dir():
+        pytest.skip("shared MD data not found (set GRAPHSOLVE_DATA)")
+    return MD_DATA
