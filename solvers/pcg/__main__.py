@@ -56,18 +56,18 @@ def _report(problem, solver, result, error):
     }
 
 
-def _print_report(rep, args, out=sys.stdout):
+def _print_report(rep, args):
     status = "converged" if rep["converged"] else "NOT CONVERGED: " + rep["reason"]
     if args.quiet:
         print(f"{rep['matrix']}: {status}, {rep['iterations']} iterations, "
-              f"true relative residual {rep['true_relative_residual']:.3e}", file=out)
+              f"true relative residual {rep['true_relative_residual']:.3e}")
         return
     where = rep["device"] + (f" ({rep['device_name']})" if rep["device_name"] else "")
     lines = [
         f"matrix                  {rep['matrix']}  (n = {rep['n']:,}, nnz = {rep['nnz']:,})",
         f"device                  {where}, mode {rep['mode']}",
         f"preconditioner          {rep['preconditioner']}, {rep['dtype']}",
-        f"result                  {status} in {rep['iterations']} iterations",
+        f"result                  {status} {'in' if rep['converged'] else 'after'} {rep['iterations']} iterations",
         f"true relative residual  {rep['true_relative_residual']:.3e}  "
         f"(||b - A x|| / ||b||; stop when ||r|| <= {rep['tolerance']:.3e})",
     ]
@@ -83,7 +83,7 @@ def _print_report(rep, args, out=sys.stdout):
         lines.append(f"recursive residual      {rep['residual_norm']:.6e}")
         lines.append(f"true residual norm      {rep['true_residual_norm']:.6e}")
         lines.append(f"||b||                   {rep['b_norm']:.6e}")
-    print("\n".join(lines), file=out)
+    print("\n".join(lines))
 
 
 def _require_matplotlib(path):

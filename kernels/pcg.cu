@@ -1,0 +1,206 @@
+// Preconditioned CG in two fused kernels per iteration (see pcg_ref.py for the NumPy meaning).
+//
+//   pcg_spmv_dot : p_new = z + beta p_old ; q = A p_new ; pq = p_new . q ; alpha = rz / pq
+//   pcg_update   : x += alpha p ; r -= alpha q ; z = M^-1 r ; rz, rr ; decide ; beta = rz_new / rz
+//
+// The direction update is folded into the SpMV by forming p_new on the fly for every column it
+// touches (p is double-buffered, `parity` says which buffer is current), so an iteration is two
+// kernel nodes. Grid-wide reductions end in the last block to finish (ticket counter), which sums
+// the per-block partials in a fixed order: results do not depend on block scheduling, so every
+// driver (eager, graph, while) produces the same bits.
+//
+// Compiled with real_t (double or float) and SUBWARP (lanes per CSR row) defined by the loader.
+
+#ifndef SUBWARP
+#define SUBWARP 8
+#endif
+#define BLOCK 256
+
+enum { RUNNING = 0, CONVERGED = 1, MAX_ITERATIONS = 2, BREAKDOWN = 3, NOT_FINITE = 4 };
+
+// Device-side solver state; the host mirrors this layout in solvers/pcg/gpu.py (STATE_DTYPE).
+struct State {
+    double rz, alpha, beta, tol, rnorm, pq;
+    int iteration, maxiter, status, parity;
+    unsigned int ticket;
+    int pad;
+};
+
+// Written by the deciding thread into host-mapped memory, so the host can watch a running graph.
+struct Progress {
+    double rnorm;
+    int iteration, status;
+};
+
+__device__ __forceinline__ double warp_sum(double v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// Sum over the block; the result is valid in thread 0.
+__device__ double block_sum(double v) {
+    __shared__ double warp_totals[BLOCK / 32];
+    __syncthreads();  // the shared array may still be in use by a previous call
+    v = warp_sum(v);
+    if ((threadIdx.x & 31) == 0) warp_totals[threadIdx.x >> 5] = v;
+    __syncthreads();
+    v = threadIdx.x < BLOCK / 32 ? warp_totals[threadIdx.x] : 0.0;
+    if (threadIdx.x < 32) v = warp_sum(v);
+    return v;
+}
+
+// Publish this block's partial and tell whether this block is the last one to finish.
+__device__ bool publish_partials(double* partials, double a, double b, bool two, unsigned int* ticket) {
+    __shared__ bool last;
+    a = block_sum(a);
+    if (two) b = block_sum(b);
+    if (threadIdx.x == 0) {
+        partials[blockIdx.x] = a;
+        if (two) partials[gridDim.x + blockIdx.x] = b;
+        __threadfence();
+        last = atomicAdd(ticket, 1u) == gridDim.x - 1;
+    }
+    __syncthreads();
+    return last;
+}
+
+// Fixed-order sum of `count` partials (valid in thread 0 of the last block).
+__device__ double sum_partials(const double* partials, int count) {
+    const volatile double* p = partials;
+    double v = 0.0;
+    for (int i = threadIdx.x; i < count; i += BLOCK) v += p[i];
+    return block_sum(v);
+}
+
+// y_row = sum_k val[k] * v(col[k]) for one row, spread over SUBWARP lanes; all lanes get the sum.
+template <typename F>
+__device__ __forceinline__ real_t row_dot(const int* __restrict__ rowptr, const int* __restrict__ col,
+                                          const real_t* __restrict__ val, int row, bool active, F v) {
+    const int lane = threadIdx.x % SUBWARP;
+    real_t s = 0;
+    if (active) {
+        const int end = rowptr[row + 1];
+        for (int k = rowptr[row] + lane; k < end; k += SUBWARP) s += val[k] * v(col[k]);
+    }
+    for (int o = SUBWARP / 2; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o, SUBWARP);
+    return s;
+}
+
+extern "C" __global__ void __launch_bounds__(BLOCK)
+pcg_spmv_dot(const int* __restrict__ rowptr, const int* __restrict__ col, const real_t* __restrict__ val,
+             const real_t* __restrict__ z, real_t* p0, real_t* p1, real_t* __restrict__ q,
+             State* st, double* partials, int n) {
+    if (st->status != RUNNING) return;
+    const real_t beta = (real_t)st->beta;
+    const real_t* __restrict__ p_old = st->parity ? p1 : p0;
+    real_t* __restrict__ p_new = st->parity ? p0 : p1;
+    auto direction = [&](int j) { return fma(beta, p_old[j], z[j]); };
+    const int rows_per_block = BLOCK / SUBWARP;
+    double acc = 0.0;
+    // The loop bound is uniform across the block so every lane reaches the shuffles.
+    for (int base = blockIdx.x * rows_per_block; base < n; base += gridDim.x * rows_per_block) {
+        const int row = base + threadIdx.x / SUBWARP;
+        const bool active = row < n;
+        const real_t s = row_dot(rowptr, col, val, row, active, direction);
+        if (active && threadIdx.x % SUBWARP == 0) {
+            const real_t pn = direction(row);
+            p_new[row] = pn;
+            q[row] = s;
+            acc += (double)pn * (double)s;
+        }
+    }
+    if (!publish_partials(partials, acc, 0.0, false, &st->ticket)) return;
+    const double pq = sum_partials(partials, gridDim.x);
+    if (threadIdx.x == 0) {
+        st->ticket = 0;
+        st->pq = pq;
+        if (!isfinite(pq)) st->status = NOT_FINITE;
+        else if (pq <= 0.0) st->status = BREAKDOWN;
+        else st->alpha = st->rz / pq;
+    }
+}
+
+// START: the set-up pass (no x/r update, iteration 0); otherwise one PCG update.
+template <bool START>
+__device__ void update(real_t* __restrict__ x, real_t* __restrict__ r, const real_t* __restrict__ q,
+                       const real_t* p0, const real_t* p1, const real_t* __restrict__ dinv,
+                       real_t* __restrict__ z, State* st, double* partials, double* history,
+                       Progress* progress, unsigned long long handle, int n) {
+    if (!START && st->status != RUNNING) {
+        if (handle && blockIdx.x == 0 && threadIdx.x == 0) cudaGraphSetConditional(handle, 0);
+        return;
+    }
+    const real_t alpha = (real_t)st->alpha;
+    const real_t* __restrict__ p = st->parity ? p0 : p1;
+    double rz = 0.0, rr = 0.0;
+    for (int i = blockIdx.x * BLOCK + threadIdx.x; i < n; i += gridDim.x * BLOCK) {
+        real_t ri = r[i];
+        if (!START) {
+            x[i] = fma(alpha, p[i], x[i]);
+            ri = fma(-alpha, q[i], ri);
+            r[i] = ri;
+        }
+        const real_t zi = dinv ? dinv[i] * ri : ri;
+        z[i] = zi;
+        rz += (double)ri * (double)zi;
+        rr += (double)ri * (double)ri;
+    }
+    if (!publish_partials(partials, rz, rr, true, &st->ticket)) return;
+    const double rz_new = sum_partials(partials, gridDim.x);
+    const double rr_all = sum_partials(partials + gridDim.x, gridDim.x);
+    if (threadIdx.x != 0) return;
+    st->ticket = 0;
+    const int it = START ? 0 : st->iteration + 1;
+    const double rnorm = sqrt(rr_all);
+    int status = RUNNING;
+    if (!isfinite(rnorm)) status = NOT_FINITE;
+    else if (rnorm <= st->tol) status = CONVERGED;
+    else if (it >= st->maxiter) status = MAX_ITERATIONS;
+    else if (!isfinite(rz_new)) status = NOT_FINITE;
+    else if (rz_new <= 0.0) status = BREAKDOWN;
+    else {
+        st->beta = START ? 0.0 : rz_new / st->rz;
+        st->rz = rz_new;
+        if (!START) st->parity ^= 1;
+    }
+    st->iteration = it;
+    st->rnorm = rnorm;
+    st->status = status;
+    if (history) history[it] = rnorm;
+    if (progress) {
+        volatile Progress* pr = progress;
+        pr->rnorm = rnorm;
+        pr->iteration = it;
+        __threadfence_system();
+        pr->status = status;
+    }
+    if (handle) cudaGraphSetConditional(handle, status == RUNNING);
+}
+
+extern "C" __global__ void __launch_bounds__(BLOCK)
+pcg_update(real_t* x, real_t* r, const real_t* q, const real_t* p0, const real_t* p1, const real_t* dinv,
+           real_t* z, State* st, double* partials, double* history, Progress* progress,
+           unsigned long long handle, int n) {
+    update<false>(x, r, q, p0, p1, dinv, z, st, partials, history, progress, handle, n);
+}
+
+extern "C" __global__ void __launch_bounds__(BLOCK)
+pcg_start(real_t* x, real_t* r, const real_t* q, const real_t* p0, const real_t* p1, const real_t* dinv,
+          real_t* z, State* st, double* partials, double* history, Progress* progress,
+          unsigned long long handle, int n) {
+    update<true>(x, r, q, p0, p1, dinv, z, st, partials, history, progress, handle, n);
+}
+
+// out = b - A x
+extern "C" __global__ void __launch_bounds__(BLOCK)
+csr_residual(const int* __restrict__ rowptr, const int* __restrict__ col, const real_t* __restrict__ val,
+             const real_t* __restrict__ x, const real_t* __restrict__ b, real_t* __restrict__ out, int n) {
+    const int rows_per_block = BLOCK / SUBWARP;
+    auto xv = [&](int j) { return x[j]; };
+    for (int base = blockIdx.x * rows_per_block; base < n; base += gridDim.x * rows_per_block) {
+        const int row = base + threadIdx.x / SUBWARP;
+        const bool active = row < n;
+        const real_t s = row_dot(rowptr, col, val, row, active, xv);
+        if (active && threadIdx.x % SUBWARP == 0) out[row] = b[row] - s;
+    }
+}

@@ -1,0 +1,61 @@
+"""NumPy meaning of the kernels in ``pcg.cu`` (used by the GPU tests).
+
+``state`` is a dict with the fields of the device ``State`` struct.
+"""
+import numpy as np
+
+RUNNING, CONVERGED, MAX_ITERATIONS, BREAKDOWN, NOT_FINITE = range(5)
+
+
+def pcg_spmv_dot(A, z, p0, p1, state):
+    """p_new = z + beta p_old; q = A p_new; pq = p_new . q; alpha = rz / pq (or a stop reason)."""
+    if state["status"] != RUNNING:
+        return None
+    p_old, p_new = (p1, p0) if state["parity"] else (p0, p1)
+    p_new[:] = state["beta"] * p_old + z
+    q = A @ p_new
+    pq = float(np.dot(p_new, q))
+    state["pq"] = pq
+    if not np.isfinite(pq):
+        state["status"] = NOT_FINITE
+    elif pq <= 0:
+        state["status"] = BREAKDOWN
+    else:
+        state["alpha"] = state["rz"] / pq
+    return q
+
+
+def pcg_update(x, r, q, p0, p1, dinv, state, start=False):
+    """x += alpha p; r -= alpha q; z = dinv * r; then decide and set beta (``pcg_start`` when start)."""
+    if not start and state["status"] != RUNNING:
+        return None
+    p = p0 if state["parity"] else p1
+    if not start:
+        x += state["alpha"] * p
+        r -= state["alpha"] * q
+    z = r * dinv if dinv is not None else r.copy()
+    rz_new, rnorm = float(np.dot(r, z)), float(np.linalg.norm(r))
+    it = 0 if start else state["iteration"] + 1
+    status = RUNNING
+    if not np.isfinite(rnorm):
+        status = NOT_FINITE
+    elif rnorm <= state["tol"]:
+        status = CONVERGED
+    elif it >= state["maxiter"]:
+        status = MAX_ITERATIONS
+    elif not np.isfinite(rz_new):
+        status = NOT_FINITE
+    elif rz_new <= 0:
+        status = BREAKDOWN
+    else:
+        state["beta"] = 0.0 if start else rz_new / state["rz"]
+        state["rz"] = rz_new
+        if not start:
+            state["parity"] ^= 1
+    state.update(iteration=it, rnorm=rnorm, status=status)
+    return z
+
+
+def csr_residual(A, x, b):
+    """b - A x."""
+    return b - A @ x

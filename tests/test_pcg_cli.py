@@ -1,0 +1,164 @@
+"""The ``python -m solvers.pcg`` command line: reports, files and every bad input."""
+import json
+import shutil
+
+import numpy as np
+import pytest
+import scipy.io
+
+from solvers.pcg.__main__ import main
+
+EXAMPLE = "examples/data/lap2D_5pt_n100.mtx"
+
+
+@pytest.fixture
+def small(tmp_path):
+    path = tmp_path / "small.mtx"
+    path.write_text("%%MatrixMarket matrix coordinate real symmetric\n3 3 5\n1 1 4\n2 1 -1\n2 2 4\n3 2 -1\n3 3 4\n")
+    return path
+
+
+def write(tmp_path, name, text):
+    p = tmp_path / name
+    p.write_text(text)
+    return str(p)
+
+
+def run_cli(capsys, *argv):
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_report_on_bundled_example(capsys):
+    code, out, err = run_cli(capsys, "--matrix", EXAMPLE, "--device", "cpu")
+    assert code == 0
+    assert "converged in" in out and "n = 10,000" in out and "true relative residual" in out
+    assert "error vs exact solution" in out and "us per iteration" in out
+
+
+def test_outputs_json_solution_and_plot(capsys, tmp_path):
+    pytest.importorskip("matplotlib")
+    js, sol, png = tmp_path / "r.json", tmp_path / "x.npy", tmp_path / "h.png"
+    code, out, _ = run_cli(capsys, "--matrix", EXAMPLE, "--device", "cpu", "--json", js, "--output", sol, "--plot", png)
+    assert code == 0
+    rep = json.loads(js.read_text())
+    assert rep["converged"] and rep["iterations"] == len(rep["history"]) - 1
+    np.testing.assert_allclose(np.load(sol), 1.0, rtol=1e-5)
+    assert png.stat().st_size > 1000
+
+
+def test_rhs_x0_and_mtx_output(capsys, tmp_path, small):
+    rhs = tmp_path / "b.npy"
+    np.save(rhs, np.array([1.0, 2.0, 3.0]))
+    x0 = tmp_path / "x0.txt"
+    x0.write_text("0.1\n0.2\n0.3\n")
+    out_path = tmp_path / "x.mtx"
+    code, out, _ = run_cli(capsys, "--matrix", small, "--rhs", rhs, "--x0", x0, "--output", out_path, "--rtol", "1e-12")
+    assert code == 0 and "error vs exact" not in out
+    x = scipy.io.mmread(str(out_path)).ravel()
+    A = scipy.io.mmread(str(small)).toarray()
+    np.testing.assert_allclose(A @ x, [1.0, 2.0, 3.0], rtol=1e-10)
+
+
+def test_not_converged_exits_one(capsys):
+    code, out, _ = run_cli(capsys, "--matrix", EXAMPLE, "--maxiter", "3", "--device", "cpu")
+    assert code == 1 and "NOT CONVERGED" in out and "max iterations" in out
+
+
+def test_indefinite_matrix_exits_one_with_breakdown(capsys, tmp_path):
+    path = write(tmp_path, "indef.mtx", "%%MatrixMarket matrix coordinate real general\n3 3 3\n1 1 1\n2 2 -2\n3 3 3\n")
+    code, out, _ = run_cli(capsys, "--matrix", path, "--precond", "none")
+    assert code == 1 and "breakdown" in out and "converged in" not in out.replace("NOT CONVERGED", "")
+
+
+def test_quiet_prints_one_line(capsys):
+    code, out, _ = run_cli(capsys, "--matrix", EXAMPLE, "-q", "--device", "cpu")
+    assert code == 0 and len(out.strip().splitlines()) == 1
+
+
+def test_graph_mode_without_gpu_is_clear_error(capsys, monkeypatch):
+    monkeypatch.setenv("GRAPHSOLVE_DISABLE_GPU", "1")
+    from solvers import backend
+    backend._probe_gpu.cache_clear()
+    try:
+        code, out, err = run_cli(capsys, "--matrix", EXAMPLE, "--mode", "while")
+    finally:
+        backend._probe_gpu.cache_clear()
+    assert code == 2 and "needs a GPU" in err and len(err.strip().splitlines()) == 1
+
+
+BAD_INPUTS = {
+    "missing": (None, "no such file"),
+    "empty": ("", "empty file"),
+    "bad header": ("%%MatrixMarketX matrix coordinate real general\n2 2 1\n1 1 1\n", "header"),
+    "truncated": ("%%MatrixMarket matrix coordinate real general\n3 3 3\n1 1 1\n", "runcated"),
+    "non-numeric": ("%%MatrixMarket matrix coordinate real general\n2 2 2\n1 1 abc\n2 2 1\n", "Invalid"),
+    "complex": ("%%MatrixMarket matrix coordinate complex general\n2 2 2\n1 1 1 0\n2 2 1 0\n", "complex"),
+    "pattern": ("%%MatrixMarket matrix coordinate pattern general\n2 2 2\n1 1\n2 2\n", "pattern"),
+    "non-square": ("%%MatrixMarket matrix coordinate real general\n2 3 2\n1 1 1\n2 2 1\n", "not square"),
+    "nan": ("%%MatrixMarket matrix coordinate real general\n2 2 2\n1 1 nan\n2 2 1\n", "NaN or Inf"),
+    "inf": ("%%MatrixMarket matrix array real general\n2 2\n1\n0\n0\ninf\n", "NaN or Inf"),
+    "asymmetric": ("%%MatrixMarket matrix coordinate real general\n2 2 3\n1 1 2\n1 2 1\n2 2 2\n", "not symmetric"),
+    "zero size": ("%%MatrixMarket matrix coordinate real general\n0 0 0\n", "empty"),
+    "no entries": ("%%MatrixMarket matrix coordinate real general\n2 2 0\n", "no nonzero"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_INPUTS))
+def test_bad_matrix_is_one_line_error_exit_two(capsys, tmp_path, case):
+    text, needle = BAD_INPUTS[case]
+    path = tmp_path / "m.mtx"
+    if text is not None:
+        path.write_text(text)
+    code, out, err = run_cli(capsys, "--matrix", path, "--device", "cpu")
+    assert code == 2, err
+    assert len(err.strip().splitlines()) == 1 and str(path) in err and needle in err
+    assert "Traceback" not in err and out == ""
+
+
+def test_rounding_level_asymmetry_is_accepted(capsys, tmp_path):
+    path = write(tmp_path, "g.mtx", "%%MatrixMarket matrix coordinate real general\n2 2 4\n"
+                 "1 1 4\n1 2 -1.0000000000000002\n2 1 -1\n2 2 4\n")
+    code, out, _ = run_cli(capsys, "--matrix", path, "--device", "cpu")
+    assert code == 0
+
+
+def test_integer_array_and_gzip_matrices(capsys, tmp_path, matrices_dir):
+    arr = write(tmp_path, "a.mtx", "%%MatrixMarket matrix array integer symmetric\n2 2\n4\n-1\n4\n")
+    assert run_cli(capsys, "--matrix", arr)[0] == 0
+    import gzip
+    gz = tmp_path / "g.mtx.gz"
+    with open(matrices_dir / "gr_900_900_crg.mtx", "rb") as src, gzip.open(gz, "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    assert run_cli(capsys, "--matrix", gz, "--device", "cpu")[0] == 0
+
+
+@pytest.mark.parametrize("rhs_text,needle", [
+    ("1\n2\n", "2 entries but the matrix has 3 rows"),
+    ("1\nnan\n3\n", "NaN or Inf"),
+    ("1\nx\n3\n", "cannot read vector"),
+])
+def test_bad_rhs(capsys, tmp_path, small, rhs_text, needle):
+    rhs = write(tmp_path, "b.txt", rhs_text)
+    code, out, err = run_cli(capsys, "--matrix", small, "--rhs", rhs)
+    assert code == 2 and needle in err and rhs in err
+
+
+def test_jacobi_with_zero_diagonal_is_input_error(capsys, tmp_path):
+    path = write(tmp_path, "z.mtx", "%%MatrixMarket matrix coordinate real symmetric\n2 2 2\n2 1 1\n2 2 2\n")
+    code, _, err = run_cli(capsys, "--matrix", path)
+    assert code == 2 and "positive diagonal" in err
+
+
+def test_unwritable_output_is_reported(capsys, tmp_path):
+    code, _, err = run_cli(capsys, "--matrix", EXAMPLE, "--device", "cpu", "--output", tmp_path / "no" / "x.npy")
+    assert code == 2 and "cannot write solution" in err
+
+
+def test_module_entry_point_runs_as_subprocess():
+    import subprocess
+    import sys
+    proc = subprocess.run([sys.executable, "-m", "solvers.pcg", "--matrix", EXAMPLE, "-q", "--device", "cpu"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "converged" in proc.stdout

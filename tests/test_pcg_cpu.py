@@ -1,0 +1,166 @@
+"""CPU PCG: agreement with SciPy and the SciPy ``cg`` contract."""
+import numpy as np
+import pytest
+import scipy.sparse as sp
+import scipy.sparse.linalg as spla
+
+import solvers
+from solvers.gallery import anisotropic_diffusion, poisson
+from solvers.mmio import read_matrix
+from solvers.pcg.result import Reason
+
+SHARED = ["1138_bus.mtx", "lap2D_5pt_n100.mtx", "gr_900_900_crg.mtx", "ginkgo_simple_A.mtx"]
+
+
+def generated_cases():
+    return {
+        "poisson2d_32": poisson((32, 32)),
+        "poisson3d_12": poisson((12, 12, 12)),
+        "aniso2d_24": anisotropic_diffusion((24, 24), eps=0.01),
+    }
+
+
+def case_matrices(matrices_dir):
+    cases = dict(generated_cases())
+    for name in SHARED:
+        cases[name] = read_matrix(str(matrices_dir / name))
+    return cases
+
+
+def scipy_reference(A, b, rtol, M=None):
+    count = [0]
+
+    def cb(_):
+        count[0] += 1
+
+    x, info = spla.cg(A, b, rtol=rtol, M=M, maxiter=20 * A.shape[0], callback=cb)
+    return x, info, count[0]
+
+
+@pytest.mark.parametrize("precond", ["none", "jacobi"])
+def test_agrees_with_scipy_on_case_table(matrices_dir, precond):
+    for name, A in case_matrices(matrices_dir).items():
+        rng = np.random.default_rng(1)
+        b = rng.standard_normal(A.shape[0])
+        M = sp.diags(1.0 / A.diagonal()) if precond == "jacobi" else None
+        xs, info_s, its_s = scipy_reference(A, b, 1e-8, M)
+        res = solvers.PCG(A, preconditioner=precond, rtol=1e-8, maxiter=20 * A.shape[0], device="cpu").solve(b)
+        assert info_s == 0 and res.info == 0, name
+        assert abs(res.iterations - its_s) <= 1, (name, res.iterations, its_s)
+        scale = np.linalg.norm(xs)
+        assert np.linalg.norm(res.x - xs) <= 1e-6 * scale, name
+        assert res.true_residual_norm <= 1.01e-8 * np.linalg.norm(b) + 1e-12, name
+
+
+def test_cg_function_matches_scipy_signature_and_result():
+    A = poisson((20, 20))
+    b = np.ones(A.shape[0])
+    x, info = solvers.cg(A, b, rtol=1e-10)
+    xs, infos = spla.cg(A, b, rtol=1e-10)
+    assert info == 0 and infos == 0
+    np.testing.assert_allclose(x, xs, rtol=1e-8)
+
+
+def test_tolerance_rule_uses_max_of_atol_and_rtol():
+    A = poisson((16, 16))
+    b = np.ones(A.shape[0])
+    res = solvers.PCG(A, rtol=1e-3, atol=1e-1, device="cpu").solve(b)
+    assert res.tolerance == pytest.approx(max(1e-1, 1e-3 * np.linalg.norm(b)))
+    assert res.residual_norm <= res.tolerance
+
+
+def test_maxiter_one_gives_info_one():
+    A = poisson((16, 16))
+    x, info = solvers.cg(A, np.ones(A.shape[0]), maxiter=1)
+    assert info == 1
+
+
+def test_x0_untouched_and_used():
+    A = poisson((16, 16))
+    b = np.ones(A.shape[0])
+    x_exact = spla.spsolve(A.tocsc(), b)
+    x0 = x_exact + 1e-3
+    keep = x0.copy()
+    res = solvers.PCG(A, rtol=1e-10, device="cpu").solve(b, x0)
+    assert np.array_equal(x0, keep)
+    cold = solvers.PCG(A, rtol=1e-10, device="cpu").solve(b)
+    assert res.iterations < cold.iterations
+
+
+def test_callback_called_once_per_iteration():
+    A = poisson((16, 16))
+    calls = []
+    x, info = solvers.cg(A, np.ones(A.shape[0]), callback=lambda xk: calls.append(xk.copy()))
+    res = solvers.PCG(A, preconditioner="none", device="cpu").solve(np.ones(A.shape[0]))
+    assert info == 0 and len(calls) == res.iterations > 0
+    np.testing.assert_allclose(calls[-1], x)
+
+
+def test_zero_rhs_returns_zero_in_zero_iterations():
+    A = poisson((8, 8))
+    x, info = solvers.cg(A, np.zeros(A.shape[0]))
+    assert info == 0 and not x.any()
+
+
+def test_dense_and_linear_operator_inputs():
+    A = poisson((10, 10))
+    b = np.arange(A.shape[0], dtype=float)
+    x_dense, info_d = solvers.cg(A.toarray(), b, rtol=1e-10)
+    op = spla.LinearOperator(A.shape, matvec=A.dot, dtype=float)
+    x_op, info_o = solvers.cg(op, b, rtol=1e-10, M=spla.LinearOperator(A.shape, matvec=lambda r: r / 4.0))
+    assert info_d == 0 and info_o == 0
+    np.testing.assert_allclose(x_dense, x_op, rtol=1e-7)
+
+
+def test_indefinite_matrix_reports_breakdown():
+    A = sp.diags([1.0, 2.0, -3.0, 4.0]).tocsr()
+    res = solvers.PCG(A, preconditioner="none", device="cpu").solve(np.ones(4))
+    assert res.reason is Reason.BREAKDOWN and res.info < 0 and not res.converged
+
+
+def test_jacobi_rejects_nonpositive_diagonal():
+    A = sp.csr_matrix(np.array([[0.0, 1.0], [1.0, 2.0]]))
+    with pytest.raises(solvers.InputError, match="positive diagonal"):
+        solvers.PCG(A, preconditioner="jacobi", device="cpu")
+
+
+def test_nan_in_rhs_reports_not_finite():
+    A = poisson((6, 6))
+    b = np.ones(A.shape[0])
+    b[3] = np.nan
+    res = solvers.PCG(A, device="cpu").solve(b)
+    assert res.reason is Reason.NOT_FINITE and res.info == -2
+
+
+def test_history_and_result_fields():
+    A = poisson((12, 12))
+    solver = solvers.PCG(A, device="cpu", record_history=True, rtol=1e-9)
+    res = solver.solve(np.ones(A.shape[0]))
+    assert len(res.history) == res.iterations + 1
+    assert res.history[-1] == pytest.approx(res.residual_norm)
+    assert res.true_residual_norm == pytest.approx(res.residual_norm, rel=1e-3)
+    assert res.setup_time > 0 and res.solve_time > 0 and res.device == "cpu"
+
+
+def test_float32_converges():
+    A = poisson((16, 16))
+    res = solvers.PCG(A, device="cpu", dtype="float32", rtol=1e-5).solve(np.ones(A.shape[0]))
+    assert res.converged and res.x.dtype == np.float32
+
+
+def test_many_solves_reuse_setup_and_update_values():
+    A = poisson((12, 12))
+    solver = solvers.PCG(A, device="cpu", rtol=1e-10)
+    for seed in range(3):
+        b = np.random.default_rng(seed).standard_normal(A.shape[0])
+        assert solver.solve(b).converged
+    solver.update_values(2.0 * A)
+    b = np.ones(A.shape[0])
+    res = solver.solve(b)
+    np.testing.assert_allclose(res.x, spla.spsolve((2.0 * A).tocsc(), b), rtol=1e-7)
+
+
+def test_graph_modes_need_gpu_on_cpu():
+    A = poisson((4, 4))
+    with pytest.raises(solvers.DeviceError, match="needs a GPU"):
+        solvers.PCG(A, device="cpu", mode="while")
