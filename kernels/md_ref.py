@@ -1,0 +1,134 @@
+"""NumPy statement of what the kernels of ``md.cu`` compute.
+
+The CPU backend of :mod:`solvers.md` is built from these functions, so the GPU
+kernels and the CPU reference share one definition of each formula:
+
+=====================  ===============================================
+kernel                 reference
+=====================  ===============================================
+``philox4x32``         :func:`philox4x32` (Philox4x32-10, Random123)
+``md_integrate1``      :func:`half_kick`, :func:`drift_wrap`,
+                       :func:`displacement_sq`
+``md_force``           :func:`lj_pair`, :func:`langevin_force`,
+                       :func:`half_kick`
+``md_condition``       :func:`thermo_sums`
+=====================  ===============================================
+"""
+import numpy as np
+
+_M0, _M1 = np.uint64(0xD2511F53), np.uint64(0xCD9E8D57)
+_W0, _W1 = np.uint64(0x9E3779B9), np.uint64(0xBB67AE85)
+_MASK = np.uint64(0xFFFFFFFF)
+_S32 = np.uint64(32)
+# Third counter word: names the stream, so other uses of the generator never collide.
+LANGEVIN_STREAM = 0x4C414E47  # "LANG"
+
+
+def philox4x32(c0, c1, c2, c3, k0, k1, rounds=10):
+    """Philox4x32-10 counter-based generator, element-wise.
+
+    Parameters
+    ----------
+    c0, c1, c2, c3 : array_like of uint32
+        Counter words.
+    k0, k1 : int
+        Key words (the seed).
+
+    Returns
+    -------
+    tuple of 4 ndarray of uint64
+        The four 32-bit outputs (stored in uint64).
+    """
+    c = [np.asarray(w, dtype=np.uint64) & _MASK for w in (c0, c1, c2, c3)]
+    k0, k1 = np.uint64(k0) & _MASK, np.uint64(k1) & _MASK
+    for r in range(rounds):
+        if r:
+            k0, k1 = (k0 + _W0) & _MASK, (k1 + _W1) & _MASK
+        p0, p1 = _M0 * c[0], _M1 * c[2]
+        c = [((p1 >> _S32) ^ c[1] ^ k0) & _MASK, p1 & _MASK,
+             ((p0 >> _S32) ^ c[3] ^ k1) & _MASK, p0 & _MASK]
+    return tuple(c)
+
+
+def uniform_centered(bits):
+    """Map 32-bit integers to doubles in (-0.5, 0.5), as the kernel does."""
+    return (bits.astype(np.float64) + 0.5) * 2.0 ** -32 - 0.5
+
+
+def langevin_uniform(ids, step, seed):
+    """Three centred uniforms per particle for Langevin step ``step``.
+
+    Counter (id, step low, step high, stream), key (seed low, seed high).
+
+    Returns
+    -------
+    ndarray, shape (N, 3)
+    """
+    ids = np.asarray(ids, dtype=np.uint64)
+    step, seed = int(step), int(seed)
+    r = philox4x32(ids, np.uint64(step & 0xFFFFFFFF), np.uint64(step >> 32),
+                   np.uint64(LANGEVIN_STREAM), seed & 0xFFFFFFFF, (seed >> 32) & 0xFFFFFFFF)
+    return np.stack([uniform_centered(r[k]) for k in range(3)], axis=1)
+
+
+def langevin_force(v, ids, step, mass, kt, damp, dt, seed):
+    """Langevin force as LAMMPS ``fix langevin`` defines it.
+
+    ``F = -m v / damp + sqrt(24 kT m / (damp dt)) u`` with ``u`` uniform in
+    (-0.5, 0.5) (variance 1/12, hence the 24).
+    """
+    scale = np.sqrt(24.0 * kt * mass / (damp * dt))
+    return -(mass / damp) * v + scale * langevin_uniform(ids, step, seed)
+
+
+def half_kick(v, f, mass, dt):
+    """``v + dt/2 f/m`` (both halves of velocity Verlet)."""
+    return v + (0.5 * dt / mass) * f
+
+
+def drift_wrap(x, v, img, box, dt):
+    """Drift ``x += dt v`` and wrap into ``[0, box)``, counting image crossings.
+
+    Returns
+    -------
+    (x, img, step_sq)
+        New wrapped positions, image counts, and the squared move of each particle.
+    """
+    dx = dt * v
+    x = x + dx
+    shift = np.floor(x / box)
+    x = x - shift * box
+    # x + L can round up to exactly L; the kernels clamp the same way.
+    x = np.where(x >= box, 0.0, x)
+    return x, img + shift.astype(img.dtype), np.einsum("ij,ij->i", dx, dx)
+
+
+def minimum_image(d, box):
+    """Shortest periodic image of the separations ``d`` (..., 3)."""
+    return d - box * np.rint(d / box)
+
+
+def displacement_sq(x, hold, box):
+    """Squared displacement since the last neighbour-list build, minimum image."""
+    d = minimum_image(x - hold, box)
+    return np.einsum("ij,ij->i", d, d)
+
+
+def lj_pair(rsq, epsilon, sigma, eshift):
+    """Lennard-Jones pair terms for squared distances ``rsq`` inside the cutoff.
+
+    Returns
+    -------
+    (fr, e, w)
+        ``F/r`` (force on j along r_j - r_i divided by r), the pair energy
+        ``4 eps ((s/r)^12 - (s/r)^6) - eshift``, and the pair virial ``r . F``.
+    """
+    sr2 = sigma * sigma / rsq
+    sr6 = sr2 * sr2 * sr2
+    w = 24.0 * epsilon * sr6 * (2.0 * sr6 - 1.0)
+    return w / rsq, 4.0 * epsilon * sr6 * (sr6 - 1.0) - eshift, w
+
+
+def thermo_sums(v, mass, pe_atom, vir_atom):
+    """The three sums the condition kernel reduces: sum m v^2, sum E_pair, sum r.F."""
+    return float(mass * np.einsum("ij,ij->", v, v)), float(np.sum(pe_atom)), float(np.sum(vir_atom))
