@@ -216,7 +216,7 @@ class GraphEngine:
             time.sleep(poll_interval)
         on_wait()
 
-    def run(self, done, max_iterations, *, check_every=1, on_wait=None, poll_interval=0.1):
+    def run(self, done, max_iterations, *, check_every=1, on_wait=None, poll_interval=0.1, eager=False):
         """Run the body until ``done()`` is true or ``max_iterations`` have been launched.
 
         Parameters
@@ -232,13 +232,16 @@ class GraphEngine:
         on_wait : callable, optional
             Called about every ``poll_interval`` seconds while the host waits
             (e.g. to show progress from host-mapped memory).
+        eager : bool
+            Use plain launches for this run whatever the engine's mode (for
+            callers that must see every iteration on the host).
 
         Returns
         -------
         int
             Number of launches made (kernel iterations in eager mode, graph launches otherwise).
         """
-        if self.mode == "eager":
+        if eager or self.mode == "eager":
             loop = LoopContext()
             launched = 0
             with self.stream:

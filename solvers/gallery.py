@@ -4,15 +4,27 @@ import scipy.sparse as sp
 
 
 def _laplacian(shape, weights, dtype):
-    """Sum over axes of ``weight_k * I (x) T_k (x) I`` with ``T_k = tridiag(-1, 2, -1)``."""
+    """Finite-difference Laplacian on a ``shape`` grid, axis ``k`` coupled with ``weights[k]``.
+
+    Built from its diagonals (fast even for tens of millions of rows):
+    ``2 * sum(w)`` on the diagonal, ``-w_k`` to each neighbour along axis k
+    that lies inside the grid (Dirichlet walls).
+    """
+    shape = tuple(int(m) for m in shape)
     n = int(np.prod(shape))
-    A = sp.csr_matrix((n, n))
-    for k, (m, w) in enumerate(zip(shape, weights)):
-        T = sp.diags([-np.ones(m - 1), 2 * np.ones(m), -np.ones(m - 1)], [-1, 0, 1])
-        left = sp.identity(int(np.prod(shape[:k])))
-        right = sp.identity(int(np.prod(shape[k + 1:])))
-        A = A + w * sp.kron(sp.kron(left, T), right)
-    A = sp.csr_matrix(A, dtype=dtype)
+    offsets, diags = [0], [np.full(n, 2.0 * sum(weights))]
+    stride = 1
+    for axis in reversed(range(len(shape))):  # C order: the last axis has stride 1
+        m, w = shape[axis], weights[axis]
+        if m > 1:
+            coupled = np.ones(n - stride)
+            # no coupling across the wall between the last point of one line and the first of the next
+            coupled[(np.arange(n - stride) // stride) % m == m - 1] = 0.0
+            offsets += [stride, -stride]
+            diags += [-w * coupled, -w * coupled]
+        stride *= m
+    A = sp.diags(diags, offsets, shape=(n, n), format="csr", dtype=dtype)
+    A.eliminate_zeros()
     A.sort_indices()
     return A
 

@@ -5,6 +5,7 @@ Exit codes: 0 converged, 1 not converged or breakdown, 2 bad input or unusable d
 import argparse
 import json
 import sys
+import time
 
 from ..errors import DeviceError, InputError
 from .problem import load_problem
@@ -33,6 +34,8 @@ def build_parser():
     p.add_argument("--output", help="write the solution (.mtx or .npy)")
     p.add_argument("--json", help="write the report as JSON")
     p.add_argument("--plot", help="plot the convergence history to this PNG (needs matplotlib)")
+    p.add_argument("--progress", action="store_true",
+                   help="show iteration and residual live on stderr while solving")
     g = p.add_mutually_exclusive_group()
     g.add_argument("-q", "--quiet", action="store_true", help="print one summary line")
     g.add_argument("-v", "--verbose", action="store_true", help="print more detail")
@@ -84,6 +87,19 @@ def _print_report(rep, args):
         lines.append(f"true residual norm      {rep['true_residual_norm']:.6e}")
         lines.append(f"||b||                   {rep['b_norm']:.6e}")
     print("\n".join(lines))
+
+
+class _LiveProgress:
+    """Overwrite one stderr line with the iteration and residual, at most ten times a second."""
+
+    def __init__(self):
+        self._last = 0.0
+
+    def __call__(self, iteration, rnorm):
+        now = time.monotonic()
+        if now - self._last >= 0.1:
+            self._last = now
+            print(f"\r  iteration {iteration:>9,}   ||r|| = {rnorm:.3e}", end="", file=sys.stderr, flush=True)
 
 
 def _require_matplotlib(path):
@@ -144,7 +160,9 @@ def main(argv=None):
         solver = PCG(problem.A, preconditioner=args.precond, rtol=args.rtol, atol=args.atol,
                      maxiter=args.maxiter, device=args.device, mode=args.mode, dtype=args.dtype,
                      unroll=args.unroll, record_history=bool(args.plot or args.json))
-        result = solver.solve(problem.b, problem.x0)
+        result = solver.solve(problem.b, problem.x0, progress=_LiveProgress() if args.progress else None)
+        if args.progress:
+            print(file=sys.stderr)
         rep = _report(problem, solver, result, problem.solution_error(result.x))
         _print_report(rep, args)
         if args.output:

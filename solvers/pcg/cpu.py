@@ -121,12 +121,24 @@ class CPUPCG:
     def norm(self, v):
         return float(np.linalg.norm(v))
 
-    def solve(self, b, x0, tol, maxiter, callback, record_history):
-        """Return ``(x, reason, iterations, rnorm, history)``."""
+    def solve(self, b, x0, tol, maxiter, callback, record_history, on_progress=None):
+        """Return ``(x, reason, iterations, rnorm, history)``.
+
+        ``on_progress(iteration, rnorm)`` is called after every iteration.
+        """
         b = np.asarray(b, dtype=self.dtype)
         x = np.zeros_like(b) if x0 is None else np.array(x0, dtype=self.dtype, copy=True)
-        history = [] if record_history else None
+        history = [] if (record_history or on_progress is not None) else None
+        if on_progress is not None:
+            user_callback = callback
+
+            def callback(xk):
+                if user_callback is not None:
+                    user_callback(xk)
+                on_progress(len(history), history[-1])  # residual of the previous iteration
         reason, its, rnorm = pcg_iterate(self.A.dot, self.M.apply, b, x, tol, maxiter, callback, history)
+        if not record_history:
+            history = None
         return x, reason, its, rnorm, (np.array(history) if history is not None else None)
 
     def true_residual_norm(self, b, x):

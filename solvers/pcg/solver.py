@@ -149,7 +149,7 @@ class PCG:
         else:
             self._impl.update_values(A)
 
-    def solve(self, b, x0=None, *, rtol=None, atol=None, maxiter=None, callback=None):
+    def solve(self, b, x0=None, *, rtol=None, atol=None, maxiter=None, callback=None, progress=None):
         """Solve ``A x = b``.
 
         Parameters
@@ -163,6 +163,9 @@ class PCG:
         callback : callable, optional
             ``callback(xk)`` after every iteration (on the GPU this runs the
             eager driver, one host synchronisation per iteration).
+        progress : callable, optional
+            ``progress(iteration, rnorm)`` for a live display; on the GPU it is
+            fed from host-mapped memory while the graph runs, never pausing it.
 
         Returns
         -------
@@ -182,7 +185,8 @@ class PCG:
             x0 = self._impl.check_vector(x0, "x0")
         b_norm = self._impl.norm(b)
         tol = max(atol, rtol * b_norm)
-        x, reason, its, rnorm, history = self._impl.solve(b, x0, tol, maxiter, callback, self.record_history)
+        x, reason, its, rnorm, history = self._impl.solve(b, x0, tol, maxiter, callback, self.record_history,
+                                                          progress)
         true_rnorm = self._impl.true_residual_norm(b, x)
         return SolveResult(x=x, reason=reason, iterations=int(its), residual_norm=float(rnorm),
                            true_residual_norm=true_rnorm, b_norm=b_norm, tolerance=tol,

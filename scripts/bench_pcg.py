@@ -1,0 +1,174 @@
+"""Side-by-side PCG benchmark: this project's drivers against CuPy, JAX, SciPy and one cuSPARSE SpMV.
+
+Run on a GPU machine: ``python scripts/bench_pcg.py [--quick]``. Prints a markdown
+table (time per iteration, iterations, time to solution, ratios) and saves it
+under ``scripts/results/`` with the date and the GPU name.
+
+Peers run plain CG (no preconditioner; on these Poisson matrices Jacobi is a
+scaled identity, so the iteration counts agree) for a fixed number of
+iterations to measure time per iteration; their time to solution is that times
+the iterations this project needed.
+"""
+import argparse
+import datetime
+import os
+import pathlib
+import subprocess
+import sys
+import time
+
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+import numpy as np  # noqa: E402
+import scipy.sparse.linalg as spla  # noqa: E402
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
+import solvers  # noqa: E402
+from solvers.gallery import poisson  # noqa: E402
+from solvers.mmio import read_matrix  # noqa: E402
+
+RTOL = 1e-8
+
+
+def problems(quick, data_dir):
+    shapes = [(64, 64), (256, 256), (64, 64, 64), (1024, 1024), (160, 160, 160)]
+    if not quick:
+        shapes.append((256, 256, 256))
+    for shape in shapes:
+        yield ("Poisson " + "x".join(map(str, shape)), lambda s=shape: poisson(s))
+    if data_dir and data_dir.is_dir():
+        for name in ("1138_bus.mtx", "gr_900_900_crg.mtx", "lap2D_5pt_n100.mtx"):
+            yield (name, lambda p=data_dir / name: read_matrix(str(p)))
+
+
+def median_time(fn, reps):
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times))
+
+
+def bench_ours(A, b, mode, reps):
+    solver = solvers.PCG(A, preconditioner="jacobi", rtol=RTOL, device="gpu", mode=mode, maxiter=100000)
+    res = solver.solve(b)  # warm-up: compile and capture
+    results = [solver.solve(b) for _ in range(reps)]
+    t = float(np.median([r.solve_time for r in results]))
+    return t / max(res.iterations, 1), res.iterations, t, res.relative_residual
+
+
+def bench_cupyx(Ad, bd, iters, cupy):
+    import cupyx.scipy.sparse.linalg as cla
+
+    def run():
+        cla.cg(Ad, bd, rtol=1e-300, atol=0.0, maxiter=iters)
+        cupy.cuda.Device().synchronize()
+    run()
+    return median_time(run, 3) / iters
+
+
+def bench_spmv(Ad, xd, cupy):
+    for _ in range(3):
+        Ad @ xd
+    start, end = cupy.cuda.Event(), cupy.cuda.Event()
+    reps = 50
+    start.record()
+    for _ in range(reps):
+        Ad @ xd
+    end.record()
+    end.synchronize()
+    return cupy.cuda.get_elapsed_time(start, end) * 1e-3 / reps
+
+
+def bench_jax(A, b, iters):
+    try:
+        import jax
+        jax.config.update("jax_enable_x64", True)
+        import jax.numpy as jnp
+        from jax.experimental import sparse as jsparse
+    except Exception as exc:  # JAX missing or without a GPU backend
+        print(f"  jax unavailable: {exc}", file=sys.stderr)
+        return float("nan")
+    Aj = jsparse.BCOO.from_scipy_sparse(A)
+    bj = jnp.asarray(b)
+
+    @jax.jit
+    def solve(rhs):
+        return jax.scipy.sparse.linalg.cg(lambda v: Aj @ v, rhs, tol=0.0, atol=0.0, maxiter=iters)[0]
+
+    solve(bj).block_until_ready()
+    return median_time(lambda: solve(bj).block_until_ready(), 3) / iters
+
+
+def bench_scipy(A, b, iters):
+    return median_time(lambda: spla.cg(A, b, rtol=1e-300, atol=0.0, maxiter=iters), 1) / iters
+
+
+def gpu_name(cupy):
+    return cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["name"].decode()
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="skip the largest problem")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--out", default=str(pathlib.Path(__file__).resolve().parent / "results"))
+    args = ap.parse_args(argv)
+    import cupy
+    import cupyx.scipy.sparse as csp
+
+    repo = pathlib.Path(__file__).resolve().parent.parent
+    data = next((d for d in (repo.parent / "shared" / "data" / "matrices", repo / "shared" / "data" / "matrices")
+                 if d.is_dir()), None)
+    header = ("| problem | n | nnz | iters | while us/it | graph us/it | eager us/it | cupyx cg us/it "
+              "| JAX cg us/it | SciPy us/it | cuSPARSE SpMV us | while time to sol. ms | cupyx/while "
+              "| JAX/while | while/SpMV | rel. residual |")
+    rows = [header, "|" + "---|" * (header.count("|") - 1)]
+    for name, make in problems(args.quick, data):
+        A = make()
+        n = A.shape[0]
+        b = A @ np.ones(n)
+        print(f"{name}: n={n:,} nnz={A.nnz:,}", file=sys.stderr, flush=True)
+        per_it = {}
+        for mode in ("while", "graph", "eager"):
+            t_it, its, t_s, res = bench_ours(A, b, mode, args.reps if mode == "while" else max(1, args.reps // 2))
+            per_it[mode] = t_it
+            if mode == "while":
+                iters, t_sol, rel = its, t_s, res
+        Ad, bd = csp.csr_matrix(A), cupy.asarray(b)
+        peer_iters = int(min(max(iters, 20), 200))
+        cu = bench_cupyx(Ad, bd, peer_iters, cupy)
+        spmv = bench_spmv(Ad, bd, cupy)
+        jx = bench_jax(A, b, peer_iters)
+        sc = bench_scipy(A, b, min(peer_iters, 20 if n > 500_000 else 200))
+        us = lambda t: f"{t * 1e6:.1f}"  # noqa: E731
+        rows.append(f"| {name} | {n:,} | {A.nnz:,} | {iters} | {us(per_it['while'])} | {us(per_it['graph'])} "
+                    f"| {us(per_it['eager'])} | {us(cu)} | {us(jx)} | {us(sc)} | {us(spmv)} | {t_sol * 1e3:.2f} "
+                    f"| {cu / per_it['while']:.1f}x | {jx / per_it['while']:.1f}x "
+                    f"| {per_it['while'] / spmv:.2f} | {rel:.1e} |")
+        print(rows[-1], flush=True)
+        del Ad, bd
+        cupy.get_default_memory_pool().free_all_blocks()
+
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                cwd=repo).stdout.strip() or "unknown"
+    except OSError:
+        commit = "unknown"
+    gpu = gpu_name(cupy)
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
+    text = (f"# PCG benchmark, {stamp}, {gpu}, commit {commit}\n\n"
+            f"float64, Jacobi PCG to rtol {RTOL:g} for this project; peers plain CG, fixed iteration count.\n\n"
+            + "\n".join(rows) + "\n")
+    print("\n" + text)
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"pcg_{stamp}_{gpu.replace(' ', '_')}.md"
+    path.write_text(text)
+    print(f"saved {path}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

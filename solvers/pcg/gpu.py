@@ -1,0 +1,277 @@
+"""PCG on one GPU: fixed device buffers, the two-kernel iteration body, and its engine.
+
+Everything is allocated and compiled here at set-up; a solve copies ``b`` (and
+``x0``) into the fixed buffers, resets the device state and runs the engine.
+"""
+import numpy as np
+
+import kernels
+from kernels.pcg_ref import RUNNING
+
+from ..backend import require_cupy
+from ..engine import GraphEngine
+from ..errors import DeviceError, InputError
+from .result import Reason
+
+BLOCK = 256
+# Host mirror of `struct State` in kernels/pcg.cu.
+STATE_DTYPE = np.dtype([("rz", "f8"), ("alpha", "f8"), ("beta", "f8"), ("tol", "f8"), ("rnorm", "f8"),
+                        ("pq", "f8"), ("iteration", "i4"), ("maxiter", "i4"), ("status", "i4"),
+                        ("parity", "i4"), ("ticket", "u4"), ("pad", "i4")])
+PROGRESS_DTYPE = np.dtype([("rnorm", "f8"), ("iteration", "i4"), ("status", "i4")])
+
+
+def _subwarp(nnz, n):
+    """Lanes per CSR row: the power of two nearest below the mean row length, 2 to 32."""
+    mean = max(nnz / max(n, 1), 1.0)
+    return int(min(32, max(2, 2 ** int(np.floor(np.log2(mean))))))
+
+
+def to_device_csr(A, dtype):
+    """Any supported matrix as a cupyx CSR matrix of ``dtype`` with int32 indices, on the device."""
+    cupy = require_cupy()
+    import cupyx.scipy.sparse as csp
+    import scipy.sparse as sp
+
+    if csp.issparse(A):
+        M = A.tocsr().astype(dtype)
+    elif sp.issparse(A):
+        M = csp.csr_matrix(sp.csr_matrix(A, dtype=dtype))
+    else:
+        dense = cupy.asarray(A) if hasattr(A, "__cuda_array_interface__") else None
+        if dense is None and hasattr(A, "__dlpack__"):
+            dense = cupy.from_dlpack(A)
+        if dense is None:
+            dense = cupy.asarray(np.asarray(A))
+        if dense.ndim != 2:
+            raise InputError(f"A must be 2-D, got shape {dense.shape}")
+        M = csp.csr_matrix(dense.astype(dtype))
+    M.sum_duplicates()
+    return M
+
+
+class _HostMapped:
+    """A small struct in pinned, device-mapped host memory (written by kernels, read by the host)."""
+
+    def __init__(self, dtype):
+        cupy = require_cupy()
+        self._mem = cupy.cuda.alloc_pinned_memory(dtype.itemsize)
+        self.host = np.frombuffer(self._mem, dtype=dtype, count=1)
+        self.host[...] = 0
+        # With unified addressing a pinned host pointer is valid on the device as is.
+        self.device_ptr = self._mem.ptr
+
+
+class PCGBody:
+    """One PCG iteration as two kernel launches on fixed buffers (see ``kernels/pcg.cu``)."""
+
+    def __init__(self, solver):
+        self.s = solver
+
+    def launch(self, stream, loop):
+        s = self.s
+        s.k_spmv_dot((s.grid_spmv,), (BLOCK,),
+                     (s.rowptr, s.col, s.val, s.z, s.p0, s.p1, s.q, s.state, s.partials, np.int32(s.n)),
+                     stream=stream)
+        s.k_update((s.grid_vec,), (BLOCK,),
+                   (s.x, s.r, s.q, s.p0, s.p1, s.dinv_arg, s.z, s.state, s.partials, s.history_arg,
+                    s.progress.device_ptr, loop.handle, np.int32(s.n)),
+                   stream=stream)
+
+
+class GPUPCG:
+    """Set-up-once PCG on the GPU, driven by :class:`~solvers.engine.GraphEngine`."""
+
+    device = "gpu"
+
+    def __init__(self, A, preconditioner, dtype, mode, unroll, record_history):
+        cupy = require_cupy()
+        if preconditioner not in ("none", "jacobi"):
+            raise InputError(f"preconditioner {preconditioner!r} is not available on the GPU")
+        self.cupy = cupy
+        self.dtype = np.dtype(dtype)
+        self.preconditioner = preconditioner
+        self.record_history = record_history
+        self.device_name = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["name"].decode()
+        try:
+            self._setup(A)
+        except cupy.cuda.memory.OutOfMemoryError as exc:
+            raise DeviceError(f"out of GPU memory while setting up the solver ({exc})") from None
+        self.engine = GraphEngine(PCGBody(self), mode=mode, unroll=unroll)
+        self.mode_note = self.engine.note
+
+    # -- set-up ---------------------------------------------------------------
+    def _setup(self, A):
+        cupy = self.cupy
+        M = to_device_csr(A, self.dtype)
+        self.shape = M.shape
+        if M.shape[0] != M.shape[1]:
+            raise InputError(f"A must be square, got shape {M.shape}")
+        n, nnz = M.shape[0], int(M.nnz)
+        if n >= 2**31 - 1 or nnz >= 2**31 - 1:
+            raise InputError("matrices with 2^31 or more rows or entries are not supported (int32 indices)")
+        self.n = n
+        self.rowptr = cupy.ascontiguousarray(M.indptr.astype(cupy.int32))
+        self.col = cupy.ascontiguousarray(M.indices.astype(cupy.int32))
+        self.val = cupy.ascontiguousarray(M.data.astype(self.dtype))
+        self._check_values(self.val)
+
+        subwarp = _subwarp(nnz, n)
+        mod = kernels.module("pcg", kernels.ctype(self.dtype), (("SUBWARP", str(subwarp)),))
+        self.k_spmv_dot = mod.get_function("pcg_spmv_dot")
+        self.k_update = mod.get_function("pcg_update")
+        self.k_start = mod.get_function("pcg_start")
+        self.k_residual = mod.get_function("csr_residual")
+
+        sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
+        rows_per_block = BLOCK // subwarp
+        # Grid-stride kernels: enough blocks to fill the GPU, few enough partials for one block to sum.
+        self.grid_spmv = int(max(1, min(-(-n // rows_per_block), sms * 8)))
+        self.grid_vec = int(max(1, min(-(-n // BLOCK), sms * 8)))
+
+        zeros = lambda: cupy.zeros(n, dtype=self.dtype)  # noqa: E731
+        self.x, self.b, self.r, self.z, self.q, self.p0, self.p1 = (zeros() for _ in range(7))
+        self.dinv = zeros() if self.preconditioner == "jacobi" else None
+        self.dinv_arg = self.dinv if self.dinv is not None else np.uint64(0)
+        self.partials = cupy.zeros(2 * max(self.grid_spmv, self.grid_vec), dtype=cupy.float64)
+        self.state = cupy.zeros(STATE_DTYPE.itemsize, dtype=cupy.uint8)
+        self.progress = _HostMapped(PROGRESS_DTYPE)
+        self.history = None
+        self.history_arg = np.uint64(0)
+        self._set_diagonal(M)
+
+    @staticmethod
+    def _check_values(val):
+        if not bool(val.size) or not bool(require_cupy().isfinite(val).all()):
+            raise InputError("A has NaN or Inf entries" if val.size else "A has no nonzero entries")
+
+    def _set_diagonal(self, M):
+        if self.dinv is None:
+            return
+        d = M.diagonal().astype(self.dtype)
+        bad = self.cupy.flatnonzero(~(d > 0))
+        if bad.size:
+            i = int(bad[0])
+            raise InputError(
+                f"Jacobi preconditioner needs a positive diagonal, but {int(bad.size)} diagonal entries "
+                f"are zero or negative (first: row {i + 1}, a_ii = {float(d[i]):.6g}); use --precond none")
+        self.cupy.divide(1, d, out=self.dinv)
+
+    @property
+    def mode(self):
+        return self.engine.mode
+
+    @property
+    def instantiations(self):
+        return self.engine.instantiations
+
+    def update_values(self, A):
+        """New values in place (same pattern: the graph is kept), else a fresh set-up."""
+        cupy = self.cupy
+        M = to_device_csr(A, self.dtype)
+        if M.shape != self.shape:
+            raise InputError(f"new matrix has shape {M.shape}, expected {self.shape}")
+        same = (int(M.nnz) == self.col.size and bool(cupy.array_equal(M.indptr, self.rowptr))
+                and bool(cupy.array_equal(M.indices, self.col)))
+        if same:
+            val = M.data.astype(self.dtype)
+            self._check_values(val)
+            self.val[...] = val
+            self._set_diagonal(M)
+            return
+        self._setup(M)
+        self.engine.invalidate()
+
+    # -- solving --------------------------------------------------------------
+    def check_vector(self, v, name):
+        """``v`` as a device vector of the solver's dtype (device inputs are not copied to the host)."""
+        cupy = self.cupy
+        if hasattr(v, "__cuda_array_interface__"):
+            v = cupy.asarray(v)
+        elif hasattr(v, "__dlpack__") and not isinstance(v, np.ndarray):
+            try:
+                v = cupy.from_dlpack(v)
+            except Exception:
+                v = np.asarray(v)
+        if isinstance(v, np.ndarray) or not isinstance(v, cupy.ndarray):
+            v = np.asarray(v)
+            if np.iscomplexobj(v) or not np.issubdtype(v.dtype, np.number):
+                raise InputError(f"{name} must be real, got dtype {v.dtype}")
+        if v.ndim == 2 and 1 in v.shape:
+            v = v.reshape(-1)
+        if v.shape != (self.n,):
+            raise InputError(f"{name} has shape {v.shape}, expected ({self.n},)")
+        return cupy.asarray(v, dtype=self.dtype)
+
+    def norm(self, v):
+        return float(self.cupy.linalg.norm(v))
+
+    def _ensure_history(self, maxiter):
+        if not self.record_history:
+            return
+        if self.history is None or self.history.size < maxiter + 1:
+            self.history = self.cupy.zeros(maxiter + 1, dtype=self.cupy.float64)
+            self.history_arg = self.history
+            self.engine.invalidate()  # the history pointer is baked into the graph
+
+    def _reset_state(self, tol, maxiter):
+        st = np.zeros(1, dtype=STATE_DTYPE)
+        st["tol"], st["maxiter"], st["status"] = tol, maxiter, RUNNING
+        self.state.set(st.view(np.uint8))
+        self.progress.host[...] = 0
+
+    def _residual(self, x, out):
+        self.k_residual((self.grid_spmv,), (BLOCK,), (self.rowptr, self.col, self.val, x, self.b, out,
+                                                      np.int32(self.n)))
+
+    def solve(self, b, x0, tol, maxiter, callback, record_history, on_progress=None):
+        """Return ``(x, reason, iterations, rnorm, history)``; ``x`` is a new CuPy array.
+
+        ``on_progress(iteration, rnorm)`` is called about ten times a second while
+        the device runs, from host-mapped memory the decide step writes.
+        """
+        cupy = self.cupy
+        if maxiter >= 2**31 - 1:
+            raise InputError("maxiter must be below 2^31")
+        self._ensure_history(maxiter)
+        self.b[...] = b
+        if x0 is None:
+            self.x.fill(0)
+            self.r[...] = self.b
+        else:
+            self.x[...] = x0
+            self._residual(self.x, self.r)
+        self.p0.fill(0)
+        self._reset_state(tol, maxiter)
+        self.k_start((self.grid_vec,), (BLOCK,),
+                     (self.x, self.r, self.q, self.p0, self.p1, self.dinv_arg, self.z, self.state, self.partials,
+                      self.history_arg, self.progress.device_ptr, np.uint64(0), np.int32(self.n)))
+        cupy.cuda.Device().synchronize()
+        prog = self.progress.host
+        seen = [0]
+
+        def done():
+            it = int(prog["iteration"][0])
+            if callback is not None and it > seen[0]:
+                seen[0] = it
+                callback(self.x)
+            return int(prog["status"][0]) != RUNNING
+
+        def on_wait():
+            on_progress(int(prog["iteration"][0]), float(prog["rnorm"][0]))
+
+        # A callback must see every iteration: one host check per iteration, plain launches.
+        self.engine.run(done, max(maxiter, 1), eager=callback is not None,
+                        on_wait=on_wait if on_progress is not None else None)
+        st = self.state.get().view(STATE_DTYPE)[0]
+        reason = Reason(int(st["status"]))
+        if reason is Reason.RUNNING:
+            raise RuntimeError("device loop ended without a stop reason (engine bound reached)")
+        its = int(st["iteration"])
+        history = self.history[: its + 1].get() if self.record_history else None
+        return self.x.copy(), reason, its, float(st["rnorm"]), history
+
+    def true_residual_norm(self, b, x):
+        w = self.cupy.empty_like(self.r)
+        self._residual(x, w)
+        return float(self.cupy.linalg.norm(w))
