@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Sourced by pcg.sbatch, md.sbatch and bench.sbatch after they have found the
 # repository (GS_ROOT). Sets the run environment and defines gs_srun.
 # Bash only; the callers run with `set -euo pipefail`.
@@ -71,6 +72,19 @@ gs_data_dir() {
         fi
     done
     echo "$GS_ROOT/shared/data"
+}
+
+# gs_resolve PATH: a relative path means relative to the submit directory
+# (where the user typed sbatch) when it exists there, else to the repository.
+gs_resolve() {
+    case "$1" in
+        /*) echo "$1" ;;
+        *) if [ -e "${SLURM_SUBMIT_DIR:-/nonexistent}/$1" ]; then
+               echo "$SLURM_SUBMIT_DIR/$1"
+           else
+               echo "$GS_ROOT/$1"
+           fi ;;
+    esac
 }
 
 # --- Launch --------------------------------------------------------------------
