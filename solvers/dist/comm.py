@@ -1,0 +1,180 @@
+"""MPI (and NCCL) plumbing for the distributed solvers, timed and fail-safe.
+
+Two rules keep a failing run from hanging:
+
+* set-up steps run through :func:`agree`: every rank learns whether any rank
+  failed, and all raise the same one-line error (then exit normally with the
+  CLI's code);
+* anything that goes wrong later, when the ranks are no longer in step, goes
+  through :func:`abort_on_error`, which prints the error and calls
+  ``MPI_Abort`` so the launcher ends every rank. A rank killed outright is
+  ended by the launcher itself (``mpiexec`` / ``mpirun`` kill the job).
+"""
+import contextlib
+import sys
+import time
+
+import numpy as np
+
+from ..errors import DeviceError, InputError
+
+
+def world():
+    """``MPI.COMM_WORLD`` after checking it matches the launcher (imports mpi4py)."""
+    try:
+        from mpi4py import MPI
+    except ImportError:
+        raise DeviceError("this run was started by an MPI launcher but mpi4py is not installed "
+                          "(pip install mpi4py)") from None
+    from .launch import check_world
+    try:
+        check_world(MPI.COMM_WORLD)
+    except RuntimeError as exc:
+        raise DeviceError(str(exc)) from None
+    return MPI.COMM_WORLD
+
+
+class RankError(RuntimeError):
+    """A set-up step failed on some rank; raised on every rank with the same message."""
+
+
+def _first_line(exc):
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+def agree(comm, fn, *args, **kwargs):
+    """Run ``fn`` on every rank; if it raised anywhere, raise on all ranks.
+
+    Returns ``fn``'s result. The error raised is of the failing rank's class
+    when that is :class:`InputError` or :class:`DeviceError` (so the CLI maps
+    it to exit code 2), otherwise :class:`RankError`; its message names the
+    rank unless every rank failed alike.
+    """
+    result, failure = None, None
+    try:
+        result = fn(*args, **kwargs)
+    except MemoryError:
+        failure = ("DeviceError", "out of host memory")
+    except Exception as exc:  # every rank must learn about any failure
+        failure = (type(exc).__name__, _first_line(exc))
+    failures = comm.allgather(failure)
+    failed = [(r, f) for r, f in enumerate(failures) if f is not None]
+    if not failed:
+        return result
+    first_rank, (name, message) = failed[0]
+    if len(failed) < comm.Get_size() or len(set(f for _, f in failed)) > 1:
+        message = f"rank {first_rank}: {message}"
+    known = {"InputError": InputError, "DeviceError": DeviceError}
+    if name in known:
+        raise known[name](message)
+    raise RankError(f"{name}: {message}")
+
+
+@contextlib.contextmanager
+def abort_on_error(comm, code=1):
+    """Turn an unexpected exception on one rank into ``MPI_Abort`` of the whole job."""
+    try:
+        yield
+    except (InputError, DeviceError, RankError):
+        raise  # already agreed by every rank: a normal exit follows
+    except Exception as exc:
+        print(f"error: rank {comm.Get_rank()}: {type(exc).__name__}: {_first_line(exc)}",
+              file=sys.stderr, flush=True)
+        comm.Abort(code)
+
+
+class Timer:
+    """Accumulate the seconds spent inside ``with timer:`` blocks."""
+
+    def __init__(self):
+        self.seconds = 0.0
+
+    def __enter__(self):
+        self._t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc):
+        self.seconds += time.perf_counter() - self._t0
+
+
+class HostComm:
+    """Allreduce and halo exchange on NumPy buffers, with the time spent in MPI.
+
+    Parameters
+    ----------
+    comm : mpi4py communicator
+    plan : HaloPlan
+        Which entries go to and come from which rank (built once by the partition).
+    """
+
+    def __init__(self, comm, plan):
+        self.comm = comm
+        self.plan = plan
+        self.timer = Timer()
+        self._requests = []
+
+    def allreduce(self, values):
+        """Sum a small float64 array over ranks (one MPI_Allreduce)."""
+        from mpi4py import MPI
+        out = np.empty_like(values)
+        with self.timer:
+            self.comm.Allreduce(values, out, op=MPI.SUM)
+        return out
+
+    def dot(self, u, v):
+        """Global ``u . v``."""
+        return float(self.allreduce(np.array([np.dot(u, v)], dtype=np.float64))[0])
+
+    def start_halo(self, x_local, halo):
+        """Post the receives into ``halo`` and the sends of ``x_local``'s boundary entries."""
+        p = self.plan
+        with self.timer:
+            send = x_local[p.send_index]
+            self._requests = [self.comm.Irecv(halo[p.recv_offsets[i]:p.recv_offsets[i + 1]], source=r, tag=7)
+                              for i, r in enumerate(p.recv_ranks)]
+            self._requests += [self.comm.Isend(send[p.send_offsets[i]:p.send_offsets[i + 1]], dest=r, tag=7)
+                               for i, r in enumerate(p.send_ranks)]
+            self._send_buffer = send  # alive until the sends complete
+
+    def finish_halo(self):
+        """Wait for the exchange started by :meth:`start_halo`."""
+        from mpi4py import MPI
+        with self.timer:
+            MPI.Request.Waitall(self._requests)
+        self._requests = []
+
+
+class DeviceComm:
+    """NCCL on device buffers: allreduce of float64 sums and the grouped halo exchange.
+
+    Every call only enqueues work on the given CuPy stream. Created
+    collectively: rank 0 makes the NCCL id and MPI broadcasts it.
+    """
+
+    def __init__(self, comm):
+        from cupy.cuda import nccl
+        self._nccl = nccl
+        uid = comm.bcast(nccl.get_unique_id() if comm.Get_rank() == 0 else None, root=0)
+        self.comm = nccl.NcclCommunicator(comm.Get_size(), uid, comm.Get_rank())
+
+    def allreduce(self, send, recv, count, stream):
+        """``recv[:count] = sum over ranks of send[:count]`` (CuPy float64 arrays)."""
+        nccl = self._nccl
+        self.comm.allReduce(send.data.ptr, recv.data.ptr, count, nccl.NCCL_FLOAT64, nccl.NCCL_SUM, stream.ptr)
+
+    def exchange(self, plan, sendbuf, halo, stream):
+        """Send the packed ``sendbuf`` segments and receive the ``halo`` segments of ``plan``."""
+        nccl = self._nccl
+        dtype = {8: nccl.NCCL_FLOAT64, 4: nccl.NCCL_FLOAT32}[sendbuf.itemsize]
+        send0, recv0, size = sendbuf.data.ptr, halo.data.ptr, sendbuf.itemsize
+        nccl.groupStart()
+        try:
+            for i, peer in enumerate(plan.send_ranks):
+                lo, hi = int(plan.send_offsets[i]), int(plan.send_offsets[i + 1])
+                self.comm.send(send0 + lo * size, hi - lo, dtype, peer, stream.ptr)
+            for i, peer in enumerate(plan.recv_ranks):
+                lo, hi = int(plan.recv_offsets[i]), int(plan.recv_offsets[i + 1])
+                self.comm.recv(recv0 + lo * size, hi - lo, dtype, peer, stream.ptr)
+        finally:
+            nccl.groupEnd()

@@ -1,0 +1,194 @@
+"""The distributed PCG solver object (one per rank, same calls on every rank)."""
+import dataclasses
+import time
+
+import numpy as np
+
+from ..errors import DeviceError, InputError
+from ..pcg.preconditioners import PRECONDITIONERS
+from ..pcg.result import SolveResult
+from ..pcg.solver import DTYPES
+from .comm import agree
+from .cpu import VARIANTS
+from .partition import split_rows
+
+
+@dataclasses.dataclass
+class DistSolveResult(SolveResult):
+    """:class:`~solvers.pcg.result.SolveResult` of a distributed solve.
+
+    ``x`` holds this rank's rows only (:meth:`DistributedPCG.gather` collects
+    it). ``communication_time`` is the solve time spent in (or, on the GPU,
+    waiting for) halo exchanges and allreduces; ``compute_time`` the rest.
+    """
+
+    ranks: int = 1
+    variant: str = "classic"
+    compute_time: float = 0.0
+    communication_time: float = 0.0
+
+
+class DistributedPCG:
+    """Preconditioned CG over MPI ranks, each owning a block of rows.
+
+    Every rank constructs it with its own rows and calls :meth:`solve` with
+    its own entries of ``b``; all ranks take the same decisions from the same
+    reduced values, so they stop at the same iteration.
+
+    Parameters
+    ----------
+    rows : scipy.sparse.csr_matrix
+        This rank's rows ``bounds[rank]:bounds[rank+1]`` with global column indices.
+    bounds : ndarray
+        Row bounds of every rank (``len = ranks + 1``).
+    comm : mpi4py communicator, optional
+        ``MPI.COMM_WORLD`` by default.
+    preconditioner : {"jacobi", "none"}
+    rtol, atol, maxiter, dtype, record_history
+        As for :class:`solvers.pcg.PCG`.
+    device : {"auto", "cpu", "gpu"}
+        ``auto`` runs on the GPUs when every rank has one.
+    variant : {"classic", "single-reduction"}
+        ``single-reduction`` (Chronopoulos-Gear) does one allreduce per
+        iteration instead of two.
+    check_every : int
+        GPU only: iterations enqueued between two host reads of the status.
+    """
+
+    def __init__(self, rows, bounds, comm=None, *, preconditioner="jacobi", rtol=1e-5, atol=0.0,
+                 maxiter=None, device="auto", variant="classic", dtype="float64",
+                 record_history=False, check_every=16):
+        t0 = time.perf_counter()
+        if comm is None:
+            from .comm import world
+            comm = world()
+        self.comm = comm
+        self.ranks = comm.Get_size()
+        self.bounds = np.asarray(bounds, dtype=np.int64)
+        self.shape = (int(self.bounds[-1]), int(self.bounds[-1]))
+        self.rtol, self.atol, self.maxiter = float(rtol), float(atol), maxiter
+        self.record_history = record_history
+        self.preconditioner = preconditioner
+        self.variant = variant
+        self.dtype = np.dtype(dtype)
+        self.device_name = None
+
+        def check_options():
+            if variant not in VARIANTS:
+                raise InputError(f"variant must be one of {', '.join(VARIANTS)}, not {variant!r}")
+            if str(self.dtype) not in DTYPES:
+                raise InputError(f"dtype must be float64 or float32, not {dtype}")
+            if preconditioner not in PRECONDITIONERS:
+                raise InputError(f"unknown preconditioner {preconditioner!r}; "
+                                 f"choose from {', '.join(PRECONDITIONERS)}")
+            if len(self.bounds) != self.ranks + 1:
+                raise InputError(f"bounds has {len(self.bounds)} entries for {self.ranks} ranks")
+            lo, hi = self.bounds[comm.Get_rank()], self.bounds[comm.Get_rank() + 1]
+            if rows.shape != (hi - lo, self.shape[0]):
+                raise InputError(f"this rank's rows have shape {rows.shape}, expected {(hi - lo, self.shape[0])}")
+            if check_every < 1:
+                raise InputError("check_every must be >= 1")
+
+        agree(comm, check_options)
+        self.device, self.device_note = agree(comm, self._choose_device, device)
+        self.matrix = split_rows(rows.astype(self.dtype), self.bounds, comm)
+        inverse_diagonal = agree(comm, self._inverse_diagonal)
+        if self.device == "cpu":
+            from .cpu import DistCPUPCG
+            self._impl = DistCPUPCG(self.matrix, inverse_diagonal, comm, variant, self.dtype)
+        else:
+            from .gpu import DistGPUPCG
+            self._impl = agree(comm, DistGPUPCG, self.matrix, inverse_diagonal, comm, variant, self.dtype,
+                               check_every)
+            self.device_name = self._impl.device_name
+        self.setup_time = time.perf_counter() - t0
+
+    def _choose_device(self, device):
+        from ..backend import resolve_device
+        if device not in ("auto", "cpu", "gpu"):
+            raise InputError(f"device must be auto, cpu or gpu, not {device!r}")
+        choice, note = resolve_device(device)
+        # auto must pick the same device on every rank.
+        if self.comm.allreduce(choice == "cpu") and choice == "gpu":
+            return "cpu", "auto: some ranks have no GPU, running on the CPU"
+        return choice, note
+
+    def _inverse_diagonal(self):
+        if self.preconditioner == "none":
+            return None
+        d = self.matrix.diagonal()
+        bad = np.flatnonzero(~(d > 0))
+        if bad.size:
+            i = int(bad[0])
+            raise InputError(
+                f"Jacobi preconditioner needs a positive diagonal, but {bad.size} diagonal entries "
+                f"are zero or negative (first: row {self.matrix.lo + i + 1}, a_ii = {d[i]:.6g}); "
+                "use --precond none or fix the matrix")
+        return (1.0 / d).astype(self.dtype)
+
+    @property
+    def mode(self):
+        return self._impl.mode
+
+    def _check_vector(self, v, name):
+        v = np.asarray(v.get() if hasattr(v, "get") else v)
+        if v.ndim == 2 and 1 in v.shape:
+            v = v.reshape(-1)
+        if v.shape != (self.matrix.rows,):
+            raise InputError(f"{name} has shape {v.shape} on this rank, expected ({self.matrix.rows},)")
+        if np.iscomplexobj(v) or not np.issubdtype(v.dtype, np.number):
+            raise InputError(f"{name} must be real, got dtype {v.dtype}")
+        return v.astype(self.dtype, copy=False)
+
+    def solve(self, b, x0=None, *, rtol=None, atol=None, maxiter=None):
+        """Solve ``A x = b`` (collective).
+
+        Parameters
+        ----------
+        b : array
+            This rank's entries of the right-hand side.
+        x0 : array, optional
+            This rank's entries of the initial guess; never modified.
+        rtol, atol, maxiter : optional
+            Override the solver's defaults for this solve.
+
+        Returns
+        -------
+        DistSolveResult
+            ``x`` is this rank's part of the solution (a CuPy array on the GPU).
+        """
+        n = self.shape[0]
+        rtol = self.rtol if rtol is None else float(rtol)
+        atol = self.atol if atol is None else float(atol)
+        maxiter = (self.maxiter if self.maxiter is not None else 10 * n) if maxiter is None else int(maxiter)
+
+        def check():
+            if maxiter < 0:
+                raise InputError(f"maxiter must be >= 0, got {maxiter}")
+            if rtol < 0 or atol < 0:
+                raise InputError("rtol and atol must be >= 0")
+            return self._check_vector(b, "b"), None if x0 is None else self._check_vector(x0, "x0")
+
+        bv, x0v = agree(self.comm, check)
+        t0 = time.perf_counter()
+        comm_before = self._impl.communication_time
+        b_norm = self._impl.norm(bv)
+        tol = max(atol, rtol * b_norm)
+        x, reason, its, rnorm, history = self._impl.solve(bv, x0v, tol, maxiter, self.record_history)
+        true_rnorm = self._impl.true_residual_norm(bv, x)
+        solve_time = time.perf_counter() - t0
+        communication = self._impl.communication_time - comm_before
+        return DistSolveResult(
+            x=x, reason=reason, iterations=int(its), residual_norm=float(rnorm),
+            true_residual_norm=true_rnorm, b_norm=b_norm, tolerance=tol, setup_time=self.setup_time,
+            solve_time=solve_time, device=self.device, mode=self.mode, mode_note=self.device_note,
+            history=history, ranks=self.ranks, variant=self.variant,
+            compute_time=solve_time - communication, communication_time=communication)
+
+    def gather(self, x, root=0):
+        """The whole solution on ``root`` (None elsewhere); for output only. Collective."""
+        x = np.ascontiguousarray(x.get() if hasattr(x, "get") else x)
+        counts = np.diff(self.bounds)
+        out = np.empty(self.shape[0], dtype=x.dtype) if self.comm.Get_rank() == root else None
+        self.comm.Gatherv(x, [out, counts] if out is not None else None, root=root)
+        return out
