@@ -7,6 +7,7 @@ import json
 import sys
 import time
 
+from ..dist.launch import world_size
 from ..errors import DeviceError, InputError
 from .problem import load_problem
 from .solver import PCG
@@ -36,6 +37,9 @@ def build_parser():
     p.add_argument("--plot", help="plot the convergence history to this PNG (needs matplotlib)")
     p.add_argument("--progress", action="store_true",
                    help="show iteration and residual live on stderr while solving")
+    p.add_argument("--variant", choices=("classic", "single-reduction"), default="classic",
+                   help="under mpiexec: classic PCG, or the single-reduction (Chronopoulos-Gear) form "
+                        "with one allreduce per iteration")
     g = p.add_mutually_exclusive_group()
     g.add_argument("-q", "--quiet", action="store_true", help="print one summary line")
     g.add_argument("-v", "--verbose", action="store_true", help="print more detail")
@@ -147,6 +151,9 @@ def _write_output(path, x):
 def main(argv=None):
     """Run the CLI; returns the exit code."""
     args = build_parser().parse_args(argv)
+    if world_size() > 1:  # started by an MPI launcher: solvers.dist runs it, rank 0 reports
+        from ..dist.cli import run_distributed
+        return run_distributed(args, sys.modules[__name__])
     try:
         if args.maxiter is not None and args.maxiter < 0:
             raise InputError("--maxiter must be >= 0")
