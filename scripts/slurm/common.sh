@@ -9,8 +9,9 @@
 # the default), so an activated venv or conda env is found through PATH;
 # PYTHON=/path/to/venv/bin/python pins one explicitly.
 PYTHON="${PYTHON:-python3}"
-# `python -m solvers.pcg` imports the package from the working directory.
-cd "$GS_ROOT" || exit 1
+# The job keeps Slurm's working directory, the submit directory, so relative
+# paths in MATRIX, DUMP, PCG_ARGS, ... mean what they meant where sbatch was
+# typed; PYTHONPATH lets `python -m solvers.pcg` import this checkout from there.
 export PYTHONPATH="$GS_ROOT${PYTHONPATH:+:$PYTHONPATH}"
 
 # --- Device ------------------------------------------------------------------
@@ -74,8 +75,9 @@ gs_data_dir() {
     echo "$GS_ROOT/shared/data"
 }
 
-# gs_resolve PATH: a relative path means relative to the submit directory
-# (where the user typed sbatch) when it exists there, else to the repository.
+# gs_resolve PATH: an input file; a relative path means relative to the submit
+# directory when it exists there, else to the repository (the defaults, such as
+# examples/data/lap2D_5pt_n100.mtx, are repository paths).
 gs_resolve() {
     case "$1" in
         /*) echo "$1" ;;
