@@ -72,18 +72,25 @@ __device__ double sum_partials(const double* partials, int count) {
     return block_sum(v);
 }
 
-// y_row = sum_k val[k] * v(col[k]) for one row, spread over SUBWARP lanes; all lanes get the sum.
+// Sum val[k] * v(col[k]) over rows a and b (each spread over SUBWARP lanes); every lane gets both
+// sums. The first SUBWARP entries of both rows are loaded before either row's remainder loop, so a
+// typical short row costs one round of independent loads rather than a chain of dependent ones.
 template <typename F>
-__device__ __forceinline__ real_t row_dot(const int* __restrict__ rowptr, const int* __restrict__ col,
-                                          const real_t* __restrict__ val, int row, bool active, F v) {
+__device__ __forceinline__ void row_dot2(const int* __restrict__ rowptr, const int* __restrict__ col,
+                                         const real_t* __restrict__ val, int a, bool active_a, int b,
+                                         bool active_b, F v, real_t& sa, real_t& sb) {
     const int lane = threadIdx.x % SUBWARP;
-    real_t s = 0;
-    if (active) {
-        const int end = rowptr[row + 1];
-        for (int k = rowptr[row] + lane; k < end; k += SUBWARP) s += val[k] * v(col[k]);
+    int ka = 0, ea = 0, kb = 0, eb = 0;
+    if (active_a) { ka = rowptr[a] + lane; ea = rowptr[a + 1]; }
+    if (active_b) { kb = rowptr[b] + lane; eb = rowptr[b + 1]; }
+    sa = ka < ea ? val[ka] * v(col[ka]) : real_t(0);
+    sb = kb < eb ? val[kb] * v(col[kb]) : real_t(0);
+    for (ka += SUBWARP; ka < ea; ka += SUBWARP) sa += val[ka] * v(col[ka]);
+    for (kb += SUBWARP; kb < eb; kb += SUBWARP) sb += val[kb] * v(col[kb]);
+    for (int o = SUBWARP / 2; o > 0; o >>= 1) {
+        sa += __shfl_xor_sync(0xffffffffu, sa, o, SUBWARP);
+        sb += __shfl_xor_sync(0xffffffffu, sb, o, SUBWARP);
     }
-    for (int o = SUBWARP / 2; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o, SUBWARP);
-    return s;
 }
 
 extern "C" __global__ void __launch_bounds__(BLOCK)
@@ -96,17 +103,28 @@ pcg_spmv_dot(const int* __restrict__ rowptr, const int* __restrict__ col, const 
     real_t* __restrict__ p_new = st->parity ? p0 : p1;
     auto direction = [&](int j) { return fma(beta, p_old[j], z[j]); };
     const int rows_per_block = BLOCK / SUBWARP;
+    const int stride = gridDim.x * rows_per_block;
     double acc = 0.0;
-    // The loop bound is uniform across the block so every lane reaches the shuffles.
-    for (int base = blockIdx.x * rows_per_block; base < n; base += gridDim.x * rows_per_block) {
-        const int row = base + threadIdx.x / SUBWARP;
-        const bool active = row < n;
-        const real_t s = row_dot(rowptr, col, val, row, active, direction);
-        if (active && threadIdx.x % SUBWARP == 0) {
-            const real_t pn = direction(row);
-            p_new[row] = pn;
-            q[row] = s;
-            acc += (double)pn * (double)s;
+    // Two rows per pass keep two independent gather chains in flight (the SpMV is latency bound
+    // otherwise). The loop bound is uniform across the block so every lane reaches the shuffles.
+    for (int base = blockIdx.x * rows_per_block; base < n; base += 2 * stride) {
+        const int row_a = base + threadIdx.x / SUBWARP, row_b = row_a + stride;
+        const bool active_a = row_a < n, active_b = row_b < n;
+        real_t sa, sb;
+        row_dot2(rowptr, col, val, row_a, active_a, row_b, active_b, direction, sa, sb);
+        if (threadIdx.x % SUBWARP == 0) {
+            if (active_a) {
+                const real_t pn = direction(row_a);
+                p_new[row_a] = pn;
+                q[row_a] = sa;
+                acc += (double)pn * (double)sa;
+            }
+            if (active_b) {
+                const real_t pn = direction(row_b);
+                p_new[row_b] = pn;
+                q[row_b] = sb;
+                acc += (double)pn * (double)sb;
+            }
         }
     }
     if (!publish_partials(partials, acc, 0.0, false, &st->ticket)) return;
@@ -168,10 +186,11 @@ __device__ void update(real_t* __restrict__ x, real_t* __restrict__ r, const rea
     st->status = status;
     if (history) history[it] = rnorm;
     if (progress) {
+        // Posted writes over the bus, no fence: the host reads them for display while the graph
+        // runs, and exactly only after synchronising with the stream.
         volatile Progress* pr = progress;
         pr->rnorm = rnorm;
         pr->iteration = it;
-        __threadfence_system();
         pr->status = status;
     }
     if (handle) cudaGraphSetConditional(handle, status == RUNNING);
@@ -196,11 +215,15 @@ extern "C" __global__ void __launch_bounds__(BLOCK)
 csr_residual(const int* __restrict__ rowptr, const int* __restrict__ col, const real_t* __restrict__ val,
              const real_t* __restrict__ x, const real_t* __restrict__ b, real_t* __restrict__ out, int n) {
     const int rows_per_block = BLOCK / SUBWARP;
+    const int stride = gridDim.x * rows_per_block;
     auto xv = [&](int j) { return x[j]; };
-    for (int base = blockIdx.x * rows_per_block; base < n; base += gridDim.x * rows_per_block) {
-        const int row = base + threadIdx.x / SUBWARP;
-        const bool active = row < n;
-        const real_t s = row_dot(rowptr, col, val, row, active, xv);
-        if (active && threadIdx.x % SUBWARP == 0) out[row] = b[row] - s;
+    for (int base = blockIdx.x * rows_per_block; base < n; base += 2 * stride) {
+        const int row_a = base + threadIdx.x / SUBWARP, row_b = row_a + stride;
+        real_t sa, sb;
+        row_dot2(rowptr, col, val, row_a, row_a < n, row_b, row_b < n, xv, sa, sb);
+        if (threadIdx.x % SUBWARP == 0) {
+            if (row_a < n) out[row_a] = b[row_a] - sa;
+            if (row_b < n) out[row_b] = b[row_b] - sb;
+        }
     }
 }

@@ -27,7 +27,8 @@ graph
     checks ``done()`` after each launch (one synchronisation per ``unroll``
     iterations).
 while
-    The body sits in a WHILE conditional node: the whole run is one launch.
+    ``unroll`` iterations sit in the body of a WHILE conditional node: the
+    whole run is one launch.
 """
 import contextlib
 import time
@@ -147,8 +148,8 @@ class GraphEngine:
         Has ``launch(stream, loop)`` (see module docstring).
     mode : {"auto", "eager", "graph", "while"}
     unroll : int
-        Iterations per graph launch in ``graph`` mode, and per host check in
-        ``eager`` mode.
+        Iterations per graph launch in ``graph`` mode and per pass of the
+        WHILE body in ``while`` mode.
     stream : cupy.cuda.Stream, optional
         Stream the runs are launched on; a new non-blocking stream by default.
 
@@ -189,7 +190,9 @@ class GraphEngine:
             body_builder = builder.while_loop(cond).begin_building("relaxed")
             loop = LoopContext(body_builder, int(cond.handle))
             with _cupy_stream(body_builder) as s:
-                self.body.launch(s, loop)
+                # k iterations per pass amortise the loop's own cost; passes after the stop are no-ops
+                for _ in range(self.unroll):
+                    self.body.launch(s, loop)
             body_builder.end_building()
         else:
             loop = LoopContext()

@@ -30,7 +30,8 @@ def build_parser():
     p.add_argument("--device", choices=("auto", "cpu", "gpu"), default="auto")
     p.add_argument("--mode", choices=("auto", "eager", "graph", "while"), default="auto",
                    help="GPU driver (graph and while need a GPU)")
-    p.add_argument("--unroll", type=int, default=8, help="iterations per launch in graph mode")
+    p.add_argument("--unroll", type=int, default=4,
+                   help="iterations per graph launch (graph) or per WHILE pass (while)")
     p.add_argument("--dtype", choices=("float64", "float32"), default="float64")
     p.add_argument("--output", help="write the solution (.mtx or .npy)")
     p.add_argument("--json", help="write the report as JSON")
@@ -57,7 +58,7 @@ def _report(problem, solver, result, error):
         "residual_norm": result.residual_norm, "true_residual_norm": result.true_residual_norm,
         "true_relative_residual": result.relative_residual, "b_norm": result.b_norm,
         "tolerance": result.tolerance, "error_vs_exact": error,
-        "setup_time_s": result.setup_time, "solve_time_s": result.solve_time,
+        "setup_time_s": result.setup_time, "solve_time_s": result.solve_time, "loop_time_s": result.loop_time,
         "time_per_iteration_s": result.time_per_iteration if result.iterations else None,
         "history": None if result.history is None else [float(v) for v in result.history],
     }

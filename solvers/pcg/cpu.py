@@ -3,6 +3,8 @@
 The iteration is the one the GPU kernels run (see ``kernels/pcg.cu``):
 same stopping rule, same breakdown and NaN checks, same iteration count.
 """
+import time
+
 import numpy as np
 
 from ..backend import is_device_array
@@ -136,7 +138,9 @@ class CPUPCG:
                 if user_callback is not None:
                     user_callback(xk)
                 on_progress(len(history), history[-1])  # residual of the previous iteration
+        t0 = time.perf_counter()
         reason, its, rnorm = pcg_iterate(self.A.dot, self.M.apply, b, x, tol, maxiter, callback, history)
+        self.last_loop_time = time.perf_counter() - t0
         if not record_history:
             history = None
         return x, reason, its, rnorm, (np.array(history) if history is not None else None)

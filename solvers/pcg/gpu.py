@@ -3,6 +3,8 @@
 Everything is allocated and compiled here at set-up; a solve copies ``b`` (and
 ``x0``) into the fixed buffers, resets the device state and runs the engine.
 """
+import time
+
 import numpy as np
 
 import kernels
@@ -22,9 +24,12 @@ PROGRESS_DTYPE = np.dtype([("rnorm", "f8"), ("iteration", "i4"), ("status", "i4"
 
 
 def _subwarp(nnz, n):
-    """Lanes per CSR row: the power of two nearest below the mean row length, 2 to 32."""
+    """Lanes per CSR row: the power of two at or above the mean row length, 2 to 32.
+
+    A typical row is then read in one round of loads by its lanes.
+    """
     mean = max(nnz / max(n, 1), 1.0)
-    return int(min(32, max(2, 2 ** int(np.floor(np.log2(mean))))))
+    return int(min(32, max(2, 2 ** int(np.ceil(np.log2(mean))))))
 
 
 def to_device_csr(A, dtype):
@@ -261,8 +266,10 @@ class GPUPCG:
             on_progress(int(prog["iteration"][0]), float(prog["rnorm"][0]))
 
         # A callback must see every iteration: one host check per iteration, plain launches.
+        t0 = time.perf_counter()
         self.engine.run(done, max(maxiter, 1), eager=callback is not None,
                         on_wait=on_wait if on_progress is not None else None)
+        self.last_loop_time = time.perf_counter() - t0
         st = self.state.get().view(STATE_DTYPE)[0]
         reason = Reason(int(st["status"]))
         if reason is Reason.RUNNING:

@@ -51,7 +51,10 @@ class SolveResult:
     b_norm, tolerance : float
         ``||b||`` and the absolute stopping threshold ``max(atol, rtol*||b||)``.
     setup_time, solve_time : float
-        Seconds spent setting up (once per solver object) and in this solve.
+        Seconds spent setting up (once per solver object) and in this solve
+        (copies in, iterations, true residual).
+    loop_time : float
+        Seconds of the iteration loop alone (graph launch to synchronisation on the GPU).
     device, mode : str
         Where and how it ran; ``mode_note`` says why when chosen automatically.
     history : ndarray or None
@@ -69,6 +72,7 @@ class SolveResult:
     solve_time: float
     device: str
     mode: str
+    loop_time: float = None
     mode_note: str = None
     history: np.ndarray = None
 
@@ -87,4 +91,5 @@ class SolveResult:
 
     @property
     def time_per_iteration(self):
-        return self.solve_time / self.iterations if self.iterations else float("nan")
+        """Loop time over iterations."""
+        return self.loop_time / self.iterations if self.iterations else float("nan")

@@ -72,13 +72,13 @@ class PCG:
         GPU driver; the CPU accepts ``auto`` and ``eager`` only.
     dtype : {"float64", "float32"}
     unroll : int
-        Iterations per graph launch in ``graph`` mode.
+        Iterations per graph launch (``graph``) or per WHILE pass (``while``).
     record_history : bool
         Keep the residual norm of every iteration in the result.
     """
 
     def __init__(self, A, *, preconditioner="jacobi", M=None, rtol=1e-5, atol=0.0, maxiter=None,
-                 device="auto", mode="auto", dtype="float64", unroll=8, record_history=False):
+                 device="auto", mode="auto", dtype="float64", unroll=4, record_history=False):
         t0 = time.perf_counter()
         if str(np.dtype(dtype)) not in DTYPES:
             raise InputError(f"dtype must be float64 or float32, not {dtype}")
@@ -191,5 +191,5 @@ class PCG:
         return SolveResult(x=x, reason=reason, iterations=int(its), residual_norm=float(rnorm),
                            true_residual_norm=true_rnorm, b_norm=b_norm, tolerance=tol,
                            setup_time=self.setup_time, solve_time=time.perf_counter() - t0,
-                           device=self.device, mode=self._impl.mode,
+                           loop_time=self._impl.last_loop_time, device=self.device, mode=self._impl.mode,
                            mode_note=self._impl.mode_note or self.device_note, history=history)
