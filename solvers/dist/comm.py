@@ -11,6 +11,7 @@ Two rules keep a failing run from hanging:
   ended by the launcher itself (``mpiexec`` / ``mpirun`` kill the job).
 """
 import contextlib
+import os
 import sys
 import time
 
@@ -82,6 +83,7 @@ def abort_on_error(comm, code=1):
         print(f"error: rank {comm.Get_rank()}: {type(exc).__name__}: {_first_line(exc)}",
               file=sys.stderr, flush=True)
         comm.Abort(code)
+        os._exit(code)  # MPI_Abort may return before the launcher kills this process
 
 
 class Timer:

@@ -6,6 +6,8 @@ form of PCG, which computes all three inner products of an iteration after
 one matrix-vector product and so needs one allreduce per iteration instead
 of several; the GPU path runs the same recurrences.
 """
+import time
+
 import numpy as np
 
 from ..pcg.cpu import pcg_iterate
@@ -42,7 +44,9 @@ def pcg_single_reduction(matvec, psolve, b, x, tol, maxiter, history=None, reduc
     w = matvec(u)
 
     def reduced():
-        rr, g, d = reduce(np.array([np.dot(r, r), np.dot(r, u), np.dot(w, u)], dtype=np.float64))
+        with np.errstate(invalid="ignore", over="ignore"):  # NaN and Inf are reported as NOT_FINITE
+            local = np.array([np.dot(r, r), np.dot(r, u), np.dot(w, u)], dtype=np.float64)
+        rr, g, d = reduce(local)
         return float(np.sqrt(rr)), float(g), float(d)
 
     rnorm, gamma, delta = reduced()
@@ -104,6 +108,7 @@ class DistCPUPCG:
 
     device = "cpu"
     mode = "numpy"
+    loop_time = 0.0  # seconds of the last solve's iterations
 
     def __init__(self, matrix, inverse_diagonal, comm, variant, dtype):
         self.matrix = matrix
@@ -136,6 +141,7 @@ class DistCPUPCG:
     def solve(self, b, x0, tol, maxiter, record_history):
         """Return ``(x, reason, iterations, rnorm, history)`` for the owned rows."""
         history = [] if record_history else None
+        t0 = time.perf_counter()
         x_is_zero = x0 is None or not self.host.comm.allreduce(bool(np.any(x0)))
         x = np.zeros_like(b) if x_is_zero else np.array(x0, dtype=self.dtype)
         if self.variant == "single-reduction":
@@ -150,6 +156,7 @@ class DistCPUPCG:
             result = pcg_iterate(self.matvec, self.psolve, b - self.matvec(x), d, tol, maxiter, None,
                                  history, self.host.dot)
             x += d
+        self.loop_time = time.perf_counter() - t0
         return (x, *result, None if history is None else np.array(history))
 
     def true_residual_norm(self, b, x):

@@ -18,8 +18,8 @@ class DistSolveResult(SolveResult):
     """:class:`~solvers.pcg.result.SolveResult` of a distributed solve.
 
     ``x`` holds this rank's rows only (:meth:`DistributedPCG.gather` collects
-    it). ``communication_time`` is the solve time spent in (or, on the GPU,
-    waiting for) halo exchanges and allreduces; ``compute_time`` the rest.
+    it). ``communication_time`` is the part of ``loop_time`` spent in (on the
+    GPU: waiting for) halo exchanges and allreduces; ``compute_time`` the rest.
     """
 
     ranks: int = 1
@@ -175,15 +175,16 @@ class DistributedPCG:
         b_norm = self._impl.norm(bv)
         tol = max(atol, rtol * b_norm)
         x, reason, its, rnorm, history = self._impl.solve(bv, x0v, tol, maxiter, self.record_history)
+        communication = self._impl.communication_time - comm_before
         true_rnorm = self._impl.true_residual_norm(bv, x)
         solve_time = time.perf_counter() - t0
-        communication = self._impl.communication_time - comm_before
+        loop_time = self._impl.loop_time
         return DistSolveResult(
             x=x, reason=reason, iterations=int(its), residual_norm=float(rnorm),
             true_residual_norm=true_rnorm, b_norm=b_norm, tolerance=tol, setup_time=self.setup_time,
-            solve_time=solve_time, device=self.device, mode=self.mode, mode_note=self.device_note,
-            history=history, ranks=self.ranks, variant=self.variant,
-            compute_time=solve_time - communication, communication_time=communication)
+            solve_time=solve_time, loop_time=loop_time, device=self.device, mode=self.mode,
+            mode_note=self.device_note, history=history, ranks=self.ranks, variant=self.variant,
+            compute_time=loop_time - communication, communication_time=communication)
 
     def gather(self, x, root=0):
         """The whole solution on ``root`` (None elsewhere); for output only. Collective."""

@@ -1,0 +1,229 @@
+// Kernels of the distributed PCG (solvers/dist/gpu.py); see dist_ref.py for their NumPy meaning.
+//
+// Compiled after pcg.cu, whose State, block reductions (publish_partials, sum_partials) and CSR row
+// product (row_dot) they use; the local SpMV itself is pcg.cu's pcg_spmv_dot. Each rank's kernels
+// only produce partial sums: the decisions are taken by dist_decide / dist_cg1_decide from the
+// allreduced values, identical on every rank, so every rank stops at the same iteration.
+//
+// pcg_spmv_dot decides on its own from the local p.Ap it computes; it therefore runs on a *shadow*
+// State (`sh`) that dist_pack refreshes from the global one (`st`) before every product, and its
+// local decision is ignored. `pending` is set when new partial sums have been produced and cleared by
+// the decide kernel, so a decide launched twice on the same sums (once at the end of a block of
+// iterations, once at the head of the next) acts once.
+
+// out[k] = z[idx[k]] + beta p_old[idx[k]] (the entries of the next direction neighbours need; just
+// z[idx[k]] when `direction` is 0); the shadow state takes st's status and the direction's beta and
+// parity (0 and 0 without direction: pcg_spmv_dot then multiplies z itself, writing a copy to p1).
+extern "C" __global__ void __launch_bounds__(BLOCK)
+dist_pack(const real_t* __restrict__ z, const real_t* p0, const real_t* p1, const int* __restrict__ idx,
+          real_t* __restrict__ out, const State* st, State* sh, int direction, int m) {
+    const double beta = direction ? st->beta : 0.0;
+    const int parity = direction ? st->parity : 0;
+    const real_t* p_old = parity ? p1 : p0;
+    for (int k = blockIdx.x * BLOCK + threadIdx.x; k < m; k += gridDim.x * BLOCK) {
+        const int j = idx[k];
+        out[k] = direction ? fma((real_t)beta, p_old[j], z[j]) : z[j];
+    }
+    if (blockIdx.x == 0 && threadIdx.x == 0) {
+        sh->status = st->status;
+        sh->beta = beta;
+        sh->parity = parity;
+    }
+}
+
+// y[rows[i]] += sign * (H h)_i over the boundary rows (H: their halo columns, h: the halo buffer).
+// With `out`: skipped once st has stopped, and *out = sh->pq + sum_i v[rows[i]] (H h)_i where v is the
+// vector pcg_spmv_dot just multiplied, so *out is this rank's whole share of v.Av.
+extern "C" __global__ void __launch_bounds__(BLOCK)
+dist_halo_spmv(const int* __restrict__ hptr, const int* __restrict__ hcol, const real_t* __restrict__ hval,
+               const int* __restrict__ rows, const real_t* __restrict__ h, real_t* y, real_t sign,
+               const real_t* p0, const real_t* p1, const State* st, State* sh, double* partials,
+               double* out, int nb) {
+    if (out && st->status != RUNNING) return;
+    const real_t* v = out ? (sh->parity ? p0 : p1) : nullptr;
+    auto hv = [&](int j) { return h[j]; };
+    const int rows_per_block = BLOCK / SUBWARP;
+    double acc = 0.0;
+    for (int base = blockIdx.x * rows_per_block; base < nb; base += gridDim.x * rows_per_block) {
+        const int i = base + threadIdx.x / SUBWARP;
+        const bool active = i < nb;
+        const real_t s = row_dot(hptr, hcol, hval, i, active, hv);
+        if (active && threadIdx.x % SUBWARP == 0) {
+            const int row = rows[i];
+            y[row] += sign * s;
+            if (v) acc += (double)v[row] * (double)s;
+        }
+    }
+    if (!out || !publish_partials(partials, acc, 0.0, false, &sh->ticket)) return;
+    const double total = sum_partials(partials, gridDim.x);
+    if (threadIdx.x == 0) {
+        sh->ticket = 0;
+        *out = sh->pq + total;
+    }
+}
+
+// Publish this kernel's two partial sums as sums[0], sums[1] (last block) and mark them pending.
+__device__ void publish_pair(double a, double b, State* sh, double* partials, double* sums, int* pending) {
+    if (!publish_partials(partials, a, b, true, &sh->ticket)) return;
+    const double sa = sum_partials(partials, gridDim.x);
+    const double sb = sum_partials(partials + gridDim.x, gridDim.x);
+    if (threadIdx.x == 0) {
+        sh->ticket = 0;
+        sums[0] = sa;
+        sums[1] = sb;
+        *pending = 1;
+    }
+}
+
+// Classic PCG. START: z = M^-1 r. Otherwise, with pq = reduced[0] (the allreduced p.Ap): stop on a bad
+// pq, else x += alpha p, r -= alpha q, z = M^-1 r with alpha = rz / pq. Partial r.z, r.r -> sums[0..1].
+template <bool START>
+__device__ void classic_update(real_t* __restrict__ x, real_t* __restrict__ r, const real_t* __restrict__ q,
+                               const real_t* p0, const real_t* p1, const real_t* __restrict__ dinv,
+                               real_t* __restrict__ z, State* st, State* sh, const double* reduced,
+                               double* partials, double* sums, int* pending, int n) {
+    if (st->status != RUNNING) return;
+    real_t alpha = 0;
+    if (!START) {
+        const double pq = reduced[0];
+        if (!isfinite(pq) || pq <= 0.0) {  // every block sees the same pq and leaves
+            if (blockIdx.x == 0 && threadIdx.x == 0) {
+                st->pq = pq;
+                st->status = isfinite(pq) ? BREAKDOWN : NOT_FINITE;
+            }
+            return;
+        }
+        alpha = (real_t)(st->rz / pq);
+    }
+    const real_t* __restrict__ p = st->parity ? p0 : p1;
+    double rz = 0.0, rr = 0.0;
+    for (int i = blockIdx.x * BLOCK + threadIdx.x; i < n; i += gridDim.x * BLOCK) {
+        real_t ri = r[i];
+        if (!START) {
+            x[i] = fma(alpha, p[i], x[i]);
+            ri = fma(-alpha, q[i], ri);
+            r[i] = ri;
+        }
+        const real_t zi = dinv ? dinv[i] * ri : ri;
+        z[i] = zi;
+        rz += (double)ri * (double)zi;
+        rr += (double)ri * (double)ri;
+    }
+    publish_pair(rz, rr, sh, partials, sums, pending);
+}
+
+extern "C" __global__ void __launch_bounds__(BLOCK)
+dist_update(real_t* x, real_t* r, const real_t* q, const real_t* p0, const real_t* p1, const real_t* dinv,
+            real_t* z, State* st, State* sh, const double* reduced, double* partials, double* sums,
+            int* pending, int n) {
+    classic_update<false>(x, r, q, p0, p1, dinv, z, st, sh, reduced, partials, sums, pending, n);
+}
+
+extern "C" __global__ void __launch_bounds__(BLOCK)
+dist_start(real_t* x, real_t* r, const real_t* q, const real_t* p0, const real_t* p1, const real_t* dinv,
+           real_t* z, State* st, State* sh, const double* reduced, double* partials, double* sums,
+           int* pending, int n) {
+    classic_update<true>(x, r, q, p0, p1, dinv, z, st, sh, reduced, partials, sums, pending, n);
+}
+
+// Record the decision taken at iteration `it` (one thread).
+__device__ void finish_decision(State* st, int it, double rnorm, int status, double* history) {
+    st->iteration = it;
+    st->rnorm = rnorm;
+    st->status = status;
+    if (history) history[it] = rnorm;
+}
+
+// Classic PCG decision from reduced = [pq, rz_new, rr]; the first call after a reset
+// (st->iteration == -1) is the set-up pass. Same rule as pcg.cu's pcg_update.
+extern "C" __global__ void dist_decide(State* st, const double* reduced, int* pending, double* history) {
+    if (threadIdx.x || blockIdx.x || st->status != RUNNING || !*pending) return;
+    *pending = 0;
+    const bool start = st->iteration < 0;
+    const int it = st->iteration + 1;
+    const double rz_new = reduced[1], rnorm = sqrt(reduced[2]);
+    int status = RUNNING;
+    if (!isfinite(rnorm)) status = NOT_FINITE;
+    else if (rnorm <= st->tol) status = CONVERGED;
+    else if (it >= st->maxiter) status = MAX_ITERATIONS;
+    else if (!isfinite(rz_new)) status = NOT_FINITE;
+    else if (rz_new <= 0.0) status = BREAKDOWN;
+    else {
+        st->beta = start ? 0.0 : rz_new / st->rz;
+        st->rz = rz_new;
+        if (!start) st->parity ^= 1;
+    }
+    finish_decision(st, it, rnorm, status, history);
+}
+
+// Chronopoulos-Gear PCG. START: u = M^-1 r. Otherwise, with alpha and beta from st:
+// p = u + beta p, s = w + beta s (s = A p), x += alpha p, r -= alpha s, u = M^-1 r.
+// Partial r.r, r.u -> sums[0..1]; u.w comes from pcg_spmv_dot + dist_halo_spmv into sums[2].
+template <bool START>
+__device__ void cg1_update(real_t* __restrict__ x, real_t* __restrict__ r, real_t* __restrict__ u,
+                           const real_t* __restrict__ w, real_t* __restrict__ p, real_t* __restrict__ s,
+                           const real_t* __restrict__ dinv, State* st, State* sh, double* partials,
+                           double* sums, int* pending, int n) {
+    if (st->status != RUNNING) return;
+    const real_t alpha = (real_t)st->alpha, beta = (real_t)st->beta;
+    double rr = 0.0, ru = 0.0;
+    for (int i = blockIdx.x * BLOCK + threadIdx.x; i < n; i += gridDim.x * BLOCK) {
+        real_t ri = r[i];
+        if (!START) {
+            const real_t pi = fma(beta, p[i], u[i]);
+            const real_t si = fma(beta, s[i], w[i]);
+            p[i] = pi;
+            s[i] = si;
+            x[i] = fma(alpha, pi, x[i]);
+            ri = fma(-alpha, si, ri);
+            r[i] = ri;
+        }
+        const real_t ui = dinv ? dinv[i] * ri : ri;
+        u[i] = ui;
+        rr += (double)ri * (double)ri;
+        ru += (double)ri * (double)ui;
+    }
+    publish_pair(rr, ru, sh, partials, sums, pending);
+}
+
+extern "C" __global__ void __launch_bounds__(BLOCK)
+dist_cg1_update(real_t* x, real_t* r, real_t* u, const real_t* w, real_t* p, real_t* s, const real_t* dinv,
+                State* st, State* sh, double* partials, double* sums, int* pending, int n) {
+    cg1_update<false>(x, r, u, w, p, s, dinv, st, sh, partials, sums, pending, n);
+}
+
+extern "C" __global__ void __launch_bounds__(BLOCK)
+dist_cg1_start(real_t* x, real_t* r, real_t* u, const real_t* w, real_t* p, real_t* s, const real_t* dinv,
+               State* st, State* sh, double* partials, double* sums, int* pending, int n) {
+    cg1_update<true>(x, r, u, w, p, s, dinv, st, sh, partials, sums, pending, n);
+}
+
+// Chronopoulos-Gear decision from reduced = [r.r, gamma = r.u, delta = w.u]: the next step length
+// alpha = gamma / (delta - beta gamma / alpha_old) needs no second reduction. st->rz holds gamma and
+// st->pq the next direction's p.Ap. Same stopping rule as dist_decide.
+extern "C" __global__ void dist_cg1_decide(State* st, const double* reduced, int* pending, double* history) {
+    if (threadIdx.x || blockIdx.x || st->status != RUNNING || !*pending) return;
+    *pending = 0;
+    const bool start = st->iteration < 0;
+    const int it = st->iteration + 1;
+    const double rnorm = sqrt(reduced[0]), gamma = reduced[1], delta = reduced[2];
+    int status = RUNNING;
+    if (!isfinite(rnorm)) status = NOT_FINITE;
+    else if (rnorm <= st->tol) status = CONVERGED;
+    else if (it >= st->maxiter) status = MAX_ITERATIONS;
+    else if (!isfinite(gamma) || !isfinite(delta)) status = NOT_FINITE;
+    else if (gamma <= 0.0) status = BREAKDOWN;
+    else {
+        const double beta = start ? 0.0 : gamma / st->rz;
+        const double pap = start ? delta : delta - beta * gamma / st->alpha;
+        if (!isfinite(pap)) status = NOT_FINITE;
+        else if (pap <= 0.0) status = BREAKDOWN;
+        else {
+            st->beta = beta;
+            st->alpha = gamma / pap;
+            st->rz = gamma;
+            st->pq = pap;
+        }
+    }
+    finish_decision(st, it, rnorm, status, history);
+}

@@ -1,0 +1,367 @@
+"""Distributed PCG on GPUs: captured graph segments for the local work, NCCL in between.
+
+NCCL calls cannot live in a graph with a conditional node, so an iteration is
+a short list of *steps*: plain captured graphs (local kernels on fixed
+buffers), the halo exchange (grouped NCCL send/recv on a second stream, so it
+overlaps the product with the locally owned columns) and allreduces of the
+partial inner products. The host enqueues ``check_every`` iterations, then
+reads the device status once: no host synchronisation per iteration. Each
+rank's decide kernel works on the same allreduced numbers, so all ranks stop
+at the same iteration and leave the host loop together.
+
+Kernels: ``kernels/pcg.cu`` (``pcg_spmv_dot`` for the local block,
+``csr_residual``) and ``kernels/dist.cu`` (packing, halo product, the
+updates and decisions that take reduced values).
+"""
+import functools
+import socket
+import time
+
+import numpy as np
+
+import kernels
+from kernels.pcg_ref import RUNNING
+
+from ..backend import require_cupy
+from ..errors import DeviceError, InputError
+from ..pcg.gpu import BLOCK, STATE_DTYPE, _subwarp
+from ..pcg.result import Reason
+from .comm import DeviceComm, agree
+
+# Step kinds of an iteration (see DistGPUPCG._run_steps).
+GRAPH, HALO_START, HALO_WAIT, ALLREDUCE = range(4)
+
+
+@functools.lru_cache(maxsize=None)
+def _module(real, subwarp):
+    """pcg.cu and dist.cu compiled together (dist.cu uses pcg.cu's device helpers)."""
+    cupy = require_cupy()
+    code = (kernels.CONDITIONAL_PRELUDE + f"typedef {real} real_t;\n#define SUBWARP {subwarp}\n"
+            + kernels.source("pcg") + kernels.source("dist"))
+    mod = cupy.RawModule(code=code, options=("--std=c++17",))
+    mod.compile()
+    return mod
+
+
+def bind_device(comm):
+    """Select this rank's GPU (its rank among the ranks of its host) and return its name.
+
+    Raises DeviceError when a host runs more ranks than it has GPUs, or when two
+    ranks end up on the same GPU (e.g. both see only one GPU through
+    ``CUDA_VISIBLE_DEVICES``). Collective.
+    """
+    from mpi4py import MPI
+    cupy = require_cupy()
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    local_rank, local_size = node.Get_rank(), node.Get_size()
+    node.Free()
+
+    def select():
+        count = cupy.cuda.runtime.getDeviceCount()
+        if count < local_size and count != 1:
+            raise DeviceError(f"{local_size} ranks on host {socket.gethostname()} but only {count} GPUs: "
+                              "run one rank per GPU")
+        device = cupy.cuda.Device(local_rank if count >= local_size else 0)
+        device.use()
+        return socket.gethostname(), device.pci_bus_id
+
+    owners = comm.allgather(agree(comm, select))
+    clash = [(owners.index(w), r) for r, w in enumerate(owners) if owners.index(w) != r]
+    if clash:
+        a, b = clash[0]
+        raise DeviceError(f"ranks {a} and {b} share the GPU {owners[b][1]} on host {owners[b][0]}: "
+                          "run one rank per GPU (one GPU visible per rank, or all GPUs visible to all ranks)")
+    props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
+    return props["name"].decode()
+
+
+class DistGPUPCG:
+    """One rank's PCG on its GPU (see :class:`~solvers.dist.solver.DistributedPCG`).
+
+    Parameters
+    ----------
+    matrix : LocalMatrix
+    inverse_diagonal : ndarray or None
+    comm : mpi4py communicator
+    variant : {"classic", "single-reduction"}
+    dtype : dtype
+    check_every : int
+        Iterations enqueued between two reads of the device status.
+    """
+
+    device = "gpu"
+    mode = "graph segments + NCCL"
+    loop_time = 0.0  # seconds of the last solve's iterations (first launch to last status read)
+
+    def __init__(self, matrix, inverse_diagonal, comm, variant, dtype, check_every):
+        cupy = require_cupy()
+        self.cupy = cupy
+        self.comm = comm
+        self.matrix = matrix
+        self.variant = variant
+        self.dtype = np.dtype(dtype)
+        self.check_every = int(check_every)
+        self.communication_time = 0.0
+        self.device_name = bind_device(comm)
+        agree(comm, self._allocate, inverse_diagonal)
+        # NCCL set-up is collective and cannot be agreed on: a failure here aborts the job.
+        self.nccl = DeviceComm(comm)
+        self._graphs = None
+
+    # -- set-up ---------------------------------------------------------------
+    def _allocate(self, inverse_diagonal):
+        cupy, m = self.cupy, self.matrix
+        if m.local.nnz >= 2**31 - 1:
+            raise InputError("more than 2^31 nonzeros on one rank: use more ranks (int32 indices)")
+        try:
+            self._allocate_buffers(inverse_diagonal)
+        except cupy.cuda.memory.OutOfMemoryError as exc:
+            raise DeviceError(f"out of GPU memory while setting up the solver ({exc})") from None
+
+    def _allocate_buffers(self, inverse_diagonal):
+        cupy, m, dt = self.cupy, self.matrix, self.dtype
+        n = self.n = m.rows
+        i32 = lambda a: cupy.asarray(np.ascontiguousarray(a, dtype=np.int32))  # noqa: E731
+        self.rowptr, self.col = i32(m.local.indptr), i32(m.local.indices)
+        self.val = cupy.asarray(m.local.data.astype(dt))
+        self.hptr, self.hcol = i32(m.halo.indptr), i32(m.halo.indices)
+        self.hval = cupy.asarray(m.halo.data.astype(dt))
+        self.brows, self.send_index = i32(m.boundary_rows), i32(m.plan.send_index)
+        self.nb, self.nsend = int(m.boundary_rows.size), m.plan.send_size
+        self.sendbuf = cupy.zeros(self.nsend, dtype=dt)
+        self.halo = cupy.zeros(m.plan.halo_size, dtype=dt)
+
+        subwarp = _subwarp(m.local.nnz, n)
+        mod = _module(kernels.ctype(dt), subwarp)
+        self.k = {name: mod.get_function(name) for name in (
+            "pcg_spmv_dot", "csr_residual", "dist_pack", "dist_halo_spmv", "dist_update", "dist_start",
+            "dist_decide", "dist_cg1_update", "dist_cg1_start", "dist_cg1_decide")}
+        sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
+        rows_per_block = BLOCK // subwarp
+        grid = lambda items, per_block: int(max(1, min(-(-items // per_block), sms * 8)))  # noqa: E731
+        self.grid_spmv, self.grid_vec = grid(n, rows_per_block), grid(n, BLOCK)
+        self.grid_halo, self.grid_pack = grid(self.nb, rows_per_block), grid(self.nsend, BLOCK)
+
+        zeros = lambda: cupy.zeros(n, dtype=dt)  # noqa: E731
+        # classic: z, q = A p, p0/p1 the double-buffered direction; single-reduction: z holds
+        # u = M^-1 r, q holds w = A u, p and s = A p, p0 stays zero and p1 receives a copy of u.
+        self.x, self.b, self.r, self.z, self.q, self.p0, self.p1 = (zeros() for _ in range(7))
+        self.p, self.s = (zeros(), zeros()) if self.variant == "single-reduction" else (None, None)
+        self.w = zeros()  # residual scratch
+        self.dinv = None if inverse_diagonal is None else cupy.asarray(inverse_diagonal.astype(dt))
+        self.dinv_arg = self.dinv if self.dinv is not None else np.uint64(0)
+        self.partials = cupy.zeros(2 * max(self.grid_spmv, self.grid_vec, self.grid_halo), dtype=cupy.float64)
+        self.state = cupy.zeros(STATE_DTYPE.itemsize, dtype=cupy.uint8)
+        self.shadow = cupy.zeros(STATE_DTYPE.itemsize, dtype=cupy.uint8)
+        self.sums = cupy.zeros(3, dtype=cupy.float64)     # this rank's partial inner products
+        self.reduced = cupy.zeros(3, dtype=cupy.float64)  # their sums over ranks
+        self.pending = cupy.zeros(1, dtype=cupy.int32)
+        self.history = None
+        self.history_arg = np.uint64(0)
+
+        self.stream = cupy.cuda.Stream(non_blocking=True)
+        self.comm_stream = cupy.cuda.Stream(non_blocking=True)
+        self.ev_packed = cupy.cuda.Event(disable_timing=True)
+        self.ev_halo = cupy.cuda.Event(disable_timing=True)
+
+    # -- kernels ----------------------------------------------------------------
+    def _pack(self, s, v, direction):
+        self.k["dist_pack"]((self.grid_pack,), (BLOCK,),
+                            (v, self.p0, self.p1, self.send_index, self.sendbuf, self.state, self.shadow,
+                             np.int32(direction), np.int32(self.nsend)), stream=s)
+
+    def _local_product(self, s, v):
+        """q = A_local (v + beta p_old) with its dot into the shadow state (pcg.cu's kernel)."""
+        self.k["pcg_spmv_dot"]((self.grid_spmv,), (BLOCK,),
+                               (self.rowptr, self.col, self.val, v, self.p0, self.p1, self.q, self.shadow,
+                                self.partials, np.int32(self.n)), stream=s)
+
+    def _halo_product(self, s, y, sign, out):
+        self.k["dist_halo_spmv"]((self.grid_halo,), (BLOCK,),
+                                 (self.hptr, self.hcol, self.hval, self.brows, self.halo, y,
+                                  self.dtype.type(sign), self.p0, self.p1, self.state, self.shadow,
+                                  self.partials, out, np.int32(self.nb)), stream=s)
+
+    def _classic_update(self, s, start):
+        self.k["dist_start" if start else "dist_update"](
+            (self.grid_vec,), (BLOCK,),
+            (self.x, self.r, self.q, self.p0, self.p1, self.dinv_arg, self.z, self.state, self.shadow,
+             self.reduced, self.partials, self.sums[1:], self.pending, np.int32(self.n)), stream=s)
+
+    def _cg1_update(self, s, start):
+        self.k["dist_cg1_start" if start else "dist_cg1_update"](
+            (self.grid_vec,), (BLOCK,),
+            (self.x, self.r, self.z, self.q, self.p, self.s, self.dinv_arg, self.state, self.shadow,
+             self.partials, self.sums, self.pending, np.int32(self.n)), stream=s)
+
+    def _decide(self, s):
+        name = "dist_decide" if self.variant == "classic" else "dist_cg1_decide"
+        self.k[name]((1,), (32,), (self.state, self.reduced, self.pending, self.history_arg), stream=s)
+
+    # -- steps ------------------------------------------------------------------
+    def _capture(self, launch):
+        """A plain graph of the kernels ``launch(stream)`` enqueues."""
+        s = self.stream
+        s.begin_capture()
+        try:
+            launch(s)
+        finally:
+            graph = s.end_capture()
+        return graph
+
+    def _allreduce_step(self, lo, hi):
+        """Step summing sums[lo:hi] over ranks into reduced[lo:hi] (views made once)."""
+        return ALLREDUCE, self.sums[lo:hi], self.reduced[lo:hi], hi - lo
+
+    def _build_steps(self):
+        """Capture the graph segments; return (start steps, iteration steps, decide graph)."""
+        cap = self._capture
+        decide = cap(self._decide)
+        local = cap(lambda s: self._local_product(s, self.z))
+        if self.variant == "classic":
+            boundary = cap(lambda s: self._halo_product(s, self.q, 1, self.sums[0:]))
+            start = [(GRAPH, cap(lambda s: self._classic_update(s, True))), self._allreduce_step(1, 3)]
+            head = cap(lambda s: (self._decide(s), self._pack(s, self.z, 1)))
+            iteration = [(GRAPH, head), (HALO_START,), (GRAPH, local), (HALO_WAIT,), (GRAPH, boundary),
+                         self._allreduce_step(0, 1), (GRAPH, cap(lambda s: self._classic_update(s, False))),
+                         self._allreduce_step(1, 3)]
+        else:
+            boundary = cap(lambda s: self._halo_product(s, self.q, 1, self.sums[2:]))
+            product = [(HALO_START,), (GRAPH, local), (HALO_WAIT,), (GRAPH, boundary), self._allreduce_step(0, 3)]
+            start = [(GRAPH, cap(lambda s: (self._cg1_update(s, True), self._pack(s, self.z, 0))))] + product
+            head = cap(lambda s: (self._decide(s), self._cg1_update(s, False), self._pack(s, self.z, 0)))
+            iteration = [(GRAPH, head)] + product
+        return start, iteration, decide
+
+    def _run_steps(self, steps, events=None):
+        """Enqueue ``steps``; with ``events``, time each communication step on the main stream.
+
+        Returns the number of events recorded: intervals between consecutive
+        events alternate compute, communication, compute, ...
+        """
+        s, c = self.stream, self.comm_stream
+        used = 0
+        if events is not None:
+            events[0].record(s)
+            used = 1
+        for step in steps:
+            kind = step[0]
+            if kind == GRAPH:
+                step[1].launch(s)
+                continue
+            if kind == HALO_START:  # off the main stream: overlaps the local product
+                self.ev_packed.record(s)
+                c.wait_event(self.ev_packed)
+                self.nccl.exchange(self.matrix.plan, self.sendbuf, self.halo, c)
+                self.ev_halo.record(c)
+                continue
+            if events is not None:
+                events[used].record(s)
+            if kind == HALO_WAIT:
+                s.wait_event(self.ev_halo)
+            else:
+                self.nccl.allreduce(step[1], step[2], step[3], s)
+            if events is not None:
+                events[used + 1].record(s)
+                used += 2
+        if events is not None:
+            events[used].record(s)
+            used += 1
+        return used
+
+    # -- solving ------------------------------------------------------------------
+    def _exchange(self, v):
+        """Halo of ``v`` into self.halo (outside the iteration: residuals)."""
+        s = self.stream
+        self._pack(s, v, 0)
+        self._run_steps([(HALO_START,), (HALO_WAIT,)])
+
+    def _residual(self, x, out):
+        """out = b - A x over the owned rows."""
+        self._exchange(x)
+        self.k["csr_residual"]((self.grid_spmv,), (BLOCK,),
+                               (self.rowptr, self.col, self.val, x, self.b, out, np.int32(self.n)),
+                               stream=self.stream)
+        self._halo_product(self.stream, out, -1, np.uint64(0))
+
+    def _global_dot(self, u, v):
+        with self.stream:
+            local = float(self.cupy.dot(u, v))
+        return self.comm.allreduce(local)
+
+    def norm(self, v):
+        v = self.cupy.asarray(v)
+        return float(np.sqrt(self._global_dot(v, v)))
+
+    def _reset(self, tol, maxiter):
+        st = np.zeros(1, dtype=STATE_DTYPE)
+        st["tol"], st["maxiter"], st["status"], st["iteration"] = tol, maxiter, RUNNING, -1
+        self.state.set(st.view(np.uint8), stream=self.stream)
+        self.shadow.fill(0)
+        self.pending.fill(0)
+        for v in (self.p0, self.p1) + ((self.p, self.s) if self.p is not None else ()):
+            v.fill(0)
+
+    def _ensure_history(self, maxiter, record_history):
+        wanted = record_history and (self.history is None or self.history.size < maxiter + 1)
+        if wanted:
+            self.history = self.cupy.zeros(maxiter + 1, dtype=self.cupy.float64)
+            self.history_arg = self.history
+            self._graphs = None  # the history pointer is baked into the graphs
+        if self._graphs is None:
+            with self.stream:
+                self._graphs = self._build_steps()
+
+    def _status(self):
+        return self.state.get(stream=self.stream).view(STATE_DTYPE)[0]
+
+    def solve(self, b, x0, tol, maxiter, record_history):
+        """Return ``(x, reason, iterations, rnorm, history)`` for the owned rows."""
+        cupy = self.cupy
+        if maxiter >= 2**31 - 1:
+            raise InputError("maxiter must be below 2^31")
+        self._ensure_history(maxiter, record_history)
+        start, iteration, decide = self._graphs
+        with self.stream:
+            self.b.set(np.ascontiguousarray(b), stream=self.stream)
+            x_is_zero = x0 is None or not self.comm.allreduce(bool(np.any(x0)))
+            if x_is_zero:
+                self.x.fill(0)
+                self.r[...] = self.b
+            else:
+                self.x.set(np.ascontiguousarray(x0), stream=self.stream)
+                self._residual(self.x, self.r)
+            self._reset(tol, maxiter)
+        self._run_steps(start)
+        events = [cupy.cuda.Event() for _ in range(2 + 2 * len(iteration))]
+        sampled_comm = sampled_total = 0.0
+        t0 = time.perf_counter()
+        launched = 0
+        while True:
+            # The device stops by itself at maxiter; this bound only guards the host loop.
+            if launched > maxiter + self.check_every:
+                raise RuntimeError("device loop did not stop at maxiter")
+            for i in range(self.check_every):
+                # Time one iteration per block, when the pipeline is full.
+                used = self._run_steps(iteration, events if i == self.check_every - 1 else None)
+            launched += self.check_every
+            decide.launch(self.stream)
+            st = self._status()  # synchronises: one host read per check_every iterations
+            ms = [cupy.cuda.get_elapsed_time(events[j], events[j + 1]) for j in range(used - 1)]
+            sampled_total += sum(ms)
+            sampled_comm += sum(ms[1::2])
+            if int(st["status"]) != RUNNING:
+                break
+        self.loop_time = time.perf_counter() - t0
+        if sampled_total > 0:
+            self.communication_time += self.loop_time * sampled_comm / sampled_total
+        reason = Reason(int(st["status"]))
+        its = int(st["iteration"])
+        history = self.history[: its + 1].get() if record_history else None
+        return self.x.copy(), reason, its, float(st["rnorm"]), history
+
+    def true_residual_norm(self, b, x):
+        """``||b - A x||`` over all ranks, for the ``b`` of the last solve (already on the device)."""
+        with self.stream:
+            self._residual(x, self.w)
+            return self.norm(self.w)
