@@ -96,11 +96,11 @@ def drift_wrap(x, v, img, box, dt):
     """
     dx = dt * v
     x = x + dx
-    shift = np.floor(x / box)
-    x = x - shift * box
-    # x + L can round up to exactly L; the kernels clamp the same way.
+    hi, lo = x >= box, x < 0.0
+    x = np.where(hi, x - box, np.where(lo, x + box, x))
+    # x + L can round up to exactly L: that point is 0 again.
     x = np.where(x >= box, 0.0, x)
-    return x, img + shift.astype(img.dtype), np.einsum("ij,ij->i", dx, dx)
+    return x, img + hi.astype(img.dtype) - lo.astype(img.dtype), np.einsum("ij,ij->i", dx, dx)
 
 
 def minimum_image(d, box):

@@ -7,9 +7,9 @@ from ..backend import resolve_device
 from ..errors import InputError
 from .forcefield import LennardJones
 from .integrators import Langevin, VelocityVerlet
-from .io import DumpWriter, read_restart, write_restart
+from .io import read_restart, write_restart
 from .state import State
-from .thermo import UnstableRunError, as_arrays, thermo_row
+from .thermo import as_arrays, thermo_row
 
 PRECISIONS = ("double", "mixed")
 # Half the pair energy at r = sigma/2 (4 eps (2^12 - 2^6) / 2): any particle above it overlaps.
@@ -41,6 +41,9 @@ class Simulation:
         virial sums) is the GPU default; the CPU runs ``double`` only.
     unroll : int
         Steps per graph launch in ``graph`` mode.
+    neighbor_capacity : int, optional
+        Initial neighbours per particle the GPU list holds; it grows by itself
+        when a build overflows (the chunk is redone), so this only matters for tests.
     source : str, optional
         Where the state came from, for error messages.
 
@@ -51,7 +54,7 @@ class Simulation:
     """
 
     def __init__(self, state, forcefield, integrator, *, skin=0.3, device="auto", mode="auto",
-                 precision=None, unroll=8, source=None, _restart=None):
+                 precision=None, unroll=8, neighbor_capacity=None, source=None, _restart=None):
         if not isinstance(state, State):
             raise TypeError("state must be a solvers.md.State")
         forcefield.check_box(state.box, skin)
@@ -67,7 +70,8 @@ class Simulation:
         if self.device == "gpu":
             from .gpu import GpuBackend
             self._backend = GpuBackend(state, forcefield, integrator, skin, mode=mode,
-                                       precision=precision, unroll=unroll, restart=_restart)
+                                       precision=precision, unroll=unroll, restart=_restart,
+                                       neighbor_capacity=neighbor_capacity)
         else:
             from .cpu import CpuBackend
             self._backend = CpuBackend(state, forcefield, integrator, skin, restart=_restart)

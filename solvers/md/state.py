@@ -58,7 +58,8 @@ class State:
             raise InputError(f"mass must be positive, got {self.mass}")
         shift = np.floor(self.positions / self.box)
         self.positions = self.positions - shift * self.box
-        self.positions[self.positions >= self.box] = 0.0
+        # x/L rounding can leave x - floor(x/L) L just outside [0, L): that point is 0.
+        self.positions[(self.positions >= self.box) | (self.positions < 0)] = 0.0
         self.images = self.images + shift.astype(np.int64)
 
     @property

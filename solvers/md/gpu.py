@@ -1,0 +1,260 @@
+"""CUDA backend: one timestep as a graph body, driven by :class:`solvers.engine.GraphEngine`.
+
+The body is ``md_integrate1`` (kick, drift, wrap, displacement check),
+``md_decide`` (sets the IF node), the rebuild kernels inside ``loop.if_then``,
+``md_force`` (forces, Langevin, second kick) and ``md_condition`` (counts the
+step, stops the chunk, reduces thermo sums on the device). A chunk of steps
+between outputs is one launch in ``while`` mode. Neighbour-list or cell
+overflow is detected on the device: the host then enlarges the buffers,
+restores the state saved at the chunk start, recaptures and redoes the chunk.
+"""
+import numpy as np
+
+from kernels import module
+from ..backend import require_cupy
+from ..engine import GraphEngine
+from .thermo import UnstableRunError
+
+# Indices into the control block; kernels/md.cu defines the same.
+C_STEP, C_TARGET, C_REQ, C_REBUILD, C_BUILDS, C_STATUS, C_NBMAX, C_CELLMAX, C_BAD = range(9)
+CTL_SIZE = 16
+ST_RUNNING, ST_DONE, ST_OVERFLOW, ST_UNSTABLE = range(4)
+BLOCK = 128
+COND_THREADS = 512
+_KERNELS = ("md_integrate1", "md_decide", "md_cell_clear", "md_cell_bin", "md_cell_sort",
+            "md_neigh_build", "md_force", "md_condition")
+
+
+class _StepBody:
+    """The engine's view of one timestep."""
+
+    def __init__(self, backend):
+        self._backend = backend
+
+    def launch(self, stream, loop):
+        self._backend._launch_step(stream, loop)
+
+
+class GpuBackend:
+    """Lennard-Jones MD on one GPU, in ``double`` or ``mixed`` precision.
+
+    Parameters
+    ----------
+    state, forcefield, integrator, skin
+        As for :class:`solvers.md.Simulation`.
+    mode : {"auto", "eager", "graph", "while"}
+    precision : {"double", "mixed"}
+    unroll : int
+        Steps per launch in ``graph`` mode (and per host check in ``eager`` mode).
+    restart : dict, optional
+        Saved ``positions``, ``velocities``, ``images``, ``forces``, ``hold``,
+        ``builds``: the list is rebuilt from ``hold`` and the forces restored.
+    neighbor_capacity : int, optional
+        Initial neighbours per particle the list holds (grown on overflow).
+
+    Attributes
+    ----------
+    regrows : int
+        Chunks redone after a list or cell overflow.
+    """
+
+    device = "gpu"
+
+    def __init__(self, state, forcefield, integrator, skin, *, mode="auto", precision="mixed", unroll=8,
+                 restart=None, neighbor_capacity=None):
+        cp = self._cp = require_cupy()
+        self.real = np.float64 if precision == "double" else np.float32
+        mod = module("md", real="double" if precision == "double" else "float")
+        self._k = {name: mod.get_function(name) for name in _KERNELS}
+        self.engine = GraphEngine(_StepBody(self), mode, unroll)
+        self.mode, self.stream = self.engine.mode, self.engine.stream
+        self.ff, self.integ, self.mass, self.n = forcefield, integrator, state.mass, state.n
+        self.step, self.regrows = state.step, 0
+        self.rlist = forcefield.rc + skin
+        box = state.box
+        self.ncell = np.maximum((box // self.rlist).astype(np.int64), 1)
+        self._grid = (self.n + BLOCK - 1) // BLOCK
+        self._set_scalars(state.box, skin, forcefield, integrator)
+        density = self.n / state.volume
+        self.maxnb = int(neighbor_capacity or 1.3 * density * 4.0 / 3.0 * np.pi * self.rlist ** 3 + 16)
+        self.cellcap = int(1.5 * density * np.prod(box / self.ncell) + 8)
+        src = restart if restart is not None else {
+            "positions": state.positions, "velocities": state.velocities, "images": state.images}
+        with self.stream:
+            self.x = self._vec4(src["positions"], self.real)
+            self.v = self._vec4(src["velocities"], self.real)
+            self.img = self._vec4(src["images"], np.int32)
+            self.f = cp.zeros((self.n, 4), self.real)
+            self.hold = self.x.copy() if restart is None else self._vec4(restart["hold"], self.real)
+            self.pe = cp.zeros(self.n, np.float64)
+            self.vir = cp.zeros(self.n, np.float64)
+            self.ids = cp.asarray(state.ids, dtype=np.int64)
+            self.thermo = cp.zeros(4, np.float64)
+            ctl = np.zeros(CTL_SIZE, np.uint64)
+            ctl[C_STEP] = self.step
+            ctl[C_BUILDS] = 0 if restart is None else int(restart["builds"])
+            self.ctl = cp.asarray(ctl)
+            self._allocate_lists()
+            self._build_from(self.hold, copy=False)
+            self._launch_force(stage=0)
+            if restart is not None:
+                self.f[:, :3] = cp.asarray(restart["forces"][:, :3], dtype=self.real)
+            self._sums = self._reduce_setup()
+
+    # -- setup helpers ---------------------------------------------------------------
+    def _vec4(self, a, dtype):
+        out = np.zeros((self.n, 4), dtype)
+        out[:, :3] = np.asarray(a)[:, :3]
+        return self._cp.asarray(out)
+
+    def _set_scalars(self, box, skin, ff, it):
+        r = self.real
+        self._box = tuple(r(b) for b in box)
+        self._per_len = tuple(r(c / b) for c, b in zip(self.ncell, box))
+        self._ncell = tuple(np.int32(c) for c in self.ncell)
+        self._dt, self._half_dt_m = r(it.dt), r(0.5 * it.dt / self.mass)
+        self._trigger_sq = r((0.5 * skin) ** 2)
+        self._max_move_sq = r((0.5 * self.rlist) ** 2)
+        self._rlist_sq = r(self.rlist ** 2)
+        self._lj = (r(ff.rc ** 2), r(ff.sigma ** 2), r(4.0 * ff.epsilon), r(24.0 * ff.epsilon),
+                    np.float64(ff.energy_shift))
+        if it.langevin:
+            seed = int(it.seed)
+            self._langevin = (np.int32(1), np.float64(self.mass / it.damp),
+                              np.float64(np.sqrt(24.0 * it.t_target * self.mass / (it.damp * it.dt))),
+                              np.uint32(seed & 0xFFFFFFFF), np.uint32(seed >> 32))
+        else:
+            self._langevin = (np.int32(0), np.float64(0), np.float64(0), np.uint32(0), np.uint32(0))
+
+    def _allocate_lists(self):
+        cp = self._cp
+        ncells = int(np.prod(self.ncell))
+        self.cell_count = cp.zeros(ncells, np.int32)
+        self.cell_atoms = cp.zeros(ncells * self.cellcap, np.int32)
+        self.nlist = cp.zeros(self.maxnb * self.n, np.int32)
+        self.ncount = cp.zeros(self.n, np.int32)
+
+    def _grow(self, ctl):
+        """Enlarge what overflowed (the device recorded how much was needed)."""
+        if ctl[C_CELLMAX]:
+            self.cellcap = int(ctl[C_CELLMAX] * 1.25) + 4
+        if ctl[C_NBMAX]:
+            self.maxnb = int(ctl[C_NBMAX] * 1.2) + 8
+        self._allocate_lists()
+        self.engine.invalidate()
+        self.regrows += 1
+
+    # -- kernel launches ------------------------------------------------------------
+    def _launch_rebuild(self, src, copy):
+        k, n = self._k, np.int32(self.n)
+        ncells = np.int32(self.cell_count.size)
+        k["md_cell_clear"](((int(ncells) + 255) // 256,), (256,), (self.cell_count, ncells, self.ctl))
+        k["md_cell_bin"]((self._grid,), (BLOCK,),
+                         (src, self.hold, self.cell_count, self.cell_atoms, np.int32(self.cellcap), self.ctl, n,
+                          *self._ncell, *self._per_len, np.int32(copy)))
+        k["md_cell_sort"](((int(ncells) + BLOCK - 1) // BLOCK,), (BLOCK,),
+                          (self.cell_count, self.cell_atoms, np.int32(self.cellcap), ncells, self.ctl))
+        k["md_neigh_build"]((self._grid,), (BLOCK,),
+                            (self.hold, self.cell_count, self.cell_atoms, np.int32(self.cellcap), self.nlist,
+                             self.ncount, np.int32(self.maxnb), self.ctl, n, *self._ncell, *self._per_len,
+                             *self._box, self._rlist_sq))
+
+    def _launch_force(self, stage):
+        self._k["md_force"]((self._grid,), (BLOCK,),
+                            (self.x, self.v, self.f, self.pe, self.vir, self.nlist, self.ncount, self.ids,
+                             self.ctl, np.int32(self.n), *self._box, *self._lj, self._half_dt_m,
+                             np.int32(stage), *self._langevin))
+
+    def _launch_condition(self, handle, setup):
+        self._k["md_condition"]((1,), (COND_THREADS,),
+                                (self.ctl, self.v, self.pe, self.vir, self.thermo, np.int32(self.n),
+                                 np.float64(self.mass), np.uint64(handle), np.int32(setup)))
+
+    def _launch_step(self, stream, loop):
+        with stream:
+            self._k["md_integrate1"]((self._grid,), (BLOCK,),
+                                     (self.x, self.v, self.f, self.img, self.hold, self.ctl, np.int32(self.n),
+                                      self._dt, self._half_dt_m, *self._box, self._trigger_sq, self._max_move_sq))
+            self._k["md_decide"]((1,), (1,), (self.ctl, loop.condition("rebuild")))
+        with loop.if_then("rebuild", stream) as branch, branch:
+            self._launch_rebuild(self.x, copy=True)
+        with stream:
+            self._launch_force(stage=1)
+            self._launch_condition(loop.handle, setup=False)
+
+    # -- host-side steps (outside any graph) --------------------------------------
+    def _build_from(self, src, copy):
+        """Build the list from ``src`` now, growing the buffers until it fits."""
+        while True:
+            self.ctl[C_REBUILD] = 1
+            self.ctl[C_NBMAX] = 0
+            self.ctl[C_CELLMAX] = 0
+            self._launch_rebuild(src, copy)
+            ctl = self.ctl.get()
+            if not (ctl[C_NBMAX] or ctl[C_CELLMAX]):
+                break
+            self._grow(ctl)
+        self.ctl[C_REBUILD] = 0
+
+    def _reduce_setup(self):
+        self._launch_condition(0, setup=True)
+        return tuple(float(t) for t in self.thermo.get()[:3])
+
+    def _done(self):
+        with self.stream:
+            return int(self.ctl[C_STATUS].get()) != ST_RUNNING
+
+    def advance(self, nsteps):
+        """Run ``nsteps`` timesteps; return the thermo sums at the last one."""
+        if nsteps <= 0:
+            return self._sums
+        cp = self._cp
+        # The caller may have changed arrays on its own stream: order that work first.
+        self.stream.wait_event(cp.cuda.get_current_stream().record())
+        with self.stream:
+            saved = [a.copy() for a in (self.x, self.v, self.f, self.img, self.hold, self.ctl)]
+            while True:
+                self.ctl[C_TARGET] = self.step + nsteps
+                self.ctl[C_STATUS] = ST_RUNNING
+                self.engine.run(self._done, nsteps, check_every=self.engine.unroll)
+                ctl = self.ctl.get()
+                if ctl[C_STATUS] == ST_DONE:
+                    break
+                if ctl[C_STATUS] == ST_UNSTABLE:
+                    pid = int(self.ids[self.n - int(ctl[C_BAD])].get())
+                    raise UnstableRunError(
+                        f"step {int(ctl[C_STEP])}: particle {pid} moved more than half the neighbour cutoff "
+                        f"in one step (or is not finite): the run blew up")
+                if ctl[C_STATUS] != ST_OVERFLOW:
+                    raise RuntimeError(f"device loop ended in state {int(ctl[C_STATUS])} before step "
+                                       f"{self.step + nsteps}")
+                self._grow(ctl)
+                for dst, src in zip((self.x, self.v, self.f, self.img, self.hold, self.ctl), saved):
+                    dst[...] = src
+                self._build_from(self.hold, copy=False)
+            self.step += nsteps
+            self._sums = tuple(float(t) for t in self.thermo.get()[:3])
+        return self._sums
+
+    # -- access ----------------------------------------------------------------------
+    def sums(self):
+        """``(sum m v^2, sum E_pair, sum r.F)`` at the current step (device-reduced)."""
+        return self._sums
+
+    @property
+    def pe_atom(self):
+        """Per-particle pair energy (CuPy)."""
+        return self.pe
+
+    @property
+    def builds(self):
+        """Neighbour-list builds since setup."""
+        with self.stream:
+            return int(self.ctl[C_BUILDS].get())
+
+    def arrays(self):
+        """Host copies of the per-particle arrays a restart needs."""
+        with self.stream:
+            return {"positions": self.x[:, :3].get(), "velocities": self.v[:, :3].get(),
+                    "images": self.img[:, :3].get().astype(np.int64), "forces": self.f[:, :3].get(),
+                    "hold": self.hold[:, :3].get()}
