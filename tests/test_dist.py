@@ -136,7 +136,7 @@ def test_single_reduction_stop_reasons_match_classic(case):
 
 
 # -- multi-rank runs -------------------------------------------------------------------------------
-def _mpi_command(ranks):
+def _mpi_command(ranks, env):
     """``mpiexec -n ranks`` for the MPI found on PATH, or skip/fail when there is none."""
     exe = shutil.which(os.environ.get("GRAPHSOLVE_MPIEXEC", "mpiexec"))
     try:
@@ -148,15 +148,14 @@ def _mpi_command(ranks):
         if os.environ.get("REQUIRE_MPI") == "1":
             pytest.fail(f"REQUIRE_MPI=1 but {reason}")
         pytest.skip(reason)
-    version = subprocess.run([exe, "--version"], capture_output=True, text=True).stdout
-    extra = ["--allow-run-as-root", "--oversubscribe"] if "Open MPI" in version or "OpenRTE" in version else []
-    return [exe, *extra, "-n", str(ranks)]
+    return launch.mpiexec_command(ranks, env, exe)
 
 
-def run_mpi(ranks, *args, timeout=TIMEOUT):
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+def run_mpi(ranks, *args, timeout=TIMEOUT, env=None):
+    """Run ``python args...`` on ``ranks`` ranks; the result also has ``seconds``."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", **(env or {})}
     t0 = time.monotonic()
-    proc = subprocess.run([*_mpi_command(ranks), sys.executable, *map(str, args)], cwd=REPO, env=env,
+    proc = subprocess.run([*_mpi_command(ranks, env), sys.executable, *map(str, args)], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=timeout)
     proc.seconds = time.monotonic() - t0
     return proc

@@ -142,7 +142,7 @@ class DistCPUPCG:
         """Return ``(x, reason, iterations, rnorm, history)`` for the owned rows."""
         history = [] if record_history else None
         t0 = time.perf_counter()
-        x_is_zero = x0 is None or not self.host.comm.allreduce(bool(np.any(x0)))
+        x_is_zero = not self.host.comm.allreduce(x0 is not None and bool(np.any(x0)))
         x = np.zeros_like(b) if x_is_zero else np.array(x0, dtype=self.dtype)
         if self.variant == "single-reduction":
             result = pcg_single_reduction(self.matvec, self.psolve, b, x, tol, maxiter, history,

@@ -147,7 +147,7 @@ class DistGPUPCG:
         # u = M^-1 r, q holds w = A u, p and s = A p, p0 stays zero and p1 receives a copy of u.
         self.x, self.b, self.r, self.z, self.q, self.p0, self.p1 = (zeros() for _ in range(7))
         self.p, self.s = (zeros(), zeros()) if self.variant == "single-reduction" else (None, None)
-        self.w = zeros()  # residual scratch
+        self.scratch = zeros()  # true residual
         self.dinv = None if inverse_diagonal is None else cupy.asarray(inverse_diagonal.astype(dt))
         self.dinv_arg = self.dinv if self.dinv is not None else np.uint64(0)
         self.partials = cupy.zeros(2 * max(self.grid_spmv, self.grid_vec, self.grid_halo), dtype=cupy.float64)
@@ -324,7 +324,7 @@ class DistGPUPCG:
         start, iteration, decide = self._graphs
         with self.stream:
             self.b.set(np.ascontiguousarray(b), stream=self.stream)
-            x_is_zero = x0 is None or not self.comm.allreduce(bool(np.any(x0)))
+            x_is_zero = not self.comm.allreduce(x0 is not None and bool(np.any(x0)))
             if x_is_zero:
                 self.x.fill(0)
                 self.r[...] = self.b
@@ -363,5 +363,5 @@ class DistGPUPCG:
     def true_residual_norm(self, b, x):
         """``||b - A x||`` over all ranks, for the ``b`` of the last solve (already on the device)."""
         with self.stream:
-            self._residual(x, self.w)
-            return self.norm(self.w)
+            self._residual(x, self.scratch)
+            return self.norm(self.scratch)

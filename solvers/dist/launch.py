@@ -60,3 +60,23 @@ def check_world(comm, env=None):
         raise RuntimeError(
             f"{launcher} announced {expected} ranks but MPI sees {comm.Get_size()}: the MPI library "
             "is not wired to the launcher (with Slurm use srun --mpi=pmi2 or --mpi=pmix)")
+
+
+# Variables a child job needs; Open MPI forwards only those named with -x.
+FORWARDED = ("PYTHONPATH", "OMP_NUM_THREADS", "NCCL_NVLS_ENABLE", "CUDA_VISIBLE_DEVICES", "REQUIRE_GPU")
+
+
+def mpiexec_command(ranks, env=None, exe="mpiexec"):
+    """Command prefix starting ``ranks`` processes with the MPI launcher ``exe``.
+
+    Open MPI refuses to run as root and drops the caller's variables unless
+    told otherwise; MPICH's Hydra needs neither option.
+    """
+    import subprocess
+
+    env = os.environ if env is None else env
+    version = subprocess.run([exe, "--version"], capture_output=True, text=True).stdout
+    if "Open MPI" in version or "OpenRTE" in version:
+        forward = [a for v in FORWARDED if v in env for a in ("-x", v)]
+        return [exe, "--allow-run-as-root", "--oversubscribe", *forward, "-n", str(ranks)]
+    return [exe, "-n", str(ranks)]

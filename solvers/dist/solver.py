@@ -98,8 +98,7 @@ class DistributedPCG:
             self._impl = DistCPUPCG(self.matrix, inverse_diagonal, comm, variant, self.dtype)
         else:
             from .gpu import DistGPUPCG
-            self._impl = agree(comm, DistGPUPCG, self.matrix, inverse_diagonal, comm, variant, self.dtype,
-                               check_every)
+            self._impl = DistGPUPCG(self.matrix, inverse_diagonal, comm, variant, self.dtype, check_every)
             self.device_name = self._impl.device_name
         self.setup_time = time.perf_counter() - t0
 

@@ -1,0 +1,38 @@
+"""Distributed PCG on two GPUs, launched with ``mpirun``/``mpiexec -n 2``.
+
+Needs a machine with 2 GPUs (``nvidia-h200-x2``); the ``gpu`` marker skips these
+tests elsewhere unless ``REQUIRE_GPU=1``.
+"""
+import os
+
+import pytest
+
+from test_dist import EXAMPLE, run_mpi
+
+pytestmark = [pytest.mark.gpu, pytest.mark.mpi]
+
+
+def test_two_gpu_suite():
+    proc = run_mpi(2, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rf", "tests/test_dist_gpu_mpi.py",
+                   timeout=300)
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
+    assert "passed" in proc.stdout
+
+
+@pytest.mark.parametrize("variant", ["classic", "single-reduction"])
+def test_cli_on_two_gpus(tmp_path, variant):
+    out = tmp_path / "x.npy"
+    proc = run_mpi(2, "-m", "solvers.pcg", "--matrix", EXAMPLE, "--device", "gpu", "--variant", variant,
+                   "--output", out)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("matrix ") == 1 and "ranks                   2" in proc.stdout
+    assert "device                  gpu" in proc.stdout and "converged in 183 iterations" in proc.stdout
+    import numpy as np
+    np.testing.assert_allclose(np.load(out), 1.0, rtol=1e-6)
+
+
+def test_two_ranks_on_one_gpu_is_refused():
+    proc = run_mpi(2, "-m", "solvers.pcg", "--matrix", EXAMPLE, "--device", "gpu",
+                   env={"CUDA_VISIBLE_DEVICES": os.environ.get("GRAPHSOLVE_ONE_GPU", "0")}, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.count("share the GPU") == 1, proc.stderr
