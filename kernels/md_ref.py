@@ -6,12 +6,13 @@ kernels and the CPU reference share one definition of each formula:
 =====================  ===============================================
 kernel                 reference
 =====================  ===============================================
-``philox4x32``         :func:`philox4x32` (Philox4x32-10, Random123)
+``philox4x32_10``      :func:`philox4x32` (Philox4x32-10, Random123)
 ``md_integrate1``      :func:`half_kick`, :func:`drift_wrap`,
                        :func:`displacement_sq`
+``md_neigh_build``     ``solvers.md.neighbor_cpu.build_pairs`` (same
+                       pairs, half list)
 ``md_force``           :func:`lj_pair`, :func:`langevin_force`,
-                       :func:`half_kick`
-``md_condition``       :func:`thermo_sums`
+                       :func:`half_kick`, :func:`thermo_sums`
 =====================  ===============================================
 """
 import numpy as np
@@ -130,5 +131,5 @@ def lj_pair(rsq, epsilon, sigma, eshift):
 
 
 def thermo_sums(v, mass, pe_atom, vir_atom):
-    """The three sums the condition kernel reduces: sum m v^2, sum E_pair, sum r.F."""
+    """The three sums md_force reduces at a chunk's end: sum m v^2, sum E_pair, sum r.F."""
     return float(mass * np.einsum("ij,ij->", v, v)), float(np.sum(pe_atom)), float(np.sum(vir_atom))

@@ -9,8 +9,13 @@
 // the per-block partials in a fixed order: results do not depend on block scheduling, so every
 // driver (eager, graph, while) produces the same bits.
 //
-// Compiled with real_t (double or float) and SUBWARP (lanes per CSR row) defined by the loader.
+// Compiled with real_t (double or float) and SUBWARP (lanes per row) defined by the loader, and
+// ELL_WIDTH when the matrix is stored as ELL (regular row lengths, e.g. stencils) rather than CSR.
 
+#ifdef ELL_WIDTH
+#undef SUBWARP
+#define SUBWARP 1
+#endif
 #ifndef SUBWARP
 #define SUBWARP 8
 #endif
@@ -72,13 +77,30 @@ __device__ double sum_partials(const double* partials, int count) {
     return block_sum(v);
 }
 
-// Sum val[k] * v(col[k]) over rows a and b (each spread over SUBWARP lanes); every lane gets both
-// sums. The first SUBWARP entries of both rows are loaded before either row's remainder loop, so a
-// typical short row costs one round of independent loads rather than a chain of dependent ones.
+// Sum val * v(col) over the entries of rows a and b; every lane of a row gets its sum.
+#ifdef ELL_WIDTH
+// ELL, column-major: entry k of row i sits at [k * n + i] (padding: value 0, column i). One thread
+// per row; the unrolled loop puts all of both rows' loads in flight at once, perfectly coalesced.
+template <typename F>
+__device__ __forceinline__ void row_dot2(const int* __restrict__, const int* __restrict__ col,
+                                         const real_t* __restrict__ val, int n, int a, bool active_a,
+                                         int b, bool active_b, F v, real_t& sa, real_t& sb) {
+    sa = 0;
+    sb = 0;
+#pragma unroll
+    for (int k = 0; k < ELL_WIDTH; ++k) {
+        const size_t off = (size_t)k * n;
+        if (active_a) sa += val[off + a] * v(col[off + a]);
+        if (active_b) sb += val[off + b] * v(col[off + b]);
+    }
+}
+#else
+// CSR, each row spread over SUBWARP lanes. The first SUBWARP entries of both rows are loaded before
+// either row's remainder loop, so a typical short row costs one round of independent loads.
 template <typename F>
 __device__ __forceinline__ void row_dot2(const int* __restrict__ rowptr, const int* __restrict__ col,
-                                         const real_t* __restrict__ val, int a, bool active_a, int b,
-                                         bool active_b, F v, real_t& sa, real_t& sb) {
+                                         const real_t* __restrict__ val, int, int a, bool active_a,
+                                         int b, bool active_b, F v, real_t& sa, real_t& sb) {
     const int lane = threadIdx.x % SUBWARP;
     int ka = 0, ea = 0, kb = 0, eb = 0;
     if (active_a) { ka = rowptr[a] + lane; ea = rowptr[a + 1]; }
@@ -92,6 +114,7 @@ __device__ __forceinline__ void row_dot2(const int* __restrict__ rowptr, const i
         sb += __shfl_xor_sync(0xffffffffu, sb, o, SUBWARP);
     }
 }
+#endif
 
 extern "C" __global__ void __launch_bounds__(BLOCK)
 pcg_spmv_dot(const int* __restrict__ rowptr, const int* __restrict__ col, const real_t* __restrict__ val,
@@ -111,7 +134,7 @@ pcg_spmv_dot(const int* __restrict__ rowptr, const int* __restrict__ col, const 
         const int row_a = base + threadIdx.x / SUBWARP, row_b = row_a + stride;
         const bool active_a = row_a < n, active_b = row_b < n;
         real_t sa, sb;
-        row_dot2(rowptr, col, val, row_a, active_a, row_b, active_b, direction, sa, sb);
+        row_dot2(rowptr, col, val, n, row_a, active_a, row_b, active_b, direction, sa, sb);
         if (threadIdx.x % SUBWARP == 0) {
             if (active_a) {
                 const real_t pn = direction(row_a);
@@ -212,7 +235,7 @@ pcg_start(real_t* x, real_t* r, const real_t* q, const real_t* p0, const real_t*
 
 // out = b - A x
 extern "C" __global__ void __launch_bounds__(BLOCK)
-csr_residual(const int* __restrict__ rowptr, const int* __restrict__ col, const real_t* __restrict__ val,
+matrix_residual(const int* __restrict__ rowptr, const int* __restrict__ col, const real_t* __restrict__ val,
              const real_t* __restrict__ x, const real_t* __restrict__ b, real_t* __restrict__ out, int n) {
     const int rows_per_block = BLOCK / SUBWARP;
     const int stride = gridDim.x * rows_per_block;
@@ -220,7 +243,7 @@ csr_residual(const int* __restrict__ rowptr, const int* __restrict__ col, const 
     for (int base = blockIdx.x * rows_per_block; base < n; base += 2 * stride) {
         const int row_a = base + threadIdx.x / SUBWARP, row_b = row_a + stride;
         real_t sa, sb;
-        row_dot2(rowptr, col, val, row_a, row_a < n, row_b, row_b < n, xv, sa, sb);
+        row_dot2(rowptr, col, val, n, row_a, row_a < n, row_b, row_b < n, xv, sa, sb);
         if (threadIdx.x % SUBWARP == 0) {
             if (row_a < n) out[row_a] = b[row_a] - sa;
             if (row_b < n) out[row_b] = b[row_b] - sb;

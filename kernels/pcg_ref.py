@@ -56,6 +56,6 @@ def pcg_update(x, r, q, p0, p1, dinv, state, start=False):
     return z
 
 
-def csr_residual(A, x, b):
+def matrix_residual(A, x, b):
     """b - A x."""
     return b - A @ x

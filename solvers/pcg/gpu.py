@@ -116,17 +116,35 @@ class GPUPCG:
         if n >= 2**31 - 1 or nnz >= 2**31 - 1:
             raise InputError("matrices with 2^31 or more rows or entries are not supported (int32 indices)")
         self.n = n
-        self.rowptr = cupy.ascontiguousarray(M.indptr.astype(cupy.int32))
-        self.col = cupy.ascontiguousarray(M.indices.astype(cupy.int32))
-        self.val = cupy.ascontiguousarray(M.data.astype(self.dtype))
-        self._check_values(self.val)
+        indptr = cupy.ascontiguousarray(M.indptr.astype(cupy.int32))
+        indices = cupy.ascontiguousarray(M.indices.astype(cupy.int32))
+        data = M.data.astype(self.dtype)
+        self._check_values(data)
+        self._pattern = (indptr, indices)
+        lengths = cupy.diff(indptr)
+        width = int(lengths.max())
+        # ELL pays off when rows have nearly equal lengths (stencils): little padding, one thread a row.
+        self.format = "ell" if width <= 32 and width <= 1.3 * nnz / n + 1 else "csr"
+        if self.format == "ell":
+            rows = cupy.searchsorted(indptr, cupy.arange(nnz, dtype=cupy.int32), side="right") - 1
+            self._val_pos = (cupy.arange(nnz) - indptr[rows]) * n + rows
+            self.col = cupy.tile(cupy.arange(n, dtype=cupy.int32), width)  # padding points at its own row
+            self.col[self._val_pos] = indices
+            self.val = cupy.zeros(width * n, dtype=self.dtype)
+            self.rowptr = cupy.zeros(1, dtype=cupy.int32)  # unused by the ELL kernels
+            subwarp, defines = 1, (("ELL_WIDTH", str(width)),)
+        else:
+            self._val_pos = None
+            self.rowptr, self.col, self.val = indptr, indices, cupy.empty(nnz, dtype=self.dtype)
+            subwarp = _subwarp(nnz, n)
+            defines = (("SUBWARP", str(subwarp)),)
+        self._set_values(data)
 
-        subwarp = _subwarp(nnz, n)
-        mod = kernels.module("pcg", kernels.ctype(self.dtype), (("SUBWARP", str(subwarp)),))
+        mod = kernels.module("pcg", kernels.ctype(self.dtype), defines)
         self.k_spmv_dot = mod.get_function("pcg_spmv_dot")
         self.k_update = mod.get_function("pcg_update")
         self.k_start = mod.get_function("pcg_start")
-        self.k_residual = mod.get_function("csr_residual")
+        self.k_residual = mod.get_function("matrix_residual")
 
         sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
         rows_per_block = BLOCK // subwarp
@@ -144,6 +162,13 @@ class GPUPCG:
         self.history = None
         self.history_arg = np.uint64(0)
         self._set_diagonal(M)
+
+    def _set_values(self, data):
+        """Copy CSR-ordered values into the kernel layout."""
+        if self._val_pos is None:
+            self.val[...] = data
+        else:
+            self.val[self._val_pos] = data
 
     @staticmethod
     def _check_values(val):
@@ -176,12 +201,13 @@ class GPUPCG:
         M = to_device_csr(A, self.dtype)
         if M.shape != self.shape:
             raise InputError(f"new matrix has shape {M.shape}, expected {self.shape}")
-        same = (int(M.nnz) == self.col.size and bool(cupy.array_equal(M.indptr, self.rowptr))
-                and bool(cupy.array_equal(M.indices, self.col)))
+        indptr, indices = self._pattern
+        same = (int(M.nnz) == indices.size and bool(cupy.array_equal(M.indptr, indptr))
+                and bool(cupy.array_equal(M.indices, indices)))
         if same:
-            val = M.data.astype(self.dtype)
-            self._check_values(val)
-            self.val[...] = val
+            data = M.data.astype(self.dtype)
+            self._check_values(data)
+            self._set_values(data)
             self._set_diagonal(M)
             return
         self._setup(M)
