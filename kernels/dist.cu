@@ -1,7 +1,7 @@
 // Kernels of the distributed PCG (solvers/dist/gpu.py); see dist_ref.py for their NumPy meaning.
 //
-// Compiled after pcg.cu, whose State, block reductions (publish_partials, sum_partials) and CSR row
-// product (row_dot) they use; the local SpMV itself is pcg.cu's pcg_spmv_dot. Each rank's kernels
+// Compiled after pcg.cu, whose State and block reductions (publish_partials, sum_partials) they use;
+// the product with the owned columns is pcg.cu's pcg_spmv_dot (CSR or ELL). Each rank's kernels
 // only produce partial sums: the decisions are taken by dist_decide / dist_cg1_decide from the
 // allreduced values, identical on every rank, so every rank stops at the same iteration.
 //
@@ -31,9 +31,10 @@ dist_pack(const real_t* __restrict__ z, const real_t* p0, const real_t* p1, cons
     }
 }
 
-// y[rows[i]] += sign * (H h)_i over the boundary rows (H: their halo columns, h: the halo buffer).
-// With `out`: skipped once st has stopped, and *out = sh->pq + sum_i v[rows[i]] (H h)_i where v is the
-// vector pcg_spmv_dot just multiplied, so *out is this rank's whole share of v.Av.
+// y[rows[i]] += sign * (H h)_i over the boundary rows (H: their halo columns in CSR, h: the halo
+// buffer), one thread a row (halo rows are short). With `out`: skipped once st has stopped, and
+// *out = sh->pq + sum_i v[rows[i]] (H h)_i where v is the vector pcg_spmv_dot just multiplied, so *out
+// is this rank's whole share of v.Av.
 extern "C" __global__ void __launch_bounds__(BLOCK)
 dist_halo_spmv(const int* __restrict__ hptr, const int* __restrict__ hcol, const real_t* __restrict__ hval,
                const int* __restrict__ rows, const real_t* __restrict__ h, real_t* y, real_t sign,
@@ -41,18 +42,13 @@ dist_halo_spmv(const int* __restrict__ hptr, const int* __restrict__ hcol, const
                double* out, int nb) {
     if (out && st->status != RUNNING) return;
     const real_t* v = out ? (sh->parity ? p0 : p1) : nullptr;
-    auto hv = [&](int j) { return h[j]; };
-    const int rows_per_block = BLOCK / SUBWARP;
     double acc = 0.0;
-    for (int base = blockIdx.x * rows_per_block; base < nb; base += gridDim.x * rows_per_block) {
-        const int i = base + threadIdx.x / SUBWARP;
-        const bool active = i < nb;
-        const real_t s = row_dot(hptr, hcol, hval, i, active, hv);
-        if (active && threadIdx.x % SUBWARP == 0) {
-            const int row = rows[i];
-            y[row] += sign * s;
-            if (v) acc += (double)v[row] * (double)s;
-        }
+    for (int i = blockIdx.x * BLOCK + threadIdx.x; i < nb; i += gridDim.x * BLOCK) {
+        real_t s = 0;
+        for (int k = hptr[i]; k < hptr[i + 1]; ++k) s += hval[k] * h[hcol[k]];
+        const int row = rows[i];
+        y[row] += sign * s;
+        if (v) acc += (double)v[row] * (double)s;
     }
     if (!out || !publish_partials(partials, acc, 0.0, false, &sh->ticket)) return;
     const double total = sum_partials(partials, gridDim.x);

@@ -33,14 +33,36 @@ GRAPH, HALO_START, HALO_WAIT, ALLREDUCE = range(4)
 
 
 @functools.lru_cache(maxsize=None)
-def _module(real, subwarp):
+def _module(real, defines):
     """pcg.cu and dist.cu compiled together (dist.cu uses pcg.cu's device helpers)."""
     cupy = require_cupy()
-    code = (kernels.CONDITIONAL_PRELUDE + f"typedef {real} real_t;\n#define SUBWARP {subwarp}\n"
+    code = (kernels.CONDITIONAL_PRELUDE + f"typedef {real} real_t;\n"
+            + "".join(f"#define {k} {v}\n" for k, v in defines)
             + kernels.source("pcg") + kernels.source("dist"))
     mod = cupy.RawModule(code=code, options=("--std=c++17",))
     mod.compile()
     return mod
+
+
+def _local_layout(M):
+    """The owned block in the layout pcg.cu's products read: ``(rowptr, col, val, defines)``.
+
+    ELL (column-major, padding pointing at the row itself) when rows have nearly
+    equal lengths, as for stencils; CSR otherwise. Same rule as the
+    single-process solver, so both run the same product.
+    """
+    n, nnz = M.shape[0], M.nnz
+    lengths = np.diff(M.indptr)
+    width = int(lengths.max())
+    if width <= 32 and width <= 1.3 * nnz / n + 1:
+        rows = np.repeat(np.arange(n), lengths)
+        pos = (np.arange(nnz) - M.indptr[rows]) * n + rows
+        col = np.tile(np.arange(n, dtype=np.int32), width)
+        col[pos] = M.indices
+        val = np.zeros(width * n, dtype=M.data.dtype)
+        val[pos] = M.data
+        return np.zeros(1, dtype=np.int32), col, val, (("ELL_WIDTH", str(width)),)
+    return M.indptr, M.indices, M.data, (("SUBWARP", str(_subwarp(nnz, n))),)
 
 
 def bind_device(comm):
@@ -122,8 +144,8 @@ class DistGPUPCG:
         cupy, m, dt = self.cupy, self.matrix, self.dtype
         n = self.n = m.rows
         i32 = lambda a: cupy.asarray(np.ascontiguousarray(a, dtype=np.int32))  # noqa: E731
-        self.rowptr, self.col = i32(m.local.indptr), i32(m.local.indices)
-        self.val = cupy.asarray(m.local.data.astype(dt))
+        rowptr, col, val, defines = _local_layout(m.local)
+        self.rowptr, self.col, self.val = i32(rowptr), i32(col), cupy.asarray(val.astype(dt))
         self.hptr, self.hcol = i32(m.halo.indptr), i32(m.halo.indices)
         self.hval = cupy.asarray(m.halo.data.astype(dt))
         self.brows, self.send_index = i32(m.boundary_rows), i32(m.plan.send_index)
@@ -131,16 +153,15 @@ class DistGPUPCG:
         self.sendbuf = cupy.zeros(self.nsend, dtype=dt)
         self.halo = cupy.zeros(m.plan.halo_size, dtype=dt)
 
-        subwarp = _subwarp(m.local.nnz, n)
-        mod = _module(kernels.ctype(dt), subwarp)
+        mod = _module(kernels.ctype(dt), defines)
         self.k = {name: mod.get_function(name) for name in (
-            "pcg_spmv_dot", "csr_residual", "dist_pack", "dist_halo_spmv", "dist_update", "dist_start",
+            "pcg_spmv_dot", "matrix_residual", "dist_pack", "dist_halo_spmv", "dist_update", "dist_start",
             "dist_decide", "dist_cg1_update", "dist_cg1_start", "dist_cg1_decide")}
         sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
-        rows_per_block = BLOCK // subwarp
+        rows_per_block = BLOCK // int(dict(defines).get("SUBWARP", 1))
         grid = lambda items, per_block: int(max(1, min(-(-items // per_block), sms * 8)))  # noqa: E731
         self.grid_spmv, self.grid_vec = grid(n, rows_per_block), grid(n, BLOCK)
-        self.grid_halo, self.grid_pack = grid(self.nb, rows_per_block), grid(self.nsend, BLOCK)
+        self.grid_halo, self.grid_pack = grid(self.nb, BLOCK), grid(self.nsend, BLOCK)
 
         zeros = lambda: cupy.zeros(n, dtype=dt)  # noqa: E731
         # classic: z, q = A p, p0/p1 the double-buffered direction; single-reduction: z holds
@@ -279,7 +300,7 @@ class DistGPUPCG:
     def _residual(self, x, out):
         """out = b - A x over the owned rows."""
         self._exchange(x)
-        self.k["csr_residual"]((self.grid_spmv,), (BLOCK,),
+        self.k["matrix_residual"]((self.grid_spmv,), (BLOCK,),
                                (self.rowptr, self.col, self.val, x, self.b, out, np.int32(self.n)),
                                stream=self.stream)
         self._halo_product(self.stream, out, -1, np.uint64(0))
