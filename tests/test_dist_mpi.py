@@ -171,3 +171,189 @@ def test_poisson_generated_per_rank_matches_the_global_matrix():
     lo, hi = p.bounds[COMM.rank], p.bounds[COMM.rank + 1]
     assert global_max(abs(p.rows - A[lo:hi]).max()) == 0
     assert global_max(np.abs(p.b - A[lo:hi] @ np.ones(A.shape[0])).max()) == 0
+
+
+# -- the GPU driver's host logic on the CPU ---------------------------------------------------------
+# DistGPUPCG with its device layer replaced: arrays are NumPy arrays, kernels are their NumPy
+# meaning (kernels/pcg_ref.py, kernels/dist_ref.py), a captured graph replays the kernel calls made
+# during capture, and "NCCL" is MPI. This runs the driver's step lists, buffer offsets, shadow state
+# and pending-decision protocol on every CI run; the GPU tests check the compiled kernels.
+class _Array(np.ndarray):
+    def get(self, stream=None):
+        return np.array(self)
+
+    def set(self, values, stream=None):
+        self[...] = values
+
+
+class _Stream:
+    def __init__(self, non_blocking=False):
+        self.captured = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def begin_capture(self):
+        self.captured = []
+
+    def end_capture(self):
+        calls, self.captured = self.captured, None
+        return _Graph(calls)
+
+    def wait_event(self, event):
+        pass
+
+
+class _Graph:
+    def __init__(self, calls):
+        self.calls = calls
+
+    def launch(self, stream):
+        assert stream.captured is None
+        for call in self.calls:
+            call()
+
+
+class _Event:
+    def __init__(self, disable_timing=False):
+        self.t = None
+
+    def record(self, stream=None):
+        import time
+        self.t = time.perf_counter()
+
+
+def _fake_cupy():
+    import types
+    wrap = lambda a: a.view(_Array)  # noqa: E731
+    cuda = types.SimpleNamespace(
+        Stream=_Stream, Event=_Event, get_elapsed_time=lambda a, b: (b.t - a.t) * 1e3,
+        memory=types.SimpleNamespace(OutOfMemoryError=MemoryError))
+    return types.SimpleNamespace(
+        cuda=cuda, float64=np.float64, int32=np.int32, uint8=np.uint8, dot=np.dot,
+        zeros=lambda n, dtype=np.float64: wrap(np.zeros(n, dtype=dtype)),
+        asarray=lambda a, dtype=None: wrap(np.array(a, dtype=dtype)))
+
+
+class _HostNccl:
+    def allreduce(self, send, recv, count, stream):
+        COMM.Allreduce(np.array(send[:count]), recv[:count], op=MPI.SUM)
+
+    def exchange(self, plan, sendbuf, halo, stream):
+        from solvers.dist.comm import HostComm
+        host = HostComm(COMM, plan)
+        host._requests = [COMM.Irecv(halo[plan.recv_offsets[i]:plan.recv_offsets[i + 1]], source=r, tag=9)
+                          for i, r in enumerate(plan.recv_ranks)]
+        host._requests += [COMM.Isend(np.array(sendbuf[plan.send_offsets[i]:plan.send_offsets[i + 1]]), dest=r,
+                                      tag=9) for i, r in enumerate(plan.send_ranks)]
+        host.finish_halo()
+
+
+def _product(rowptr, col, val, n, defines):
+    """The owned block as a SciPy matrix, from the CSR or ELL layout the kernels read."""
+    width = dict(defines).get("ELL_WIDTH")
+    if width is None:
+        return sp.csr_matrix((val, col, rowptr), shape=(n, n))
+    return sp.csr_matrix((val, (np.tile(np.arange(n), int(width)), col)), shape=(n, n))
+
+
+def _host_kernels(defines):
+    import kernels.dist_ref as ref
+    from kernels import pcg_ref
+    from solvers.pcg.gpu import STATE_DTYPE
+
+    def spmv_dot(rowptr, col, val, z, p0, p1, q, st, partials, n):
+        raw = st.view(STATE_DTYPE)
+        fields = {f: raw[f][0].item() for f in STATE_DTYPE.names}
+        out = pcg_ref.pcg_spmv_dot(_product(rowptr, col, val, n, defines), z, p0, p1, fields)
+        if out is not None:
+            q[:n] = out
+        for f in ("pq", "alpha", "status"):
+            raw[f] = fields[f]
+
+    def residual(rowptr, col, val, x, b, out, n):
+        out[:n] = pcg_ref.matrix_residual(_product(rowptr, col, val, n, defines), x[:n], b[:n])
+
+    table = {name: getattr(ref, name, None) for name in ("dist_pack", "dist_halo_spmv", "dist_update", "dist_start",
+                                                         "dist_decide", "dist_cg1_update", "dist_cg1_start",
+                                                         "dist_cg1_decide")}
+    table.update(pcg_spmv_dot=spmv_dot, matrix_residual=residual)
+
+    def launcher(fn):
+        def launch(grid, block, args, stream=None):
+            call = lambda: fn(*args)  # noqa: E731
+            if stream is not None and stream.captured is not None:
+                stream.captured.append(call)
+            else:
+                call()
+        return launch
+
+    return {name: launcher(fn) for name, fn in table.items()}
+
+
+def _host_driver():
+    from solvers.dist.gpu import KERNELS, DistGPUPCG
+
+    class HostDriver(DistGPUPCG):
+        device_layouts = []
+
+        def _backend(self):
+            return _fake_cupy()
+
+        def _bind(self, comm):
+            return "host emulation"
+
+        def _communicator(self, comm):
+            return _HostNccl()
+
+        def _kernels(self, defines):
+            HostDriver.device_layouts.append(dict(defines))
+            table = _host_kernels(defines)
+            assert set(KERNELS) == set(table)
+            return table
+
+        def _multiprocessors(self):
+            return 2
+
+    return HostDriver
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("matrix", ["poisson3d", "lap2D"])
+def test_gpu_driver_logic_on_host(monkeypatch, variant, matrix):
+    import solvers.dist.gpu as gpu
+    driver = _host_driver()
+    monkeypatch.setattr(gpu, "DistGPUPCG", driver)
+    monkeypatch.setattr(DistributedPCG, "_choose_device", lambda self, device: ("gpu", None))
+    if matrix == "lap2D":
+        p, single = read_distributed(COMM, str(EXAMPLE)), load_problem(str(EXAMPLE))
+        A, b = single.A, single.b
+    else:
+        p = poisson_distributed(COMM, (9, 8, 7))
+        A = poisson((9, 8, 7)).tocsr()
+        b = A @ np.ones(A.shape[0])
+    ref = PCG(A, rtol=1e-9, device="cpu", record_history=True).solve(b)
+    solver = DistributedPCG(p.rows, p.bounds, COMM, rtol=1e-9, device="gpu", variant=variant,
+                            record_history=True, check_every=5)
+    res = solver.solve(p.b)
+    assert res.device == "gpu" and res.converged and res.iterations == ref.iterations
+    lo, hi = p.bounds[COMM.rank], p.bounds[COMM.rank + 1]
+    assert global_max(np.abs(res.x.get() - ref.x[lo:hi]).max()) <= 1e-10 * np.abs(ref.x).max()
+    np.testing.assert_allclose(res.history, ref.history, rtol=1e-6)
+    assert res.true_residual_norm == pytest.approx(ref.true_residual_norm, rel=1e-2, abs=1e-12)
+    # Stop reasons, an initial guess and a second solve on the same captured graphs.
+    assert solver.solve(p.b, maxiter=6).iterations == 6
+    bad = p.b.copy()
+    if COMM.rank == COMM.size - 1:
+        bad[-1] = np.nan
+    assert solver.solve(bad).reason is Reason.NOT_FINITE
+    x0 = np.zeros(A.shape[0])
+    x0[:20] = 1.0
+    with_guess = solver.solve(p.b, x0[lo:hi])
+    ref0 = PCG(A, rtol=1e-9, device="cpu").solve(b, x0)
+    assert with_guess.iterations == ref0.iterations
+    assert global_max(np.abs(with_guess.x.get() - ref0.x[lo:hi]).max()) < 1e-8
+    assert "ELL_WIDTH" in driver.device_layouts[-1]

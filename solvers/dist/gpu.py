@@ -30,6 +30,8 @@ from .comm import DeviceComm, agree
 
 # Step kinds of an iteration (see DistGPUPCG._run_steps).
 GRAPH, HALO_START, HALO_WAIT, ALLREDUCE = range(4)
+KERNELS = ("pcg_spmv_dot", "matrix_residual", "dist_pack", "dist_halo_spmv", "dist_update", "dist_start",
+           "dist_decide", "dist_cg1_update", "dist_cg1_start", "dist_cg1_decide")
 
 
 @functools.lru_cache(maxsize=None)
@@ -116,19 +118,35 @@ class DistGPUPCG:
     loop_time = 0.0  # seconds of the last solve's iterations (first launch to last status read)
 
     def __init__(self, matrix, inverse_diagonal, comm, variant, dtype, check_every):
-        cupy = require_cupy()
-        self.cupy = cupy
+        self.cupy = self._backend()
         self.comm = comm
         self.matrix = matrix
         self.variant = variant
         self.dtype = np.dtype(dtype)
         self.check_every = int(check_every)
         self.communication_time = 0.0
-        self.device_name = bind_device(comm)
+        self.device_name = self._bind(comm)
         agree(comm, self._allocate, inverse_diagonal)
         # NCCL set-up is collective and cannot be agreed on: a failure here aborts the job.
-        self.nccl = DeviceComm(comm)
+        self.nccl = self._communicator(comm)
         self._graphs = None
+
+    # The device layer, in methods a test can replace to run this driver's logic without a GPU.
+    def _backend(self):
+        return require_cupy()
+
+    def _bind(self, comm):
+        return bind_device(comm)
+
+    def _communicator(self, comm):
+        return DeviceComm(comm)
+
+    def _kernels(self, defines):
+        mod = _module(kernels.ctype(self.dtype), defines)
+        return {name: mod.get_function(name) for name in KERNELS}
+
+    def _multiprocessors(self):
+        return self.cupy.cuda.Device().attributes["MultiProcessorCount"]
 
     # -- set-up ---------------------------------------------------------------
     def _allocate(self, inverse_diagonal):
@@ -153,11 +171,8 @@ class DistGPUPCG:
         self.sendbuf = cupy.zeros(self.nsend, dtype=dt)
         self.halo = cupy.zeros(m.plan.halo_size, dtype=dt)
 
-        mod = _module(kernels.ctype(dt), defines)
-        self.k = {name: mod.get_function(name) for name in (
-            "pcg_spmv_dot", "matrix_residual", "dist_pack", "dist_halo_spmv", "dist_update", "dist_start",
-            "dist_decide", "dist_cg1_update", "dist_cg1_start", "dist_cg1_decide")}
-        sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
+        self.k = self._kernels(defines)
+        sms = self._multiprocessors()
         rows_per_block = BLOCK // int(dict(defines).get("SUBWARP", 1))
         grid = lambda items, per_block: int(max(1, min(-(-items // per_block), sms * 8)))  # noqa: E731
         self.grid_spmv, self.grid_vec = grid(n, rows_per_block), grid(n, BLOCK)
