@@ -188,11 +188,11 @@ class GraphEngine:
         if self.mode == "while":
             cond = builder.create_condition(default_value=1)
             body_builder = builder.while_loop(cond).begin_building("relaxed")
-            loop = LoopContext(body_builder, int(cond.handle))
             with _cupy_stream(body_builder) as s:
-                # k iterations per pass amortise the loop's own cost; passes after the stop are no-ops
+                # k iterations per pass amortise the loop's own cost; passes after the stop are no-ops.
+                # Each copy gets its own context: a condition handle may drive only one IF node.
                 for _ in range(self.unroll):
-                    self.body.launch(s, loop)
+                    self.body.launch(s, LoopContext(body_builder, int(cond.handle)))
             body_builder.end_building()
         else:
             loop = LoopContext()
