@@ -93,6 +93,9 @@ class _StreamRef:
 def _cupy_stream(builder):
     """A CuPy stream object that enqueues onto a cuda.core graph builder's capture stream."""
     cupy = require_cupy()
+    from_external = getattr(cupy.cuda.Stream, "from_external", None)  # CuPy >= 14
+    if from_external is not None:
+        return from_external(builder)
     _, ptr = builder.__cuda_stream__()
     return cupy.cuda.ExternalStream(int(ptr))
 

@@ -3,6 +3,7 @@
 Every problem found raises :class:`~solvers.errors.InputError` whose message
 names the file and says what is wrong in one line.
 """
+import inspect
 import os
 
 import numpy as np
@@ -10,6 +11,9 @@ import scipy.io
 import scipy.sparse as sp
 
 from .errors import InputError
+
+# SciPy >= 1.15 can return sparse arrays; ask for them where offered (the matrix default is deprecated).
+_MMREAD_KWARGS = {"spmatrix": False} if "spmatrix" in inspect.signature(scipy.io.mmread).parameters else {}
 
 #: Relative asymmetry ``max|A - A^T| / max|A|`` accepted as rounding noise.
 SYMMETRY_RTOL = 1e-10
@@ -37,7 +41,7 @@ def _mmread(path):
     if field == "pattern":
         raise InputError("pattern-only matrix has no values (need real or integer)", path)
     try:
-        data = scipy.io.mmread(path)
+        data = scipy.io.mmread(path, **_MMREAD_KWARGS)
     except Exception as exc:
         raise InputError(f"cannot parse Matrix Market data ({_first_line(exc)})", path) from None
     return data, (rows, cols, entries, fmt, field, symmetry)
