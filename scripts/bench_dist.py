@@ -140,23 +140,25 @@ def main():
                 jobs.append((1, size))
     else:
         jobs = [(g, s) for s in sorted(set(args.small + args.sizes)) for g in args.gpus]
-    rows = []
-    for gpus, size in jobs:
-        rows += run_job(gpus, size, args)
-    if not rows:
-        return 1
     stamp = datetime.datetime.now(datetime.timezone.utc)
-    device = rows[0]["device"]
-    text = (f"# Distributed PCG, 3D Poisson (7-point), Jacobi, float64\n\n"
-            f"{stamp:%Y-%m-%d %H:%M} UTC, {device}, {args.iterations} iterations per timing "
-            f"(best of {args.repeats}), host status read every {args.check_every} iterations.\n\n"
-            + table(rows) + "\n")
-    print(text)
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     name = f"bench_dist_{stamp:%Y-%m-%d}_{'weak' if args.weak else 'strong'}_{'-'.join(map(str, args.gpus))}gpu"
-    (out / f"{name}.md").write_text(text)
-    (out / f"{name}.json").write_text(json.dumps(rows, indent=1))
+    rows = []
+    for gpus, size in jobs:
+        rows += run_job(gpus, size, args)
+        if not rows:
+            continue
+        # Saved after every job, so an interrupted run keeps what it measured.
+        text = (f"# Distributed PCG, 3D Poisson (7-point), Jacobi, float64\n\n"
+                f"{stamp:%Y-%m-%d %H:%M} UTC, {rows[0]['device']}, {args.iterations} iterations per timing "
+                f"(best of {args.repeats}), host status read every {args.check_every} iterations.\n\n"
+                + table(rows) + "\n")
+        (out / f"{name}.md").write_text(text)
+        (out / f"{name}.json").write_text(json.dumps(rows, indent=1))
+    if not rows:
+        return 1
+    print(text)
     return 0
 
 

@@ -230,7 +230,7 @@ def _fake_cupy():
     import types
     wrap = lambda a: a.view(_Array)  # noqa: E731
     cuda = types.SimpleNamespace(
-        Stream=_Stream, Event=_Event, get_elapsed_time=lambda a, b: (b.t - a.t) * 1e3,
+        Stream=_Stream, Event=_Event, Device=lambda: types.SimpleNamespace(synchronize=lambda: None), get_elapsed_time=lambda a, b: (b.t - a.t) * 1e3,
         memory=types.SimpleNamespace(OutOfMemoryError=MemoryError))
     return types.SimpleNamespace(
         cuda=cuda, float64=np.float64, int32=np.int32, uint8=np.uint8, dot=np.dot,
@@ -242,8 +242,12 @@ class _HostNccl:
     def allreduce(self, send, recv, count, stream):
         COMM.Allreduce(np.array(send[:count]), recv[:count], op=MPI.SUM)
 
-    def exchange(self, plan, sendbuf, halo, stream):
+    def transfers(self, plan, sendbuf, halo):
+        return plan, sendbuf, halo
+
+    def exchange(self, transfers, stream):
         from solvers.dist.comm import HostComm
+        plan, sendbuf, halo = transfers
         host = HostComm(COMM, plan)
         host._requests = [COMM.Irecv(halo[plan.recv_offsets[i]:plan.recv_offsets[i + 1]], source=r, tag=9)
                           for i, r in enumerate(plan.recv_ranks)]

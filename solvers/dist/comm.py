@@ -165,18 +165,26 @@ class DeviceComm:
         nccl = self._nccl
         self.comm.allReduce(send.data.ptr, recv.data.ptr, count, nccl.NCCL_FLOAT64, nccl.NCCL_SUM, stream.ptr)
 
-    def exchange(self, plan, sendbuf, halo, stream):
-        """Send the packed ``sendbuf`` segments and receive the ``halo`` segments of ``plan``."""
-        nccl = self._nccl
-        dtype = {8: nccl.NCCL_FLOAT64, 4: nccl.NCCL_FLOAT32}[sendbuf.itemsize]
-        send0, recv0, size = sendbuf.data.ptr, halo.data.ptr, sendbuf.itemsize
-        nccl.groupStart()
+    def transfers(self, plan, sendbuf, halo):
+        """The point-to-point calls of one halo exchange, worked out once: ``(sends, receives)``."""
+        dtype = {8: self._nccl.NCCL_FLOAT64, 4: self._nccl.NCCL_FLOAT32}[sendbuf.itemsize]
+        size = sendbuf.itemsize
+
+        def calls(base, ranks, offsets):
+            return [(base + int(offsets[i]) * size, int(offsets[i + 1] - offsets[i]), dtype, peer)
+                    for i, peer in enumerate(ranks)]
+
+        return (calls(sendbuf.data.ptr, plan.send_ranks, plan.send_offsets),
+                calls(halo.data.ptr, plan.recv_ranks, plan.recv_offsets))
+
+    def exchange(self, transfers, stream):
+        """Grouped NCCL send/receive of the ``transfers`` on ``stream``."""
+        sends, receives = transfers
+        self._nccl.groupStart()
         try:
-            for i, peer in enumerate(plan.send_ranks):
-                lo, hi = int(plan.send_offsets[i]), int(plan.send_offsets[i + 1])
-                self.comm.send(send0 + lo * size, hi - lo, dtype, peer, stream.ptr)
-            for i, peer in enumerate(plan.recv_ranks):
-                lo, hi = int(plan.recv_offsets[i]), int(plan.recv_offsets[i + 1])
-                self.comm.recv(recv0 + lo * size, hi - lo, dtype, peer, stream.ptr)
+            for ptr, count, dtype, peer in sends:
+                self.comm.send(ptr, count, dtype, peer, stream.ptr)
+            for ptr, count, dtype, peer in receives:
+                self.comm.recv(ptr, count, dtype, peer, stream.ptr)
         finally:
-            nccl.groupEnd()
+            self._nccl.groupEnd()

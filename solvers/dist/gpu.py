@@ -129,6 +129,7 @@ class DistGPUPCG:
         agree(comm, self._allocate, inverse_diagonal)
         # NCCL set-up is collective and cannot be agreed on: a failure here aborts the job.
         self.nccl = self._communicator(comm)
+        self._transfers = self.nccl.transfers(matrix.plan, self.sendbuf, self.halo)
         self._graphs = None
 
     # The device layer, in methods a test can replace to run this driver's logic without a GPU.
@@ -199,6 +200,8 @@ class DistGPUPCG:
         self.comm_stream = cupy.cuda.Stream(non_blocking=True)
         self.ev_packed = cupy.cuda.Event(disable_timing=True)
         self.ev_halo = cupy.cuda.Event(disable_timing=True)
+        # The uploads above ran on the legacy stream, which non-blocking streams do not wait for.
+        cupy.cuda.Device().synchronize()
 
     # -- kernels ----------------------------------------------------------------
     def _pack(self, s, v, direction):
@@ -288,7 +291,7 @@ class DistGPUPCG:
             if kind == HALO_START:  # off the main stream: overlaps the local product
                 self.ev_packed.record(s)
                 c.wait_event(self.ev_packed)
-                self.nccl.exchange(self.matrix.plan, self.sendbuf, self.halo, c)
+                self.nccl.exchange(self._transfers, c)
                 self.ev_halo.record(c)
                 continue
             if events is not None:
@@ -326,8 +329,9 @@ class DistGPUPCG:
         return self.comm.allreduce(local)
 
     def norm(self, v):
-        v = self.cupy.asarray(v)
-        return float(np.sqrt(self._global_dot(v, v)))
+        with self.stream:  # a host v is copied on the stream that reads it
+            v = self.cupy.asarray(v)
+            return float(np.sqrt(self._global_dot(v, v)))
 
     def _reset(self, tol, maxiter):
         st = np.zeros(1, dtype=STATE_DTYPE)
