@@ -121,6 +121,7 @@ def test_both_variants_agree_with_the_cpu_path():
             r = DistributedPCG(p.rows, p.bounds, COMM, rtol=1e-10, device=device, variant=variant).solve(p.b)
             out[device, variant] = (r.iterations, r.x.get() if device == "gpu" else r.x)
     its = {k: v[0] for k, v in out.items()}
-    assert len(set(its.values())) == 1, its
+    assert its["gpu", "classic"] == its["cpu", "classic"], its
+    assert max(its.values()) - min(its.values()) <= 1, its
     base = out["cpu", "classic"][1]
     assert global_max(max(np.abs(v[1] - base).max() for v in out.values())) < 1e-8
