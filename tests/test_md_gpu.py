@@ -123,3 +123,14 @@ def test_cli_gpu_double_table(md_data_dir, capsys):
     rows = {int(l.split()[0]): [float(v) for v in l.split()[1:5]] for l in lines if l.split() and l.split()[0].isdigit()}
     np.testing.assert_allclose(rows[100], REFERENCE[100], rtol=1e-6)
     assert "Neighbor list builds = 11" in lines
+
+
+def test_lanes_per_particle_change_only_rounding():
+    sums = []
+    for tpp in (1, 4, 32):
+        sim = Simulation(lattice_state(cells=(8, 8, 8)), LennardJones(), VelocityVerlet(), device="gpu",
+                         mode="while", precision="double", threads_per_particle=tpp)
+        sim.run(100, thermo_every=50)
+        sums.append([sim.thermo[k] for k in REFERENCE_KEYS] + [sim.neighbor_builds])
+    np.testing.assert_allclose(sums[1], sums[0], rtol=1e-10)
+    np.testing.assert_allclose(sums[2], sums[0], rtol=1e-10)

@@ -1,10 +1,10 @@
 """CUDA backend: one timestep as a graph body, driven by :class:`solvers.engine.GraphEngine`.
 
-The body is ``md_integrate1`` (kick, drift, wrap, displacement check),
-``md_decide`` (sets the IF node), the rebuild kernels inside ``loop.if_then``,
-``md_force`` (forces, Langevin, second kick) and ``md_condition`` (counts the
-step, stops the chunk, reduces thermo sums on the device). A chunk of steps
-between outputs is one launch in ``while`` mode. Neighbour-list or cell
+The body is ``md_integrate1`` (kick, drift, wrap, displacement check; its
+last block counts the step and sets the IF node), the rebuild kernels inside
+``loop.if_then``, and ``md_force`` (forces, Langevin, second kick; its last
+block stops the chunk and reduces the thermo sums on the device). A chunk of
+steps between outputs is one launch in ``while`` mode. Neighbour-list or cell
 overflow is detected on the device: the host then enlarges the buffers,
 restores the state saved at the chunk start, recaptures and redoes the chunk.
 """
@@ -20,9 +20,18 @@ C_STEP, C_TARGET, C_REQ, C_REBUILD, C_BUILDS, C_STATUS, C_NBMAX, C_CELLMAX, C_BA
 CTL_SIZE = 16
 ST_RUNNING, ST_DONE, ST_OVERFLOW, ST_UNSTABLE = range(4)
 BLOCK = 128
-COND_THREADS = 512
-_KERNELS = ("md_integrate1", "md_decide", "md_cell_clear", "md_cell_bin", "md_cell_sort",
-            "md_neigh_build", "md_force", "md_condition")
+# Force and list kernels use several lanes per particle on small systems, so that enough
+# threads are in flight to hide memory latency; about this many threads in all.
+_THREADS_WANTED = 1 << 17
+_KERNELS = ("md_integrate1", "md_cell_clear", "md_cell_bin", "md_cell_sort", "md_neigh_build", "md_force")
+
+
+def threads_per_particle(n):
+    """Lanes per particle in the force and list kernels: a power of 2 from 1 to 32."""
+    tpp = 1
+    while tpp < 32 and n * tpp < _THREADS_WANTED:
+        tpp *= 2
+    return tpp
 
 
 class _StepBody:
@@ -51,6 +60,9 @@ class GpuBackend:
         ``builds``: the list is rebuilt from ``hold`` and the forces restored.
     neighbor_capacity : int, optional
         Initial neighbours per particle the list holds (grown on overflow).
+    tpp : int, optional
+        Lanes per particle in the force and list kernels (default
+        :func:`threads_per_particle`); it fixes the summation order.
 
     Attributes
     ----------
@@ -61,10 +73,10 @@ class GpuBackend:
     device = "gpu"
 
     def __init__(self, state, forcefield, integrator, skin, *, mode="auto", precision="mixed", unroll=8,
-                 restart=None, neighbor_capacity=None):
+                 restart=None, neighbor_capacity=None, tpp=None):
         cp = self._cp = require_cupy()
         self.real = np.float64 if precision == "double" else np.float32
-        mod = module("md", real="double" if precision == "double" else "float")
+        mod = module("md", real="double" if precision == "double" else "float", defines=(("MD_BLOCK", str(BLOCK)),))
         self._k = {name: mod.get_function(name) for name in _KERNELS}
         self.engine = GraphEngine(_StepBody(self), mode, unroll)
         self.mode, self.stream = self.engine.mode, self.engine.stream
@@ -73,7 +85,11 @@ class GpuBackend:
         self.rlist = forcefield.rc + skin
         box = state.box
         self.ncell = np.maximum((box // self.rlist).astype(np.int64), 1)
+        self.tpp = int(tpp or threads_per_particle(self.n))
+        if self.tpp not in (1, 2, 4, 8, 16, 32):
+            raise ValueError(f"tpp must be a power of 2 from 1 to 32, got {tpp}")
         self._grid = (self.n + BLOCK - 1) // BLOCK
+        self._grid_tpp = (self.n * self.tpp + BLOCK - 1) // BLOCK
         self._set_scalars(state.box, skin, forcefield, integrator)
         density = self.n / state.volume
         self.maxnb = int(neighbor_capacity or 1.3 * density * 4.0 / 3.0 * np.pi * self.rlist ** 3 + 16)
@@ -90,16 +106,17 @@ class GpuBackend:
             self.vir = cp.zeros(self.n, np.float64)
             self.ids = cp.asarray(state.ids, dtype=np.int64)
             self.thermo = cp.zeros(4, np.float64)
+            self.partial = cp.zeros(3 * self._grid_tpp, np.float64)
             ctl = np.zeros(CTL_SIZE, np.uint64)
             ctl[C_STEP] = self.step
             ctl[C_BUILDS] = 0 if restart is None else int(restart["builds"])
             self.ctl = cp.asarray(ctl)
             self._allocate_lists()
             self._build_from(self.hold, copy=False)
-            self._launch_force(stage=0)
+            self._launch_force(0, setup=True)
+            self._sums = tuple(float(t) for t in self.thermo.get()[:3])
             if restart is not None:
                 self.f[:, :3] = cp.asarray(restart["forces"][:, :3], dtype=self.real)
-            self._sums = self._reduce_setup()
 
     # -- setup helpers ---------------------------------------------------------------
     def _vec4(self, a, dtype):
@@ -131,6 +148,8 @@ class GpuBackend:
         ncells = int(np.prod(self.ncell))
         self.cell_count = cp.zeros(ncells, np.int32)
         self.cell_atoms = cp.zeros(ncells * self.cellcap, np.int32)
+        self.cell_sorted = cp.zeros(ncells * self.cellcap, np.int32)
+        self.cell_pos = cp.zeros((ncells * self.cellcap, 4), self.real)
         self.nlist = cp.zeros(self.maxnb * self.n, np.int32)
         self.ncount = cp.zeros(self.n, np.int32)
 
@@ -152,35 +171,31 @@ class GpuBackend:
         k["md_cell_bin"]((self._grid,), (BLOCK,),
                          (src, self.hold, self.cell_count, self.cell_atoms, np.int32(self.cellcap), self.ctl, n,
                           *self._ncell, *self._per_len, np.int32(copy)))
-        k["md_cell_sort"](((int(ncells) + BLOCK - 1) // BLOCK,), (BLOCK,),
-                          (self.cell_count, self.cell_atoms, np.int32(self.cellcap), ncells, self.ctl))
-        k["md_neigh_build"]((self._grid,), (BLOCK,),
-                            (self.hold, self.cell_count, self.cell_atoms, np.int32(self.cellcap), self.nlist,
-                             self.ncount, np.int32(self.maxnb), self.ctl, n, *self._ncell, *self._per_len,
-                             *self._box, self._rlist_sq))
+        k["md_cell_sort"](((int(ncells) * self.cellcap + BLOCK - 1) // BLOCK,), (BLOCK,),
+                          (self.cell_count, self.cell_atoms, self.cell_sorted, self.cell_pos, self.hold,
+                           np.int32(self.cellcap), ncells, self.ctl))
+        k["md_neigh_build"]((self._grid_tpp,), (BLOCK,),
+                            (self.hold, self.cell_count, self.cell_sorted, self.cell_pos, np.int32(self.cellcap),
+                             self.nlist, self.ncount, np.int32(self.maxnb), self.ctl, n, np.int32(self.tpp),
+                             *self._ncell, *self._per_len, *self._box, self._rlist_sq))
 
-    def _launch_force(self, stage):
-        self._k["md_force"]((self._grid,), (BLOCK,),
-                            (self.x, self.v, self.f, self.pe, self.vir, self.nlist, self.ncount, self.ids,
-                             self.ctl, np.int32(self.n), *self._box, *self._lj, self._half_dt_m,
-                             np.int32(stage), *self._langevin))
-
-    def _launch_condition(self, handle, setup):
-        self._k["md_condition"]((1,), (COND_THREADS,),
-                                (self.ctl, self.v, self.pe, self.vir, self.thermo, np.int32(self.n),
-                                 np.float64(self.mass), np.uint64(handle), np.int32(setup)))
+    def _launch_force(self, while_handle, setup=False):
+        self._k["md_force"]((self._grid_tpp,), (BLOCK,),
+                            (self.x, self.v, self.f, self.pe, self.vir, self.partial, self.thermo, self.nlist,
+                             self.ncount, self.ids, self.ctl, np.int32(self.n), np.int32(self.tpp), *self._box,
+                             *self._lj, self._half_dt_m, np.float64(self.mass), np.int32(setup), *self._langevin,
+                             np.uint64(while_handle)))
 
     def _launch_step(self, stream, loop):
         with stream:
             self._k["md_integrate1"]((self._grid,), (BLOCK,),
                                      (self.x, self.v, self.f, self.img, self.hold, self.ctl, np.int32(self.n),
-                                      self._dt, self._half_dt_m, *self._box, self._trigger_sq, self._max_move_sq))
-            self._k["md_decide"]((1,), (1,), (self.ctl, loop.condition("rebuild")))
+                                      self._dt, self._half_dt_m, *self._box, self._trigger_sq, self._max_move_sq,
+                                      loop.condition("rebuild"), loop.handle))
         with loop.if_then("rebuild", stream) as branch, branch:
             self._launch_rebuild(self.x, copy=True)
         with stream:
-            self._launch_force(stage=1)
-            self._launch_condition(loop.handle, setup=False)
+            self._launch_force(loop.handle)
 
     # -- host-side steps (outside any graph) --------------------------------------
     def _build_from(self, src, copy):
@@ -195,10 +210,6 @@ class GpuBackend:
                 break
             self._grow(ctl)
         self.ctl[C_REBUILD] = 0
-
-    def _reduce_setup(self):
-        self._launch_condition(0, setup=True)
-        return tuple(float(t) for t in self.thermo.get()[:3])
 
     def _done(self):
         with self.stream:

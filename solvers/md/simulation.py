@@ -44,6 +44,9 @@ class Simulation:
     neighbor_capacity : int, optional
         Initial neighbours per particle the GPU list holds; it grows by itself
         when a build overflows (the chunk is redone), so this only matters for tests.
+    threads_per_particle : int, optional
+        GPU lanes per particle in the force and list kernels (1, 2, ..., 32);
+        chosen from N by default.
     source : str, optional
         Where the state came from, for error messages.
 
@@ -54,7 +57,8 @@ class Simulation:
     """
 
     def __init__(self, state, forcefield, integrator, *, skin=0.3, device="auto", mode="auto",
-                 precision=None, unroll=8, neighbor_capacity=None, source=None, _restart=None):
+                 precision=None, unroll=8, neighbor_capacity=None, threads_per_particle=None, source=None,
+                 _restart=None):
         if not isinstance(state, State):
             raise TypeError("state must be a solvers.md.State")
         forcefield.check_box(state.box, skin)
@@ -71,7 +75,7 @@ class Simulation:
             from .gpu import GpuBackend
             self._backend = GpuBackend(state, forcefield, integrator, skin, mode=mode,
                                        precision=precision, unroll=unroll, restart=_restart,
-                                       neighbor_capacity=neighbor_capacity)
+                                       neighbor_capacity=neighbor_capacity, tpp=threads_per_particle)
         else:
             from .cpu import CpuBackend
             self._backend = CpuBackend(state, forcefield, integrator, skin, restart=_restart)
