@@ -10,7 +10,7 @@ rank's decide kernel works on the same allreduced numbers, so all ranks stop
 at the same iteration and leave the host loop together.
 
 Kernels: ``kernels/pcg.cu`` (``pcg_spmv_dot`` for the local block,
-``csr_residual``) and ``kernels/dist.cu`` (packing, halo product, the
+``matrix_residual``) and ``kernels/dist.cu`` (packing, halo product, the
 updates and decisions that take reduced values).
 """
 import functools
