@@ -94,22 +94,35 @@ def run_job(gpus, size, args):
     return rows
 
 
-def table(rows):
-    """Markdown table with speed-ups against 1 GPU (single-process while mode, and 1 rank)."""
-    def find(size, gpus, variant):
-        return next((r for r in rows if r["size"] == size and r["gpus"] == gpus and r["variant"] == variant), None)
+def table(rows, weak=False):
+    """Markdown table of the rows, with speed-ups (strong scaling) or efficiencies (weak scaling).
+
+    Strong: against the single-process solver on 1 GPU and against 1 rank of the same variant, on the
+    same grid. Weak: time on 1 GPU over time on N GPUs, same variant, each with its own grid.
+    """
+    def find(gpus, variant, size=None):
+        return next((r for r in rows if r["gpus"] == gpus and r["variant"] == variant
+                     and (size is None or r["size"] == size)), None)
 
     fmt = lambda v: "-" if v is None else f"{v:.1f}"  # noqa: E731
-    lines = ["| grid | n | GPUs | variant | us / iteration | compute us | comm. us | "
-             "speed-up vs 1 GPU single-process | vs 1 rank same variant | overhead vs 1 GPU single-process (us) |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    ratio = lambda ref, r: f"{ref['us_per_it'] / r['us_per_it']:.2f}x" if ref else "-"  # noqa: E731
+    if weak:
+        head = "weak-scaling efficiency vs 1 GPU same variant |"
+    else:
+        head = ("speed-up vs 1 GPU single-process | vs 1 rank same variant | "
+                "overhead vs 1 GPU single-process (us) |")
+    lines = ["| grid | n | GPUs | variant | us / iteration | compute us | comm. us | " + head,
+             "|---" * (7 + head.count("|")) + "|"]
     for r in sorted(rows, key=lambda r: (r["size"], r["gpus"], r["variant"])):
-        ref, one = find(r["size"], 1, "single-process while"), find(r["size"], 1, r["variant"])
-        speed = f"{ref['us_per_it'] / r['us_per_it']:.2f}x" if ref else "-"
-        vs_one = f"{one['us_per_it'] / r['us_per_it']:.2f}x" if one and r["gpus"] > 1 else "-"
-        over = fmt(r["us_per_it"] - ref["us_per_it"]) if ref and r is not ref else "-"
-        lines.append(f"| {r['size']}^3 | {r['n']:,} | {r['gpus']} | {r['variant']} | {r['us_per_it']:.1f} | "
-                     f"{fmt(r['compute_us'])} | {fmt(r['comm_us'])} | {speed} | {vs_one} | {over} |")
+        cells = [f"{r['size']}^3", f"{r['n']:,}", str(r["gpus"]), r["variant"], f"{r['us_per_it']:.1f}",
+                 fmt(r["compute_us"]), fmt(r["comm_us"])]
+        if weak:
+            cells.append(ratio(find(1, r["variant"]), r))
+        else:
+            ref, one = find(1, "single-process while", r["size"]), find(1, r["variant"], r["size"])
+            cells += [ratio(ref, r), ratio(one, r) if r["gpus"] > 1 else "-",
+                      fmt(r["us_per_it"] - ref["us_per_it"]) if ref and r is not ref else "-"]
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -135,9 +148,6 @@ def main():
 
     if args.weak:
         jobs = [(g, round((args.weak * g) ** (1 / 3))) for g in args.gpus]
-        for g, size in jobs:  # the 1-GPU reference of each weak-scaling size
-            if g > 1 and 1 in args.gpus:
-                jobs.append((1, size))
     else:
         jobs = [(g, s) for s in sorted(set(args.small + args.sizes)) for g in args.gpus]
     stamp = datetime.datetime.now(datetime.timezone.utc)
@@ -153,7 +163,7 @@ def main():
         text = (f"# Distributed PCG, 3D Poisson (7-point), Jacobi, float64\n\n"
                 f"{stamp:%Y-%m-%d %H:%M} UTC, {rows[0]['device']}, {args.iterations} iterations per timing "
                 f"(best of {args.repeats}), host status read every {args.check_every} iterations.\n\n"
-                + table(rows) + "\n")
+                + table(rows, bool(args.weak)) + "\n")
         (out / f"{name}.md").write_text(text)
         (out / f"{name}.json").write_text(json.dumps(rows, indent=1))
     if not rows:

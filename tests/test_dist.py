@@ -259,3 +259,30 @@ def test_launcher_mismatch_is_reported():
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert "Open MPI announced 2 ranks but MPI sees 1" in proc.stderr
+
+
+def test_mpiexec_command_knows_open_mpi(tmp_path):
+    fake = tmp_path / "mpirun"
+    fake.write_text("#!/bin/sh\necho 'mpirun (Open MPI) 4.1.6'\n")
+    fake.chmod(0o755)
+    cmd = launch.mpiexec_command(2, {"PYTHONPATH": ".", "NCCL_NVLS_ENABLE": "0"}, str(fake))
+    assert cmd[:3] == [str(fake), "--allow-run-as-root", "--oversubscribe"] and cmd[-2:] == ["-n", "2"]
+    assert cmd[3:-2] == ["-x", "PYTHONPATH", "-x", "NCCL_NVLS_ENABLE"]
+    fake.write_text("#!/bin/sh\necho 'HYDRA build details:'\n")
+    assert launch.mpiexec_command(3, {}, str(fake)) == [str(fake), "-n", "3"]
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("scaling", [["--sizes", "10", "--small"], ["--weak", "500"]])
+def test_benchmark_script_runs_on_cpu_ranks(tmp_path, scaling):
+    _mpi_command(1, os.environ)  # skip (or fail) without MPI, like the other launches
+    proc = subprocess.run([sys.executable, "scripts/bench_dist.py", "--gpus", "1", "2", *scaling,
+                           "--iterations", "10", "--repeats", "1", "--device", "cpu", "--out", str(tmp_path)],
+                          cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
+                          timeout=TIMEOUT)
+    assert proc.returncode == 0, proc.stderr
+    table = next(tmp_path.glob("bench_dist_*.md")).read_text()
+    rows = [line for line in table.splitlines() if line.startswith("| ") and "^3" in line]
+    assert len(rows) == 5  # 1 rank: both variants and the single-process solver; 2 ranks: both variants
+    assert {"classic", "single-reduction"} <= {r.split(" | ")[3] for r in rows}
+    assert ("efficiency" in table) == ("--weak" in scaling)
