@@ -3,7 +3,10 @@
 // the loader; energies and virials are always accumulated in double.
 //
 // A step is three graph nodes:  md_integrate1 -> IF rebuild [md_cell_clear, md_cell_bin,
-// md_cell_sort, md_neigh_build] -> md_force.
+// (md_cell_scan), md_cell_sort, md_neigh_build] -> md_force.
+// The list and force kernels work on lane groups g = 0..n-1, each for particle
+// i = order[g] (cell order, so neighbouring groups share neighbours and loads hit the cache)
+// or i = g (by_cell == 0). The neighbour list and its counts are indexed by g.
 // The control block ctl (unsigned long long[CTL_SIZE]) carries everything the host and
 // the kernels share. The last block to finish md_integrate1 counts the step and sets the IF
 // node; the last block of md_force records why the chunk stops, sets the WHILE node and, at
@@ -167,11 +170,40 @@ extern "C" __global__ void md_cell_bin(const vec4 *__restrict__ src, vec4 *__res
     else atomicMax(&ctl[C_CELLMAX], (u64)slot + 1);
 }
 
+// One block: cell_start[c] = particles in cells before c (exclusive prefix sum), so that
+// md_cell_sort can lay all particles out in cell order without gaps.
+#define SCAN_THREADS 1024
+extern "C" __global__ void __launch_bounds__(SCAN_THREADS)
+md_cell_scan(const int *__restrict__ cell_count, int *__restrict__ cell_start, int cap, int ncells,
+             const u64 *ctl) {
+    __shared__ int part[SCAN_THREADS];
+    if (!ctl[C_REBUILD]) return;
+    int per = (ncells + SCAN_THREADS - 1) / SCAN_THREADS;
+    int lo = min((int)threadIdx.x * per, ncells), hi = min(lo + per, ncells);
+    int sum = 0;
+    for (int c = lo; c < hi; ++c) sum += min(cell_count[c], cap);
+    part[threadIdx.x] = sum;
+    __syncthreads();
+    for (int off = 1; off < SCAN_THREADS; off <<= 1) {  // inclusive scan (Hillis-Steele)
+        int v = threadIdx.x >= off ? part[threadIdx.x - off] : 0;
+        __syncthreads();
+        part[threadIdx.x] += v;
+        __syncthreads();
+    }
+    int run = threadIdx.x ? part[threadIdx.x - 1] : 0;
+    for (int c = lo; c < hi; ++c) {
+        cell_start[c] = run;
+        run += min(cell_count[c], cap);
+    }
+}
+
 // One thread per (cell, slot): put each particle at its rank by index within its cell,
-// with a copy of its build position next to it. Atomics fill cells in a racy order; a
-// deterministic list order makes force sums, hence whole runs, reproducible bit for bit.
+// with a copy of its build position next to it, and (by_cell) at cell_start + rank in
+// order. Atomics fill cells in a racy order; a deterministic list order makes force sums,
+// hence whole runs, reproducible bit for bit.
 extern "C" __global__ void md_cell_sort(const int *__restrict__ cell_count, const int *__restrict__ cell_atoms,
                                         int *__restrict__ cell_sorted, vec4 *__restrict__ cell_pos,
+                                        const int *__restrict__ cell_start, int *__restrict__ order, int by_cell,
                                         const vec4 *__restrict__ hold, int cap, int ncells, const u64 *ctl) {
     if (!ctl[C_REBUILD]) return;
     long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
@@ -184,33 +216,36 @@ extern "C" __global__ void md_cell_sort(const int *__restrict__ cell_count, cons
     for (int k = 0; k < m; ++k) rank += a[k] < v;
     cell_sorted[(long long)c * cap + rank] = v;
     cell_pos[(long long)c * cap + rank] = hold[v];
+    if (by_cell) order[cell_start[c] + rank] = v;
 }
 
-// Slot s of particle i's neighbour list. Lanes of a particle read consecutive slots and
-// neighbouring particles' slots follow, so every warp load in md_force is contiguous.
-__device__ __forceinline__ long long nlist_index(int i, int s, int n, int tpp) {
-    return ((long long)(s / tpp) * n + i) * tpp + (s % tpp);
+// Slot s of group g's neighbour list. Lanes of a group read consecutive slots and
+// neighbouring groups' slots follow, so every warp load in md_force is contiguous.
+__device__ __forceinline__ long long nlist_index(int g, int s, int n, int tpp) {
+    return ((long long)(s / tpp) * n + g) * tpp + (s % tpp);
 }
 
 // Full Verlet list from the build positions, tpp lanes per particle. Candidates are taken
 // in a fixed order (cells of the stencil, then rank in the cell) and appended in that
-// order through a ballot, so the list does not depend on scheduling.
+// order through a ballot, so a particle's list does not depend on scheduling or on by_cell.
 extern "C" __global__ void __launch_bounds__(MD_BLOCK)
 md_neigh_build(const vec4 *__restrict__ hold, const int *__restrict__ cell_count,
                const int *__restrict__ cell_sorted, const vec4 *__restrict__ cell_pos, int cap,
+               const int *__restrict__ order, int by_cell,
                int *__restrict__ nlist, int *__restrict__ ncount, int maxnb, u64 *ctl, int n, int tpp,
                int nx, int ny, int nz, real_t sx, real_t sy, real_t sz,
                real_t lx, real_t ly, real_t lz, real_t rlist_sq) {
     if (!ctl[C_REBUILD]) return;
     int t = blockIdx.x * blockDim.x + threadIdx.x;
-    int i = t / tpp, lane = t & (tpp - 1);
-    if (i >= n) return;  // whole groups of lanes leave together
-    if (ctl[C_CELLMAX]) {  // cells overflowed: the host enlarges them and redoes the chunk
-        if (lane == 0) ncount[i] = 0;
+    int g = t / tpp, lane = t & (tpp - 1);
+    if (g >= n) return;  // whole groups of lanes leave together
+    if (ctl[C_CELLMAX]) {  // cells overflowed (order is incomplete): the host redoes the chunk
+        if (lane == 0) ncount[g] = 0;
         return;
     }
-    unsigned gmask = group_mask(tpp, (threadIdx.x & 31) & ~(tpp - 1));
+    int i = by_cell ? order[g] : g;
     int base = (threadIdx.x & 31) & ~(tpp - 1);
+    unsigned gmask = group_mask(tpp, base);
     vec4 p = hold[i];
     int cx = cell_coord(p.x, sx, nx), cy = cell_coord(p.y, sy, ny), cz = cell_coord(p.z, sz, nz);
     real_t ix = (real_t)1 / lx, iy = (real_t)1 / ly, iz = (real_t)1 / lz;
@@ -241,7 +276,7 @@ md_neigh_build(const vec4 *__restrict__ hold, const int *__restrict__ cell_count
                     unsigned bits = __ballot_sync(gmask, hit) >> base;
                     if (hit) {
                         int slot = cnt + __popc(bits & ((1u << lane) - 1u));
-                        if (slot < maxnb) nlist[nlist_index(i, slot, n, tpp)] = j;
+                        if (slot < maxnb) nlist[nlist_index(g, slot, n, tpp)] = j;
                     }
                     cnt += __popc(bits);
                 }
@@ -249,7 +284,7 @@ md_neigh_build(const vec4 *__restrict__ hold, const int *__restrict__ cell_count
         }
     }
     if (lane == 0) {
-        ncount[i] = min(cnt, maxnb);
+        ncount[g] = min(cnt, maxnb);
         if (cnt > maxnb) atomicMax(&ctl[C_NBMAX], (u64)cnt);
     }
 }
@@ -262,8 +297,8 @@ md_neigh_build(const vec4 *__restrict__ hold, const int *__restrict__ cell_count
 extern "C" __global__ void __launch_bounds__(MD_BLOCK)
 md_force(const vec4 *__restrict__ pos, vec4 *__restrict__ vel, vec4 *__restrict__ frc,
          double *__restrict__ pe, double *__restrict__ vir, double *partial, double *thermo,
-         const int *__restrict__ nlist, const int *__restrict__ ncount, const long long *__restrict__ ids,
-         u64 *ctl, int n, int tpp, real_t lx, real_t ly, real_t lz,
+         const int *__restrict__ nlist, const int *__restrict__ ncount, const int *__restrict__ order,
+         int by_cell, const long long *__restrict__ ids, u64 *ctl, int n, int tpp, real_t lx, real_t ly, real_t lz,
          real_t rc_sq, real_t sigma_sq, real_t eps4, real_t eps24, double eshift,
          real_t half_dt_m, double mass, int setup, int langevin, double gamma_m, double noise,
          unsigned seed_lo, unsigned seed_hi, u64 while_handle) {
@@ -272,18 +307,19 @@ md_force(const vec4 *__restrict__ pos, vec4 *__restrict__ vel, vec4 *__restrict_
     if (!setup && (ctl[C_STATUS] != ST_RUNNING || ctl[C_FORCED] == step)) return;  // past the stop
     bool reduce = setup || step >= ctl[C_TARGET];
     int t = blockIdx.x * blockDim.x + threadIdx.x;
-    int i = t / tpp, lane = t & (tpp - 1);
+    int g = t / tpp, lane = t & (tpp - 1);
     int base = (threadIdx.x & 31) & ~(tpp - 1);
     unsigned gmask = group_mask(tpp, base);
-    bool active = i < n;
+    bool active = g < n;
+    int i = active ? (by_cell ? order[g] : g) : 0;
     real_t fx = 0, fy = 0, fz = 0;
     double e = 0.0, w = 0.0;
     if (active) {
         vec4 p = pos[i];
         real_t ix = (real_t)1 / lx, iy = (real_t)1 / ly, iz = (real_t)1 / lz;
-        int m = ncount[i];
+        int m = ncount[g];
         long long stride = (long long)n * tpp;
-        const int *slot = nlist + (long long)i * tpp + lane;
+        const int *slot = nlist + (long long)g * tpp + lane;
         for (int k = lane; k < m; k += tpp, slot += stride) {
             vec4 q = pos[*slot];
             real_t dx = min_image(q.x - p.x, lx, ix);

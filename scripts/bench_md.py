@@ -31,9 +31,10 @@ def cells_for(n):
     return c
 
 
-def time_graphsolve(state, mode, precision, seconds, tpp=None):
+def time_graphsolve(state, mode, precision, seconds, tpp=None, by_cell=False):
     sim = Simulation(state, LennardJones(rc=RC), VelocityVerlet(DT), skin=SKIN, device="gpu", mode=mode,
                      precision=precision, threads_per_particle=tpp)
+    sim._backend.build_by_cell = by_cell  # before the first capture
     sim.run(100)  # includes the capture
     rate = 100 / sim.run(100)
     steps = int(min(max(rate * seconds, 100), 20000))
@@ -82,9 +83,13 @@ def main(argv=None):
     p.add_argument("--sizes", type=int, nargs="+", default=[4000, 32000, 256000, 1048576])
     p.add_argument("--modes", nargs="+", default=["while", "graph", "eager"])
     p.add_argument("--precisions", nargs="+", default=["mixed", "double"])
-    p.add_argument("--openmm-precisions", nargs="+", default=["single", "mixed"])
+    p.add_argument("--openmm-precisions", nargs="*", default=["single", "mixed"],
+                   help="OpenMM CUDA precisions to time (none: skip OpenMM)")
     p.add_argument("--seconds", type=float, default=1.0, help="target time per measurement")
     p.add_argument("--tpp", type=int, help="graphsolve lanes per particle (default: chosen from N)")
+    p.add_argument("--sweep", action="store_true",
+                   help="also time while/mixed with half and twice the default lanes per particle, "
+                        "and with the list built in cell order")
     p.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
     args = p.parse_args(argv)
 
@@ -107,6 +112,15 @@ def main(argv=None):
                 sps, steps, e = time_graphsolve(state, mode, precision, args.seconds, args.tpp)
                 results.append((f"graphsolve {mode}", precision, sps, steps, e))
                 print(f"N={n} graphsolve {mode} {precision}: {sps:.1f} steps/s", flush=True)
+        if args.sweep:
+            from solvers.md.gpu import threads_per_particle
+            base = threads_per_particle(n)
+            for tpp in sorted({max(base // 2, 1), base, min(base * 2, 32)}):
+                for by_cell in (False, True):
+                    sps, steps, e = time_graphsolve(state, "while", "mixed", args.seconds, tpp, by_cell)
+                    name = f"graphsolve while, tpp {tpp}{', list in cell order' if by_cell else ''}"
+                    results.append((name, "mixed", sps, steps, e))
+                    print(f"N={n} {name}: {sps:.1f} steps/s", flush=True)
         omm = {}
         if openmm is not None:
             for precision in args.openmm_precisions:

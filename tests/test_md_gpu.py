@@ -66,15 +66,17 @@ def test_matches_cpu_with_langevin():
 REFERENCE_KEYS = ("Temp", "E_pair", "TotEng", "Press")
 
 
-@pytest.mark.parametrize("mode", ["graph", "while"])
-def test_list_overflow_redoes_the_chunk(lj_state, mode):
+@pytest.mark.parametrize("mode, by_cell", [("graph", False), ("while", False), ("while", True)])
+def test_list_overflow_redoes_the_chunk(lj_state, mode, by_cell):
     i, j = build_pairs(lj_state.positions, lj_state.box, 2.8)
     exact = int(np.bincount(np.concatenate([i, j])).max())  # perfect lattice: every particle the same
     ref = Simulation(lj_state, LennardJones(), VelocityVerlet(), device="gpu", mode=mode, precision="double")
+    ref._backend.build_by_cell = by_cell
     ref.run(60, thermo_every=20)
     for capacity in (exact, 4):  # overflows in the run / already at setup
         sim = Simulation(lj_state, LennardJones(), VelocityVerlet(), device="gpu", mode=mode, precision="double",
                          neighbor_capacity=capacity)
+        sim._backend.build_by_cell = by_cell
         sim.run(60, thermo_every=20)
         assert sim._backend.regrows >= 1 and sim._backend.maxnb > exact
         np.testing.assert_array_equal(host(sim.positions), host(ref.positions))
@@ -134,3 +136,18 @@ def test_lanes_per_particle_change_only_rounding():
         sums.append([sim.thermo[k] for k in REFERENCE_KEYS] + [sim.neighbor_builds])
     np.testing.assert_allclose(sums[1], sums[0], rtol=1e-10)
     np.testing.assert_allclose(sums[2], sums[0], rtol=1e-10)
+
+
+@pytest.mark.parametrize("tpp", [1, 32])
+def test_list_built_in_cell_order_is_the_same(tpp):
+    out = []
+    for by_cell in (False, True):
+        sim = Simulation(lattice_state(cells=(8, 8, 8)), LennardJones(), Langevin(0.005, 1.0, 0.5, seed=4),
+                         device="gpu", mode="while", threads_per_particle=tpp)
+        sim._backend.build_by_cell = by_cell
+        sim.run(120, thermo_every=60)
+        out.append((host(sim.positions), sim.thermo_log, sim.neighbor_builds))
+    np.testing.assert_array_equal(out[0][0], out[1][0])  # same forces per particle, bit for bit
+    assert out[0][2] == out[1][2] > 5
+    for a, b in zip(out[0][1], out[1][1]):  # thermo sums are added in another order
+        np.testing.assert_allclose([a[k] for k in REFERENCE_KEYS], [b[k] for k in REFERENCE_KEYS], rtol=1e-12)

@@ -20,15 +20,20 @@ C_STEP, C_TARGET, C_REQ, C_REBUILD, C_BUILDS, C_STATUS, C_NBMAX, C_CELLMAX, C_BA
 CTL_SIZE = 16
 ST_RUNNING, ST_DONE, ST_OVERFLOW, ST_UNSTABLE = range(4)
 BLOCK = 128
-# Force and list kernels use several lanes per particle on small systems, so that enough
-# threads are in flight to hide memory latency; about this many threads in all.
-_THREADS_WANTED = 1 << 17
-_KERNELS = ("md_integrate1", "md_cell_clear", "md_cell_bin", "md_cell_sort", "md_neigh_build", "md_force")
+# Force and list kernels use several lanes per particle: on small systems enough for about
+# _THREADS_WANTED threads in all (to hide memory latency), on large ones 2 (twice the list
+# build's loads in flight). Both choices, and cell order from _CELL_ORDER_MIN particles on,
+# come from the H200 sweep in scripts/results/md_2026-11-30_NVIDIA-H200.md.
+_THREADS_WANTED = 120_000
+_CELL_ORDER_MIN = 20_000
+_KERNELS = ("md_integrate1", "md_cell_clear", "md_cell_bin", "md_cell_scan", "md_cell_sort", "md_neigh_build",
+            "md_force")
+SCAN_THREADS = 1024
 
 
 def threads_per_particle(n):
-    """Lanes per particle in the force and list kernels: a power of 2 from 1 to 32."""
-    tpp = 1
+    """Lanes per particle in the force and list kernels: a power of 2 from 2 to 32."""
+    tpp = 2
     while tpp < 32 and n * tpp < _THREADS_WANTED:
         tpp *= 2
     return tpp
@@ -90,6 +95,9 @@ class GpuBackend:
             raise ValueError(f"tpp must be a power of 2 from 1 to 32, got {tpp}")
         self._grid = (self.n + BLOCK - 1) // BLOCK
         self._grid_tpp = (self.n * self.tpp + BLOCK - 1) // BLOCK
+        # Lane groups of the list and force kernels take particles in cell order (neighbouring
+        # groups share neighbours) or in index order; the results are the same.
+        self.build_by_cell = self.n >= _CELL_ORDER_MIN
         self._set_scalars(state.box, skin, forcefield, integrator)
         density = self.n / state.volume
         self.maxnb = int(neighbor_capacity or 1.3 * density * 4.0 / 3.0 * np.pi * self.rlist ** 3 + 16)
@@ -150,6 +158,8 @@ class GpuBackend:
         self.cell_atoms = cp.zeros(ncells * self.cellcap, np.int32)
         self.cell_sorted = cp.zeros(ncells * self.cellcap, np.int32)
         self.cell_pos = cp.zeros((ncells * self.cellcap, 4), self.real)
+        self.cell_start = cp.zeros(ncells, np.int32)
+        self.order = cp.arange(self.n, dtype=np.int32)
         self.nlist = cp.zeros(self.maxnb * self.n, np.int32)
         self.ncount = cp.zeros(self.n, np.int32)
 
@@ -171,18 +181,23 @@ class GpuBackend:
         k["md_cell_bin"]((self._grid,), (BLOCK,),
                          (src, self.hold, self.cell_count, self.cell_atoms, np.int32(self.cellcap), self.ctl, n,
                           *self._ncell, *self._per_len, np.int32(copy)))
+        by_cell = np.int32(self.build_by_cell)
+        if by_cell:
+            k["md_cell_scan"]((1,), (SCAN_THREADS,),
+                              (self.cell_count, self.cell_start, np.int32(self.cellcap), ncells, self.ctl))
         k["md_cell_sort"](((int(ncells) * self.cellcap + BLOCK - 1) // BLOCK,), (BLOCK,),
-                          (self.cell_count, self.cell_atoms, self.cell_sorted, self.cell_pos, self.hold,
-                           np.int32(self.cellcap), ncells, self.ctl))
+                          (self.cell_count, self.cell_atoms, self.cell_sorted, self.cell_pos, self.cell_start,
+                           self.order, by_cell, self.hold, np.int32(self.cellcap), ncells, self.ctl))
         k["md_neigh_build"]((self._grid_tpp,), (BLOCK,),
                             (self.hold, self.cell_count, self.cell_sorted, self.cell_pos, np.int32(self.cellcap),
-                             self.nlist, self.ncount, np.int32(self.maxnb), self.ctl, n, np.int32(self.tpp),
-                             *self._ncell, *self._per_len, *self._box, self._rlist_sq))
+                             self.order, by_cell, self.nlist, self.ncount, np.int32(self.maxnb), self.ctl, n,
+                             np.int32(self.tpp), *self._ncell, *self._per_len, *self._box, self._rlist_sq))
 
     def _launch_force(self, while_handle, setup=False):
         self._k["md_force"]((self._grid_tpp,), (BLOCK,),
                             (self.x, self.v, self.f, self.pe, self.vir, self.partial, self.thermo, self.nlist,
-                             self.ncount, self.ids, self.ctl, np.int32(self.n), np.int32(self.tpp), *self._box,
+                             self.ncount, self.order, np.int32(self.build_by_cell), self.ids, self.ctl,
+                             np.int32(self.n), np.int32(self.tpp), *self._box,
                              *self._lj, self._half_dt_m, np.float64(self.mass), np.int32(setup), *self._langevin,
                              np.uint64(while_handle)))
 
