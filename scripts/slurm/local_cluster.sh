@@ -72,7 +72,7 @@ free_port() {
 pid_alive() { [ -s "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
 
 write_conf() {
-    local host cpus mem ctld_port slurmd_port gpus gres_line=""
+    local host cpus mem ctld_port slurmd_port gpus first_job_id gres_line=""
     host="$(hostname -s)"
     cpus="${GS_SLURM_CPUS:-$(nproc)}"
     # RealMemory in MB, a little under the total so slurmd never drains the node
@@ -82,6 +82,7 @@ write_conf() {
     slurmd_port="${GS_SLURMD_PORT:-$(free_port)}"
     while [ "$slurmd_port" = "$ctld_port" ]; do slurmd_port="$(free_port)"; done
     gpus="${GS_SLURM_GPUS:-0}"
+    first_job_id="${GS_SLURM_FIRST_JOB_ID:-$((1000 + RANDOM * 30 + RANDOM % 30))}"
 
     mkdir -p "$DIR"/{state,spool,log,run,munge,gres}
     # The socket folder must be searchable by everyone or munged warns.
@@ -108,6 +109,11 @@ write_conf() {
     cat >"$CONF" <<EOF
 # Written by scripts/slurm/local_cluster.sh: one node, everything under $DIR
 ClusterName=graphsolve-local
+# Job ids start at a random value: MPICH names its shared-memory segment
+# (/dev/shm/mpich_shm_*) after the PMI job id "<job>.<step>", and a segment
+# left behind by an aborted job of an earlier cluster breaks MPI_Init of a new
+# job with the same id ("Message truncated" / "comm_addr_exchange").
+FirstJobId=$first_job_id
 SlurmctldHost=$host(127.0.0.1)
 SlurmctldPort=$ctld_port
 SlurmdPort=$slurmd_port
