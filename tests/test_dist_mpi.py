@@ -23,7 +23,7 @@ from solvers.dist import DistributedPCG  # noqa: E402
 from solvers.dist.comm import RankError, agree  # noqa: E402
 from solvers.dist.partition import nnz_bounds, split_rows  # noqa: E402
 from solvers.dist.problem import poisson_distributed, read_distributed  # noqa: E402
-from solvers.errors import InputError  # noqa: E402
+from solvers.errors import DeviceError, InputError  # noqa: E402
 from solvers.gallery import poisson  # noqa: E402
 from solvers.pcg import PCG, Reason  # noqa: E402
 from solvers.pcg.problem import load_problem  # noqa: E402
@@ -361,3 +361,20 @@ def test_gpu_driver_logic_on_host(monkeypatch, variant, matrix):
     assert with_guess.iterations == ref0.iterations
     assert global_max(np.abs(with_guess.x.get() - ref0.x[lo:hi]).max()) < 1e-8
     assert "ELL_WIDTH" in driver.device_layouts[-1]
+
+
+def test_out_of_device_memory_on_one_rank_stops_all(monkeypatch):
+    import solvers.dist.gpu as gpu
+    driver = _host_driver()
+
+    class Exhausted(driver):
+        def _allocate_buffers(self, inverse_diagonal):
+            if COMM.rank == COMM.size - 1:
+                raise MemoryError("cudaMalloc failed")  # the fake device's OutOfMemoryError
+            super()._allocate_buffers(inverse_diagonal)
+
+    monkeypatch.setattr(gpu, "DistGPUPCG", Exhausted)
+    monkeypatch.setattr(DistributedPCG, "_choose_device", lambda self, device: ("gpu", None))
+    rows, bounds = split_evenly(poisson((10, 10)))
+    with pytest.raises(DeviceError, match=f"rank {COMM.size - 1}: out of GPU memory"):
+        DistributedPCG(rows, bounds, COMM, device="gpu")
