@@ -286,3 +286,13 @@ def test_benchmark_script_runs_on_cpu_ranks(tmp_path, scaling):
     assert len(rows) == 5  # 1 rank: both variants and the single-process solver; 2 ranks: both variants
     assert {"classic", "single-reduction"} <= {r.split(" | ")[3] for r in rows}
     assert ("efficiency" in table) == ("--weak" in scaling)
+
+
+@pytest.mark.mpi
+def test_input_error_on_one_rank_outside_set_up_aborts():
+    code = ("from mpi4py import MPI\nfrom solvers.dist.comm import abort_on_error\nfrom solvers.errors import InputError\n"
+            "comm = MPI.COMM_WORLD\nwith abort_on_error(comm):\n    if comm.rank == 1:\n"
+            "        raise InputError('only here')\n    comm.barrier()\nprint('finished')\n")
+    proc = run_mpi(2, "-c", code, timeout=60)
+    assert proc.returncode != 0 and "finished" not in proc.stdout
+    assert "error: rank 1: InputError: only here" in proc.stderr

@@ -67,19 +67,23 @@ def agree(comm, fn, *args, **kwargs):
     if len(failed) < comm.Get_size() or len(set(f for _, f in failed)) > 1:
         message = f"rank {first_rank}: {message}"
     known = {"InputError": InputError, "DeviceError": DeviceError}
-    if name in known:
-        raise known[name](message)
-    raise RankError(f"{name}: {message}")
+    error = known[name](message) if name in known else RankError(f"{name}: {message}")
+    error.agreed = True  # raised on every rank: see abort_on_error
+    raise error
 
 
 @contextlib.contextmanager
 def abort_on_error(comm, code=1):
-    """Turn an unexpected exception on one rank into ``MPI_Abort`` of the whole job."""
+    """Turn an exception on one rank into ``MPI_Abort`` of the whole job.
+
+    Errors raised by :func:`agree` pass through: every rank has them, and a
+    normal exit follows.
+    """
     try:
         yield
-    except (InputError, DeviceError, RankError):
-        raise  # already agreed by every rank: a normal exit follows
     except Exception as exc:
+        if getattr(exc, "agreed", False):
+            raise
         print(f"error: rank {comm.Get_rank()}: {type(exc).__name__}: {_first_line(exc)}",
               file=sys.stderr, flush=True)
         comm.Abort(code)
