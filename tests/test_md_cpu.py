@@ -111,10 +111,21 @@ def test_dumps_round_trip(tmp_path):
     back = read_dump(str(tmp_path / "t.lammpstrj.gz"))  # first frame: step 0
     assert back.step == 0 and back.n == 108
     lines = (tmp_path / "t.xyz").read_text().splitlines()
-    assert lines[0] == "108" and 'Lattice="' in lines[1] and "Properties=species:S:1:pos:R:3:vel:R:3" in lines[1]
+    assert lines[0] == "108" and "Properties=species:S:1:pos:R:3:vel:R:3" in lines[1]
+    lattice = [float(v) for v in lines[1].split('Lattice="')[1].split('"')[0].split()]
+    assert lattice == [sim.state.box[0], 0, 0, 0, sim.state.box[1], 0, 0, 0, sim.state.box[2]]
     assert len(lines) == 3 * 110
     last = np.loadtxt(lines[-108:], usecols=(1, 2, 3))
     np.testing.assert_allclose(last, sim.positions, rtol=0, atol=1e-12)
+
+
+def test_extxyz_read_by_ase(tmp_path):
+    ase_io = pytest.importorskip("ase.io")
+    assert main(["--cells", "3", "3", "3", "--steps", "10", "--device", "cpu", "--dump", str(tmp_path / "t.xyz"),
+                 "--dump-every", "5"]) == 0
+    frames = ase_io.read(str(tmp_path / "t.xyz"), index=":")
+    assert len(frames) == 3 and frames[-1].info["Step"] == 10 and all(frames[-1].pbc)
+    assert frames[-1].arrays["vel"].shape == (108, 3)
 
 
 def test_blowup_is_an_error_not_nan():
@@ -173,7 +184,8 @@ def test_cli_lammps_log_and_resume(tmp_path, capsys):
     resumed = capsys.readouterr().out.splitlines()
     # Parse like a LAMMPS log reader: from the "Step" header to "Loop time".
     def table(lines):
-        start = next(k for k, l in enumerate(lines) if l.split()[:5] == ["Step", "Temp", "E_pair", "TotEng", "Press"])
+        start = next(k for k, l in enumerate(lines) if l.startswith("Step ")
+                     and l.split()[:5] == ["Step", "Temp", "E_pair", "TotEng", "Press"])
         stop = next(k for k, l in enumerate(lines) if l.startswith("Loop time"))
         return {int(l.split()[0]): l for l in lines[start + 1:stop]}
     t_full, t_res = table(full), table(resumed)

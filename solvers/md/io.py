@@ -32,12 +32,12 @@ class DumpWriter:
         """Write one frame of ``state`` (a :class:`State`) at ``step`` / ``time``."""
         x = state.positions + state.origin
         data = np.column_stack([x, state.velocities])
-        lx, ly, lz = state.box
+        lx, ly, lz = (f"{b:.17g}" for b in state.box)
         if self.xyz:
-            o = state.origin
+            o = " ".join(f"{c:.17g}" for c in state.origin)
             self._f.write(f"{state.n}\n")
-            self._f.write(f'Lattice="{lx!r} 0.0 0.0 0.0 {ly!r} 0.0 0.0 0.0 {lz!r}" Origin="{o[0]!r} {o[1]!r} {o[2]!r}" '
-                          f'Properties=species:S:1:pos:R:3:vel:R:3:id:I:1 Step={step} Time={time!r} pbc="T T T"\n')
+            self._f.write(f'Lattice="{lx} 0 0 0 {ly} 0 0 0 {lz}" Origin="{o}" '
+                          f'Properties=species:S:1:pos:R:3:vel:R:3:id:I:1 Step={step} Time={time:.17g} pbc="T T T"\n')
             rows = np.column_stack([data, state.ids])
             np.savetxt(self._f, rows, fmt=["X %.17g"] + ["%.17g"] * 5 + ["%d"])
         else:

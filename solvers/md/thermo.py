@@ -49,12 +49,13 @@ def thermo_row(step, n, volume, mv2, pe, virial):
 
 def header():
     """The LAMMPS-style thermo header line."""
-    return " ".join(f"{c:>16}" if c != "Step" else f"{c:>10}" for c in COLUMNS)
+    # "Step" starts the line: log readers look for a line beginning with it.
+    return " ".join(f"{c:>16}" if c != "Step" else f"{c:<10}" for c in COLUMNS)
 
 
 def format_row(row):
     """A thermo line, 10 significant digits per value."""
-    return " ".join(f"{row[c]:>10d}" if c == "Step" else f"{row[c]:>16.10g}" for c in COLUMNS)
+    return " ".join(f"{row[c]:<10d}" if c == "Step" else f"{row[c]:>16.10g}" for c in COLUMNS)
 
 
 def as_arrays(rows):
