@@ -46,7 +46,7 @@ def _unavailable():
     missing = [b for b in BINARIES if _which(b) is None]
     if missing:
         return (f"Slurm/munge binaries not installed (missing: {', '.join(missing)}); "
-                "run scripts/slurm/local_cluster.sh install as root")
+                "run bash scripts/ci_slurm.sh (root) to install them")
     try:
         import mpi4py  # noqa: F401
     except ImportError:

@@ -3,6 +3,7 @@
 # the batch scripts without a real cluster.
 #
 #   scripts/slurm/local_cluster.sh install   # apt-get the Debian packages if missing (root)
+#   scripts/slurm/local_cluster.sh check     # exit 1 when a binary is missing
 #   scripts/slurm/local_cluster.sh start     # munged + slurmctld + slurmd, wait for the node
 #   scripts/slurm/local_cluster.sh status    # daemons alive? sinfo
 #   scripts/slurm/local_cluster.sh env       # print the export line for the clients
@@ -31,6 +32,7 @@
 # Runs as root (SlurmUser=root); this is what CI and the test do. The daemons
 # need no systemd, no cgroups (proctrack/linuxproc, task/none).
 set -euo pipefail
+PATH="$PATH:/usr/sbin:/sbin"  # slurmctld, slurmd, munged live in sbin
 
 DIR="${GS_SLURM_DIR:-${TMPDIR:-/tmp}/graphsolve-slurm}"
 CONF="$DIR/slurm.conf"
@@ -51,7 +53,7 @@ have_binaries() {
 cmd_install() {
     # Idempotent: nothing to do when every binary is already on PATH.
     if have_binaries; then
-        log "slurm and munge already installed ($(sbatch --version 2>/dev/null || echo '?'))"
+        log "slurm and munge already installed ($(slurmctld -V 2>/dev/null || echo "?"))"
         return 0
     fi
     [ "$(id -u)" = 0 ] || die "install needs root (apt-get)"
@@ -62,7 +64,7 @@ cmd_install() {
     apt-get update -qq
     apt-get install -y -qq --no-install-recommends "${PACKAGES[@]}" >/dev/null
     have_binaries || die "packages installed but binaries still missing"
-    log "installed $(sbatch --version)"
+    log "installed $(slurmctld -V)"
 }
 
 free_port() {
@@ -291,11 +293,18 @@ cmd_status() {
 
 case "${1:-}" in
     install) cmd_install ;;
+    check)
+        if have_binaries; then
+            echo "slurm and munge installed: $(slurmctld -V)"
+        else
+            echo "slurm/munge binaries missing (need: ${BINARIES[*]})" >&2
+            exit 1
+        fi ;;
     start) cmd_start ;;
     stop) cmd_stop ;;
     status) cmd_status ;;
     env) printf 'export SLURM_CONF=%q\n' "$CONF" ;;
     *)
-        echo "usage: $0 install|start|stop|status|env   (state in GS_SLURM_DIR=$DIR)" >&2
+        echo "usage: $0 install|check|start|stop|status|env   (state in GS_SLURM_DIR=$DIR)" >&2
         exit 2 ;;
 esac

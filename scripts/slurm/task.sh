@@ -12,13 +12,16 @@
 #     a site whose GPUs are not Slurm GRES at all): take entry
 #     SLURM_LOCALID mod G of the visible list (or device SLURM_LOCALID mod
 #     GPUS_PER_NODE when CUDA_VISIBLE_DEVICES is unset), so local rank i gets
-#     the i-th GPU of its node.
+#     the i-th GPU of its node. SLURM_LOCALID is the rank within the node.
 # Set GPU_BIND=none to skip all of this.
 set -euo pipefail
 
-rank="${SLURM_PROCID:-${PMI_RANK:-0}}"
-ntasks="${SLURM_NTASKS:-${PMI_SIZE:-1}}"
-local_id="${SLURM_LOCALID:-0}"
+# Rank, rank count and rank within the node, from srun, else from mpiexec
+# (MPICH's Hydra: PMI_*, MPI_LOCALRANKID; Open MPI: OMPI_COMM_WORLD_*), so the
+# wrapper works the same under `mpiexec -n N scripts/slurm/task.sh python ...`.
+rank="${SLURM_PROCID:-${PMI_RANK:-${OMPI_COMM_WORLD_RANK:-0}}}"
+ntasks="${SLURM_STEP_NUM_TASKS:-${PMI_SIZE:-${OMPI_COMM_WORLD_SIZE:-1}}}"
+local_id="${SLURM_LOCALID:-${MPI_LOCALRANKID:-${OMPI_COMM_WORLD_LOCAL_RANK:-0}}}"
 
 if [ "${DEVICE:-gpu}" != cpu ] && [ "${GPU_BIND:-auto}" != none ]; then
     if [ -n "${CUDA_VISIBLE_DEVICES:-}" ]; then
