@@ -351,15 +351,22 @@ def test_md_sbatch_two_replicas(cluster):
 
 
 def test_bench_sbatch_cpu(cluster):
-    """bench.sbatch's CPU parts: PCG per mode and matrix, MD, and the summary tables."""
-    job = cluster.sbatch(SLURM_SCRIPTS / "bench.sbatch", "--export=ALL,DEVICE=cpu,POISSON=16x16")
+    """bench.sbatch's CPU parts on 2 tasks: PCG per variant and matrix, bench_dist.py through
+    srun steps of 1 and 2 ranks, MD replicas, and the summary tables."""
+    job = cluster.sbatch(SLURM_SCRIPTS / "bench.sbatch", "--ntasks-per-node=2", "--cpus-per-task=1",
+                         "--export=ALL,DEVICE=cpu,POISSON=16x16,BENCH=modes dist md")
     job.assert_ok()
     out = job.out
     results = cluster.jobs / f"bench-{job.id}"
-    assert (results / "pcg_lap2D_5pt_n100_auto.json").exists(), job.describe()
-    assert (results / "pcg_poisson_16x16_auto.json").exists(), job.describe()
+    for name in ("pcg_lap2D_5pt_n100_classic.json", "pcg_poisson_16x16_single-reduction.json"):
+        assert (results / name).exists(), job.describe()
     summary = (results / "summary.md").read_text()
-    assert re.search(r"^\| lap2D_5pt_n100\.mtx \| 10,000 \| 1 \| cpu \|", summary, re.M), summary
-    assert re.search(r"^\| poisson_16x16\.mtx \| 256 \|", summary, re.M), summary
-    assert re.search(r"^\| 5x5x5 \| 500 \| 50 \|", summary, re.M), summary
+    assert re.search(r"^\| lap2D_5pt_n100\.mtx \| 10,000 \| 2 \| cpu \| classic \| \d+ \|", summary, re.M), summary
+    assert re.search(r"^\| poisson_16x16\.mtx \| 256 \| 2 \| cpu \| single-reduction \|", summary, re.M), summary
+    assert len(re.findall(r"^\| 5x5x5 \| 500 \| 50 \|", summary, re.M)) == 2, summary
+    dist_tables = list(results.glob("bench_dist_*.md"))
+    assert len(dist_tables) == 1, job.describe()
+    table = dist_tables[0].read_text()
+    for gpus, variant in ((1, "classic"), (2, "classic"), (2, "single-reduction")):
+        assert re.search(rf"^\| 16\^3 \| 4,096 \| {gpus} \| {variant} \|", table, re.M), table
     assert summary in out and "=== exit status 0" in out, job.describe()
