@@ -33,8 +33,7 @@ def cells_for(n):
 
 def time_graphsolve(state, mode, precision, seconds, tpp=None, by_cell=False):
     sim = Simulation(state, LennardJones(rc=RC), VelocityVerlet(DT), skin=SKIN, device="gpu", mode=mode,
-                     precision=precision, threads_per_particle=tpp)
-    sim._backend.build_by_cell = by_cell  # before the first capture
+                     precision=precision, threads_per_particle=tpp, cell_order=by_cell)
     sim.run(100)  # includes the capture
     rate = 100 / sim.run(100)
     steps = int(min(max(rate * seconds, 100), 20000))

@@ -34,5 +34,5 @@ def test_cli_on_two_gpus(tmp_path, variant):
 def test_two_ranks_on_one_gpu_is_refused():
     proc = run_mpi(2, "-m", "solvers.pcg", "--matrix", EXAMPLE, "--device", "gpu",
                    env={"CUDA_VISIBLE_DEVICES": os.environ.get("GRAPHSOLVE_ONE_GPU", "0")}, timeout=120)
-    assert proc.returncode == 2
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-4000:]
     assert proc.stderr.count("share the GPU") == 1, proc.stderr

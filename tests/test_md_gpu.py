@@ -70,13 +70,12 @@ REFERENCE_KEYS = ("Temp", "E_pair", "TotEng", "Press")
 def test_list_overflow_redoes_the_chunk(lj_state, mode, by_cell):
     i, j = build_pairs(lj_state.positions, lj_state.box, 2.8)
     exact = int(np.bincount(np.concatenate([i, j])).max())  # perfect lattice: every particle the same
-    ref = Simulation(lj_state, LennardJones(), VelocityVerlet(), device="gpu", mode=mode, precision="double")
-    ref._backend.build_by_cell = by_cell
+    ref = Simulation(lj_state, LennardJones(), VelocityVerlet(), device="gpu", mode=mode, precision="double",
+                     cell_order=by_cell)
     ref.run(60, thermo_every=20)
     for capacity in (exact, 4):  # overflows in the run / already at setup
         sim = Simulation(lj_state, LennardJones(), VelocityVerlet(), device="gpu", mode=mode, precision="double",
-                         neighbor_capacity=capacity)
-        sim._backend.build_by_cell = by_cell
+                         neighbor_capacity=capacity, cell_order=by_cell)
         sim.run(60, thermo_every=20)
         assert sim._backend.regrows >= 1 and sim._backend.maxnb > exact
         np.testing.assert_array_equal(host(sim.positions), host(ref.positions))
@@ -143,8 +142,7 @@ def test_list_built_in_cell_order_is_the_same(tpp):
     out = []
     for by_cell in (False, True):
         sim = Simulation(lattice_state(cells=(8, 8, 8)), LennardJones(), Langevin(0.005, 1.0, 0.5, seed=4),
-                         device="gpu", mode="while", threads_per_particle=tpp)
-        sim._backend.build_by_cell = by_cell
+                         device="gpu", mode="while", threads_per_particle=tpp, cell_order=by_cell)
         sim.run(120, thermo_every=60)
         out.append((host(sim.positions), sim.thermo_log, sim.neighbor_builds))
     np.testing.assert_array_equal(out[0][0], out[1][0])  # same forces per particle, bit for bit

@@ -78,7 +78,7 @@ class GpuBackend:
     device = "gpu"
 
     def __init__(self, state, forcefield, integrator, skin, *, mode="auto", precision="mixed", unroll=8,
-                 restart=None, neighbor_capacity=None, tpp=None):
+                 restart=None, neighbor_capacity=None, tpp=None, cell_order=None):
         cp = self._cp = require_cupy()
         self.real = np.float64 if precision == "double" else np.float32
         mod = module("md", real="double" if precision == "double" else "float", defines=(("MD_BLOCK", str(BLOCK)),))
@@ -97,7 +97,8 @@ class GpuBackend:
         self._grid_tpp = (self.n * self.tpp + BLOCK - 1) // BLOCK
         # Lane groups of the list and force kernels take particles in cell order (neighbouring
         # groups share neighbours) or in index order; the results are the same.
-        self.build_by_cell = self.n >= _CELL_ORDER_MIN
+        # Fixed here: the list built at setup is laid out in this order.
+        self.build_by_cell = self.n >= _CELL_ORDER_MIN if cell_order is None else bool(cell_order)
         self._set_scalars(state.box, skin, forcefield, integrator)
         density = self.n / state.volume
         self.maxnb = int(neighbor_capacity or 1.3 * density * 4.0 / 3.0 * np.pi * self.rlist ** 3 + 16)
