@@ -90,11 +90,15 @@ def bind_device(comm):
         return socket.gethostname(), device.pci_bus_id
 
     owners = comm.allgather(agree(comm, select))
-    clash = [(owners.index(w), r) for r, w in enumerate(owners) if owners.index(w) != r]
-    if clash:
-        a, b = clash[0]
-        raise DeviceError(f"ranks {a} and {b} share the GPU {owners[b][1]} on host {owners[b][0]}: "
-                          "run one rank per GPU (one GPU visible per rank, or all GPUs visible to all ranks)")
+
+    def check_one_rank_per_gpu():
+        clash = [(owners.index(w), r) for r, w in enumerate(owners) if owners.index(w) != r]
+        if clash:
+            a, b = clash[0]
+            raise DeviceError(f"ranks {a} and {b} share the GPU {owners[b][1]} on host {owners[b][0]}: "
+                              "run one rank per GPU (one GPU visible per rank, or all GPUs visible to all ranks)")
+
+    agree(comm, check_one_rank_per_gpu)  # every rank sees the same owners: an agreed set-up error
     props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
     return props["name"].decode()
 
