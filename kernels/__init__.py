@@ -36,7 +36,7 @@ def ctype(dtype):
 
 
 @functools.lru_cache(maxsize=None)
-def module(name, real="double", defines=()):
+def module(name, real="double", defines=(), extra=()):
     """Compile ``kernels/<name>.cu`` with ``real_t`` set to ``real``.
 
     Parameters
@@ -47,6 +47,9 @@ def module(name, real="double", defines=()):
         The floating-point type the kernels are instantiated with.
     defines : tuple of (str, str)
         Extra preprocessor definitions.
+    extra : tuple of str
+        Further kernel files compiled into the same module, after ``name``
+        (they may use its device functions).
 
     Returns
     -------
@@ -56,7 +59,7 @@ def module(name, real="double", defines=()):
 
     head = [CONDITIONAL_PRELUDE, f"typedef {real} real_t;\n"]
     head += [f"#define {k} {v}\n" for k, v in defines]
-    code = "".join(head) + source(name)
+    code = "".join(head) + "".join(source(part) for part in (name, *extra))
     mod = cupy.RawModule(code=code, options=("--std=c++17",))
     mod.compile()
     return mod

@@ -13,7 +13,6 @@ Kernels: ``kernels/pcg.cu`` (``pcg_spmv_dot`` for the local block,
 ``matrix_residual``) and ``kernels/dist.cu`` (packing, halo product, the
 updates and decisions that take reduced values).
 """
-import functools
 import socket
 import time
 
@@ -24,7 +23,8 @@ from kernels.pcg_ref import RUNNING
 
 from ..backend import require_cupy
 from ..errors import DeviceError, InputError
-from ..pcg.gpu import BLOCK, STATE_DTYPE, _subwarp
+from ..pcg.gpu import BLOCK, STATE_DTYPE
+from ..pcg.layout import MatrixLayout
 from ..pcg.result import Reason
 from .comm import DeviceComm, agree
 
@@ -34,37 +34,14 @@ KERNELS = ("pcg_spmv_dot", "matrix_residual", "dist_pack", "dist_halo_spmv", "di
            "dist_decide", "dist_cg1_update", "dist_cg1_start", "dist_cg1_decide")
 
 
-@functools.lru_cache(maxsize=None)
-def _module(real, defines):
-    """pcg.cu and dist.cu compiled together (dist.cu uses pcg.cu's device helpers)."""
-    cupy = require_cupy()
-    code = (kernels.CONDITIONAL_PRELUDE + f"typedef {real} real_t;\n"
-            + "".join(f"#define {k} {v}\n" for k, v in defines)
-            + kernels.source("pcg") + kernels.source("dist"))
-    mod = cupy.RawModule(code=code, options=("--std=c++17",))
-    mod.compile()
-    return mod
-
-
 def _local_layout(M):
     """The owned block in the layout pcg.cu's products read: ``(rowptr, col, val, defines)``.
 
-    ELL (column-major, padding pointing at the row itself) when rows have nearly
-    equal lengths, as for stencils; CSR otherwise. Same rule as the
-    single-process solver, so both run the same product.
+    The single-process solver's rule (:class:`~solvers.pcg.layout.MatrixLayout`),
+    so both run the same product.
     """
-    n, nnz = M.shape[0], M.nnz
-    lengths = np.diff(M.indptr)
-    width = int(lengths.max())
-    if width <= 32 and width <= 1.3 * nnz / n + 1:
-        rows = np.repeat(np.arange(n), lengths)
-        pos = (np.arange(nnz) - M.indptr[rows]) * n + rows
-        col = np.tile(np.arange(n, dtype=np.int32), width)
-        col[pos] = M.indices
-        val = np.zeros(width * n, dtype=M.data.dtype)
-        val[pos] = M.data
-        return np.zeros(1, dtype=np.int32), col, val, (("ELL_WIDTH", str(width)),)
-    return M.indptr, M.indices, M.data, (("SUBWARP", str(_subwarp(nnz, n))),)
+    layout = MatrixLayout(M.indptr.astype(np.int32), M.indices.astype(np.int32), np)
+    return layout.rowptr, layout.col, layout.values(M.data), layout.defines
 
 
 def bind_device(comm):
@@ -147,7 +124,7 @@ class DistGPUPCG:
         return DeviceComm(comm)
 
     def _kernels(self, defines):
-        mod = _module(kernels.ctype(self.dtype), defines)
+        mod = kernels.module("pcg", kernels.ctype(self.dtype), defines, extra=("dist",))
         return {name: mod.get_function(name) for name in KERNELS}
 
     def _multiprocessors(self):

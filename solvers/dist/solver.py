@@ -4,7 +4,7 @@ import time
 
 import numpy as np
 
-from ..errors import DeviceError, InputError
+from ..errors import InputError
 from ..pcg.preconditioners import PRECONDITIONERS
 from ..pcg.result import SolveResult
 from ..pcg.solver import DTYPES

@@ -13,6 +13,7 @@ from kernels.pcg_ref import RUNNING
 from ..backend import require_cupy
 from ..engine import GraphEngine
 from ..errors import DeviceError, InputError
+from .layout import MatrixLayout
 from .result import Reason
 
 BLOCK = 256
@@ -21,15 +22,6 @@ STATE_DTYPE = np.dtype([("rz", "f8"), ("alpha", "f8"), ("beta", "f8"), ("tol", "
                         ("pq", "f8"), ("iteration", "i4"), ("maxiter", "i4"), ("status", "i4"),
                         ("parity", "i4"), ("ticket", "u4"), ("pad", "i4")])
 PROGRESS_DTYPE = np.dtype([("rnorm", "f8"), ("iteration", "i4"), ("status", "i4")])
-
-
-def _subwarp(nnz, n):
-    """Lanes per CSR row: the power of two at or above the mean row length, 2 to 32.
-
-    A typical row is then read in one round of loads by its lanes.
-    """
-    mean = max(nnz / max(n, 1), 1.0)
-    return int(min(32, max(2, 2 ** int(np.ceil(np.log2(mean))))))
 
 
 def to_device_csr(A, dtype):
@@ -121,33 +113,18 @@ class GPUPCG:
         data = M.data.astype(self.dtype)
         self._check_values(data)
         self._pattern = (indptr, indices)
-        lengths = cupy.diff(indptr)
-        width = int(lengths.max())
-        # ELL pays off when rows have nearly equal lengths (stencils): little padding, one thread a row.
-        self.format = "ell" if width <= 32 and width <= 1.3 * nnz / n + 1 else "csr"
-        if self.format == "ell":
-            rows = cupy.searchsorted(indptr, cupy.arange(nnz, dtype=cupy.int32), side="right") - 1
-            self._val_pos = (cupy.arange(nnz) - indptr[rows]) * n + rows
-            self.col = cupy.tile(cupy.arange(n, dtype=cupy.int32), width)  # padding points at its own row
-            self.col[self._val_pos] = indices
-            self.val = cupy.zeros(width * n, dtype=self.dtype)
-            self.rowptr = cupy.zeros(1, dtype=cupy.int32)  # unused by the ELL kernels
-            subwarp, defines = 1, (("ELL_WIDTH", str(width)),)
-        else:
-            self._val_pos = None
-            self.rowptr, self.col, self.val = indptr, indices, cupy.empty(nnz, dtype=self.dtype)
-            subwarp = _subwarp(nnz, n)
-            defines = (("SUBWARP", str(subwarp)),)
-        self._set_values(data)
+        self.layout = MatrixLayout(indptr, indices, cupy)
+        self.rowptr, self.col = self.layout.rowptr, self.layout.col
+        self.val = self.layout.values(data)
 
-        mod = kernels.module("pcg", kernels.ctype(self.dtype), defines)
+        mod = kernels.module("pcg", kernels.ctype(self.dtype), self.layout.defines)
         self.k_spmv_dot = mod.get_function("pcg_spmv_dot")
         self.k_update = mod.get_function("pcg_update")
         self.k_start = mod.get_function("pcg_start")
         self.k_residual = mod.get_function("matrix_residual")
 
         sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
-        rows_per_block = BLOCK // subwarp
+        rows_per_block = BLOCK // self.layout.lanes
         # Grid-stride kernels: enough blocks to fill the GPU, few enough partials for one block to sum.
         self.grid_spmv = int(max(1, min(-(-n // rows_per_block), sms * 8)))
         self.grid_vec = int(max(1, min(-(-n // BLOCK), sms * 8)))
@@ -162,13 +139,6 @@ class GPUPCG:
         self.history = None
         self.history_arg = np.uint64(0)
         self._set_diagonal(M)
-
-    def _set_values(self, data):
-        """Copy CSR-ordered values into the kernel layout."""
-        if self._val_pos is None:
-            self.val[...] = data
-        else:
-            self.val[self._val_pos] = data
 
     @staticmethod
     def _check_values(val):
@@ -207,7 +177,7 @@ class GPUPCG:
         if same:
             data = M.data.astype(self.dtype)
             self._check_values(data)
-            self._set_values(data)
+            self.layout.values(data, out=self.val)
             self._set_diagonal(M)
             return
         self._setup(M)
