@@ -133,6 +133,12 @@ class Job:
         assert self.returncode == 0, self.describe()
 
 
+def _plain_env():
+    """This process's environment without any launcher's variables (pytest may itself run in a job)."""
+    return {k: v for k, v in os.environ.items()
+            if not k.startswith(("SLURM_", "SBATCH_", "SRUN_", "SALLOC_", "PMI_", "PMIX_", "OMPI_"))}
+
+
 def _pids(state):
     pids = {}
     for name in ("munged", "slurmctld", "slurmd"):
@@ -159,8 +165,7 @@ def cluster():
         pytest.skip(reason)
     # Short path: munged's socket and slurmd's step sockets live under it.
     state = tempfile.mkdtemp(prefix="gs-slurm-")
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("SLURM_", "SBATCH_", "SRUN_", "SALLOC_", "PMI_"))}
+    env = _plain_env()
     env.update(GS_SLURM_DIR=state, GS_SLURM_GPUS="2", PYTHON=sys.executable,
                PATH=os.pathsep.join([str(pathlib.Path(sys.executable).parent),
                                      env.get("PATH", ""), "/usr/sbin", "/sbin"]))
@@ -225,7 +230,7 @@ def _reference_pcg(matrix, rtol):
         report = pathlib.Path(tmp) / "ref.json"
         proc = subprocess.run([sys.executable, "-m", "solvers.pcg", "--matrix", str(matrix),
                                "--rtol", str(rtol), "--device", "cpu", "--json", str(report)],
-                              cwd=REPO, capture_output=True, text=True, timeout=120)
+                              cwd=REPO, env=_plain_env(), capture_output=True, text=True, timeout=120)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         return json.loads(report.read_text()), proc.stdout
 
@@ -309,7 +314,7 @@ def _thermo(lines):
 def _reference_md(seed):
     proc = subprocess.run([sys.executable, "-m", "solvers.md", "--lattice", "fcc", "--cells", *MD_CELLS.split(),
                            "--steps", str(MD_STEPS), "--device", "cpu", "--seed", str(seed)],
-                          cwd=REPO, capture_output=True, text=True, timeout=120)
+                          cwd=REPO, env=_plain_env(), capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return _thermo(proc.stdout.splitlines())
 
