@@ -91,20 +91,8 @@ __device__ void classic_update(real_t* __restrict__ x, real_t* __restrict__ r, c
         }
         alpha = (real_t)(st->rz / pq);
     }
-    const real_t* __restrict__ p = st->parity ? p0 : p1;
     double rz = 0.0, rr = 0.0;
-    for (int i = blockIdx.x * BLOCK + threadIdx.x; i < n; i += gridDim.x * BLOCK) {
-        real_t ri = r[i];
-        if (!START) {
-            x[i] = fma(alpha, p[i], x[i]);
-            ri = fma(-alpha, q[i], ri);
-            r[i] = ri;
-        }
-        const real_t zi = dinv ? dinv[i] * ri : ri;
-        z[i] = zi;
-        rz += (double)ri * (double)zi;
-        rr += (double)ri * (double)ri;
-    }
+    update_rows<START>(x, r, q, st->parity ? p0 : p1, dinv, z, alpha, n, rz, rr);
     publish_pair(rz, rr, sh, partials, sums, pending);
 }
 
@@ -131,20 +119,15 @@ __device__ void finish_decision(State* st, int it, double rnorm, int status, dou
 }
 
 // Classic PCG decision from reduced = [pq, rz_new, rr]; the first call after a reset
-// (st->iteration == -1) is the set-up pass. Same rule as pcg.cu's pcg_update.
+// (st->iteration == -1) is the set-up pass. The stopping rule is pcg.cu's stop_reason.
 extern "C" __global__ void dist_decide(State* st, const double* reduced, int* pending, double* history) {
     if (threadIdx.x || blockIdx.x || st->status != RUNNING || !*pending) return;
     *pending = 0;
     const bool start = st->iteration < 0;
     const int it = st->iteration + 1;
     const double rz_new = reduced[1], rnorm = sqrt(reduced[2]);
-    int status = RUNNING;
-    if (!isfinite(rnorm)) status = NOT_FINITE;
-    else if (rnorm <= st->tol) status = CONVERGED;
-    else if (it >= st->maxiter) status = MAX_ITERATIONS;
-    else if (!isfinite(rz_new)) status = NOT_FINITE;
-    else if (rz_new <= 0.0) status = BREAKDOWN;
-    else {
+    const int status = stop_reason(rnorm, st->tol, it, st->maxiter, rz_new, true);
+    if (status == RUNNING) {
         st->beta = start ? 0.0 : rz_new / st->rz;
         st->rz = rz_new;
         if (!start) st->parity ^= 1;
@@ -203,13 +186,8 @@ extern "C" __global__ void dist_cg1_decide(State* st, const double* reduced, int
     const bool start = st->iteration < 0;
     const int it = st->iteration + 1;
     const double rnorm = sqrt(reduced[0]), gamma = reduced[1], delta = reduced[2];
-    int status = RUNNING;
-    if (!isfinite(rnorm)) status = NOT_FINITE;
-    else if (rnorm <= st->tol) status = CONVERGED;
-    else if (it >= st->maxiter) status = MAX_ITERATIONS;
-    else if (!isfinite(gamma) || !isfinite(delta)) status = NOT_FINITE;
-    else if (gamma <= 0.0) status = BREAKDOWN;
-    else {
+    int status = stop_reason(rnorm, st->tol, it, st->maxiter, gamma, isfinite(delta));
+    if (status == RUNNING) {
         const double beta = start ? 0.0 : gamma / st->rz;
         const double pap = start ? delta : delta - beta * gamma / st->alpha;
         if (!isfinite(pap)) status = NOT_FINITE;

@@ -8,7 +8,7 @@ the compiled kernels, under the same host driver.
 """
 import numpy as np
 
-from .pcg_ref import BREAKDOWN, CONVERGED, MAX_ITERATIONS, NOT_FINITE, RUNNING
+from .pcg_ref import BREAKDOWN, NOT_FINITE, RUNNING, stop_reason
 
 
 def state(raw):
@@ -90,18 +90,8 @@ def dist_decide(st, reduced, pending, history):
     pending[0] = 0
     start, it = st["iteration"][0] < 0, int(st["iteration"][0]) + 1
     rz_new, rnorm = float(reduced[1]), float(np.sqrt(reduced[2]))
-    status = RUNNING
-    if not np.isfinite(rnorm):
-        status = NOT_FINITE
-    elif rnorm <= st["tol"][0]:
-        status = CONVERGED
-    elif it >= st["maxiter"][0]:
-        status = MAX_ITERATIONS
-    elif not np.isfinite(rz_new):
-        status = NOT_FINITE
-    elif rz_new <= 0:
-        status = BREAKDOWN
-    else:
+    status = stop_reason(rnorm, st["tol"][0], it, st["maxiter"][0], rz_new)
+    if status == RUNNING:
         st["beta"] = 0.0 if start else rz_new / st["rz"][0]
         st["rz"] = rz_new
         if not start:
@@ -144,18 +134,8 @@ def dist_cg1_decide(st, reduced, pending, history):
     pending[0] = 0
     start, it = st["iteration"][0] < 0, int(st["iteration"][0]) + 1
     rnorm, gamma, delta = float(np.sqrt(reduced[0])), float(reduced[1]), float(reduced[2])
-    status = RUNNING
-    if not np.isfinite(rnorm):
-        status = NOT_FINITE
-    elif rnorm <= st["tol"][0]:
-        status = CONVERGED
-    elif it >= st["maxiter"][0]:
-        status = MAX_ITERATIONS
-    elif not (np.isfinite(gamma) and np.isfinite(delta)):
-        status = NOT_FINITE
-    elif gamma <= 0:
-        status = BREAKDOWN
-    else:
+    status = stop_reason(rnorm, st["tol"][0], it, st["maxiter"][0], gamma, np.isfinite(delta))
+    if status == RUNNING:
         beta = 0.0 if start else gamma / st["rz"][0]
         pap = delta if start else delta - beta * gamma / st["alpha"][0]
         if not np.isfinite(pap):

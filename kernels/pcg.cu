@@ -161,19 +161,24 @@ pcg_spmv_dot(const int* __restrict__ rowptr, const int* __restrict__ col, const 
     }
 }
 
-// START: the set-up pass (no x/r update, iteration 0); otherwise one PCG update.
+// The stopping rule of every PCG variant, in the order of solvers/pcg/cpu.py: `curvature` is r.z (or
+// the variant's equivalent), which must be finite and positive for the next step to exist.
+__device__ __forceinline__ int stop_reason(double rnorm, double tol, int it, int maxiter, double curvature,
+                                           bool finite) {
+    if (!isfinite(rnorm)) return NOT_FINITE;
+    if (rnorm <= tol) return CONVERGED;
+    if (it >= maxiter) return MAX_ITERATIONS;
+    if (!finite || !isfinite(curvature)) return NOT_FINITE;
+    if (curvature <= 0.0) return BREAKDOWN;
+    return RUNNING;
+}
+
+// x += alpha p, r -= alpha q (unless START), z = M^-1 r over this thread's rows; accumulates r.z, r.r.
 template <bool START>
-__device__ void update(real_t* __restrict__ x, real_t* __restrict__ r, const real_t* __restrict__ q,
-                       const real_t* p0, const real_t* p1, const real_t* __restrict__ dinv,
-                       real_t* __restrict__ z, State* st, double* partials, double* history,
-                       Progress* progress, unsigned long long handle, int n) {
-    if (!START && st->status != RUNNING) {
-        if (handle && blockIdx.x == 0 && threadIdx.x == 0) cudaGraphSetConditional(handle, 0);
-        return;
-    }
-    const real_t alpha = (real_t)st->alpha;
-    const real_t* __restrict__ p = st->parity ? p0 : p1;
-    double rz = 0.0, rr = 0.0;
+__device__ __forceinline__ void update_rows(real_t* __restrict__ x, real_t* __restrict__ r,
+                                            const real_t* __restrict__ q, const real_t* __restrict__ p,
+                                            const real_t* __restrict__ dinv, real_t* __restrict__ z,
+                                            real_t alpha, int n, double& rz, double& rr) {
     for (int i = blockIdx.x * BLOCK + threadIdx.x; i < n; i += gridDim.x * BLOCK) {
         real_t ri = r[i];
         if (!START) {
@@ -186,6 +191,20 @@ __device__ void update(real_t* __restrict__ x, real_t* __restrict__ r, const rea
         rz += (double)ri * (double)zi;
         rr += (double)ri * (double)ri;
     }
+}
+
+// START: the set-up pass (no x/r update, iteration 0); otherwise one PCG update.
+template <bool START>
+__device__ void update(real_t* __restrict__ x, real_t* __restrict__ r, const real_t* __restrict__ q,
+                       const real_t* p0, const real_t* p1, const real_t* __restrict__ dinv,
+                       real_t* __restrict__ z, State* st, double* partials, double* history,
+                       Progress* progress, unsigned long long handle, int n) {
+    if (!START && st->status != RUNNING) {
+        if (handle && blockIdx.x == 0 && threadIdx.x == 0) cudaGraphSetConditional(handle, 0);
+        return;
+    }
+    double rz = 0.0, rr = 0.0;
+    update_rows<START>(x, r, q, st->parity ? p0 : p1, dinv, z, (real_t)st->alpha, n, rz, rr);
     if (!publish_partials(partials, rz, rr, true, &st->ticket)) return;
     const double rz_new = sum_partials(partials, gridDim.x);
     const double rr_all = sum_partials(partials + gridDim.x, gridDim.x);
@@ -193,13 +212,8 @@ __device__ void update(real_t* __restrict__ x, real_t* __restrict__ r, const rea
     st->ticket = 0;
     const int it = START ? 0 : st->iteration + 1;
     const double rnorm = sqrt(rr_all);
-    int status = RUNNING;
-    if (!isfinite(rnorm)) status = NOT_FINITE;
-    else if (rnorm <= st->tol) status = CONVERGED;
-    else if (it >= st->maxiter) status = MAX_ITERATIONS;
-    else if (!isfinite(rz_new)) status = NOT_FINITE;
-    else if (rz_new <= 0.0) status = BREAKDOWN;
-    else {
+    const int status = stop_reason(rnorm, st->tol, it, st->maxiter, rz_new, true);
+    if (status == RUNNING) {
         st->beta = START ? 0.0 : rz_new / st->rz;
         st->rz = rz_new;
         if (!START) st->parity ^= 1;

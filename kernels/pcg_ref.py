@@ -25,6 +25,21 @@ def pcg_spmv_dot(A, z, p0, p1, state):
     return q
 
 
+def stop_reason(rnorm, tol, it, maxiter, curvature, finite=True):
+    """The stopping rule of every PCG variant (``stop_reason`` in pcg.cu)."""
+    if not np.isfinite(rnorm):
+        return NOT_FINITE
+    if rnorm <= tol:
+        return CONVERGED
+    if it >= maxiter:
+        return MAX_ITERATIONS
+    if not (finite and np.isfinite(curvature)):
+        return NOT_FINITE
+    if curvature <= 0:
+        return BREAKDOWN
+    return RUNNING
+
+
 def pcg_update(x, r, q, p0, p1, dinv, state, start=False):
     """x += alpha p; r -= alpha q; z = dinv * r; then decide and set beta (``pcg_start`` when start)."""
     if not start and state["status"] != RUNNING:
@@ -36,18 +51,8 @@ def pcg_update(x, r, q, p0, p1, dinv, state, start=False):
     z = r * dinv if dinv is not None else r.copy()
     rz_new, rnorm = float(np.dot(r, z)), float(np.linalg.norm(r))
     it = 0 if start else state["iteration"] + 1
-    status = RUNNING
-    if not np.isfinite(rnorm):
-        status = NOT_FINITE
-    elif rnorm <= state["tol"]:
-        status = CONVERGED
-    elif it >= state["maxiter"]:
-        status = MAX_ITERATIONS
-    elif not np.isfinite(rz_new):
-        status = NOT_FINITE
-    elif rz_new <= 0:
-        status = BREAKDOWN
-    else:
+    status = stop_reason(rnorm, state["tol"], it, state["maxiter"], rz_new)
+    if status == RUNNING:
         state["beta"] = 0.0 if start else rz_new / state["rz"]
         state["rz"] = rz_new
         if not start:
