@@ -5,7 +5,7 @@ import time
 import numpy as np
 
 from ..errors import InputError
-from ..pcg.preconditioners import PRECONDITIONERS
+from ..pcg.preconditioners import PRECONDITIONERS, jacobi_inverse_diagonal
 from ..pcg.result import SolveResult
 from ..pcg.solver import DTYPES
 from .comm import agree
@@ -115,15 +115,7 @@ class DistributedPCG:
     def _inverse_diagonal(self):
         if self.preconditioner == "none":
             return None
-        d = self.matrix.diagonal()
-        bad = np.flatnonzero(~(d > 0))
-        if bad.size:
-            i = int(bad[0])
-            raise InputError(
-                f"Jacobi preconditioner needs a positive diagonal, but {bad.size} diagonal entries "
-                f"are zero or negative (first: row {self.matrix.lo + i + 1}, a_ii = {d[i]:.6g}); "
-                "use --precond none or fix the matrix")
-        return (1.0 / d).astype(self.dtype)
+        return jacobi_inverse_diagonal(self.matrix.diagonal(), self.matrix.lo).astype(self.dtype)
 
     @property
     def mode(self):

@@ -14,6 +14,7 @@ from ..backend import require_cupy
 from ..engine import GraphEngine
 from ..errors import DeviceError, InputError
 from .layout import MatrixLayout
+from .preconditioners import jacobi_inverse_diagonal
 from .result import Reason
 
 BLOCK = 256
@@ -148,14 +149,7 @@ class GPUPCG:
     def _set_diagonal(self, M):
         if self.dinv is None:
             return
-        d = M.diagonal().astype(self.dtype)
-        bad = self.cupy.flatnonzero(~(d > 0))
-        if bad.size:
-            i = int(bad[0])
-            raise InputError(
-                f"Jacobi preconditioner needs a positive diagonal, but {int(bad.size)} diagonal entries "
-                f"are zero or negative (first: row {i + 1}, a_ii = {float(d[i]):.6g}); use --precond none")
-        self.cupy.divide(1, d, out=self.dinv)
+        self.dinv[...] = jacobi_inverse_diagonal(M.diagonal().astype(self.dtype))  # in place: captured address
 
     @property
     def mode(self):

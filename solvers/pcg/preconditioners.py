@@ -11,6 +11,21 @@ import scipy.sparse as sp
 from ..errors import InputError
 
 
+def jacobi_inverse_diagonal(d, first_row=0):
+    """``1 / d`` for a positive diagonal ``d`` (NumPy or CuPy), else :class:`InputError`.
+
+    ``first_row`` is the global number of ``d[0]`` (a rank's first row), for the message.
+    """
+    bad = (~(d > 0)).nonzero()[0]
+    if bad.size:
+        i = int(bad[0])
+        raise InputError(
+            f"Jacobi preconditioner needs a positive diagonal, but {int(bad.size)} diagonal "
+            f"entries are zero or negative (first: row {first_row + i + 1}, a_ii = {float(d[i]):.6g}); "
+            "use --precond none or fix the matrix")
+    return 1.0 / d
+
+
 class Identity:
     """No preconditioning (``M = I``)."""
 
@@ -31,14 +46,7 @@ class Jacobi:
 
     def __init__(self, A):
         d = np.asarray(A.diagonal())
-        bad = np.flatnonzero(~(d > 0))
-        if bad.size:
-            i = int(bad[0])
-            raise InputError(
-                f"Jacobi preconditioner needs a positive diagonal, but {bad.size} diagonal "
-                f"entries are zero or negative (first: row {i + 1}, a_ii = {d[i]:.6g}); "
-                "use --precond none or fix the matrix")
-        self.inverse_diagonal = (1.0 / d).astype(d.dtype)
+        self.inverse_diagonal = jacobi_inverse_diagonal(d).astype(d.dtype)
 
     def apply(self, r):
         return self.inverse_diagonal * r
