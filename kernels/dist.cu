@@ -50,23 +50,20 @@ dist_halo_spmv(const int* __restrict__ hptr, const int* __restrict__ hcol, const
         y[row] += sign * s;
         if (v) acc += (double)v[row] * (double)s;
     }
-    if (!out || !publish_partials(partials, acc, 0.0, false, &sh->ticket)) return;
-    const double total = sum_partials(partials, gridDim.x);
-    if (threadIdx.x == 0) {
-        sh->ticket = 0;
-        *out = sh->pq + total;
-    }
+    double sums[1] = {acc};
+    if (!out || !publish_partials(partials, sums, &sh->ticket)) return;
+    sum_partials(partials, sums);
+    if (threadIdx.x == 0) *out = sh->pq + sums[0];
 }
 
 // Publish this kernel's two partial sums as sums[0], sums[1] (last block) and mark them pending.
 __device__ void publish_pair(double a, double b, State* sh, double* partials, double* sums, int* pending) {
-    if (!publish_partials(partials, a, b, true, &sh->ticket)) return;
-    const double sa = sum_partials(partials, gridDim.x);
-    const double sb = sum_partials(partials + gridDim.x, gridDim.x);
+    double v[2] = {a, b};
+    if (!publish_partials(partials, v, &sh->ticket)) return;
+    sum_partials(partials, v);
     if (threadIdx.x == 0) {
-        sh->ticket = 0;
-        sums[0] = sa;
-        sums[1] = sb;
+        sums[0] = v[0];
+        sums[1] = v[1];
         *pending = 1;
     }
 }
@@ -110,14 +107,6 @@ dist_start(real_t* x, real_t* r, const real_t* q, const real_t* p0, const real_t
     classic_update<true>(x, r, q, p0, p1, dinv, z, st, sh, reduced, partials, sums, pending, n);
 }
 
-// Record the decision taken at iteration `it` (one thread).
-__device__ void finish_decision(State* st, int it, double rnorm, int status, double* history) {
-    st->iteration = it;
-    st->rnorm = rnorm;
-    st->status = status;
-    if (history) history[it] = rnorm;
-}
-
 // Classic PCG decision from reduced = [pq, rz_new, rr]; the first call after a reset
 // (st->iteration == -1) is the set-up pass. The stopping rule is pcg.cu's stop_reason.
 extern "C" __global__ void dist_decide(State* st, const double* reduced, int* pending, double* history) {
@@ -132,7 +121,7 @@ extern "C" __global__ void dist_decide(State* st, const double* reduced, int* pe
         st->rz = rz_new;
         if (!start) st->parity ^= 1;
     }
-    finish_decision(st, it, rnorm, status, history);
+    record_decision(st, it, rnorm, status, history, nullptr, 0);
 }
 
 // Chronopoulos-Gear PCG. START: u = M^-1 r. Otherwise, with alpha and beta from st:
@@ -177,27 +166,13 @@ dist_cg1_start(real_t* x, real_t* r, real_t* u, const real_t* w, real_t* p, real
     cg1_update<true>(x, r, u, w, p, s, dinv, st, sh, partials, sums, pending, n);
 }
 
-// Chronopoulos-Gear decision from reduced = [r.r, gamma = r.u, delta = w.u]: the next step length
-// alpha = gamma / (delta - beta gamma / alpha_old) needs no second reduction. st->rz holds gamma and
-// st->pq the next direction's p.Ap. Same stopping rule as dist_decide.
+// Chronopoulos-Gear decision from reduced = [r.r, gamma = r.u, delta = w.u] (pcg.cu's
+// single_reduction_decision); the first call after a reset (st->iteration == -1) is the set-up pass.
 extern "C" __global__ void dist_cg1_decide(State* st, const double* reduced, int* pending, double* history) {
     if (threadIdx.x || blockIdx.x || st->status != RUNNING || !*pending) return;
     *pending = 0;
-    const bool start = st->iteration < 0;
     const int it = st->iteration + 1;
-    const double rnorm = sqrt(reduced[0]), gamma = reduced[1], delta = reduced[2];
-    int status = stop_reason(rnorm, st->tol, it, st->maxiter, gamma, isfinite(delta));
-    if (status == RUNNING) {
-        const double beta = start ? 0.0 : gamma / st->rz;
-        const double pap = start ? delta : delta - beta * gamma / st->alpha;
-        if (!isfinite(pap)) status = NOT_FINITE;
-        else if (pap <= 0.0) status = BREAKDOWN;
-        else {
-            st->beta = beta;
-            st->alpha = gamma / pap;
-            st->rz = gamma;
-            st->pq = pap;
-        }
-    }
-    finish_decision(st, it, rnorm, status, history);
+    const double rnorm = sqrt(reduced[0]);
+    const int status = single_reduction_decision(st, st->iteration < 0, it, rnorm, reduced[1], reduced[2]);
+    record_decision(st, it, rnorm, status, history, nullptr, 0);
 }

@@ -1,7 +1,10 @@
-// Preconditioned CG in two fused kernels per iteration (see pcg_ref.py for the NumPy meaning).
+// Preconditioned CG on one GPU (see pcg_ref.py for the NumPy meaning of every kernel).
 //
+// Classic PCG, two fused kernels per iteration:
 //   pcg_spmv_dot : p_new = z + beta p_old ; q = A p_new ; pq = p_new . q ; alpha = rz / pq
 //   pcg_update   : x += alpha p ; r -= alpha q ; z = M^-1 r ; rz, rr ; decide ; beta = rz_new / rz
+//
+// Single-reduction (Chronopoulos-Gear) PCG, one kernel per iteration: pcg1_step (see there).
 //
 // The direction update is folded into the SpMV by forming p_new on the fly for every column it
 // touches (p is double-buffered, `parity` says which buffer is current), so an iteration is two
@@ -42,39 +45,52 @@ __device__ __forceinline__ double warp_sum(double v) {
     return v;
 }
 
-// Sum over the block; the result is valid in thread 0.
-__device__ double block_sum(double v) {
-    __shared__ double warp_totals[BLOCK / 32];
+// Sums of K values over the block, all reduced together (two barriers whatever K); valid in thread 0.
+template <int K>
+__device__ void block_sums(double (&v)[K]) {
+    __shared__ double warp_totals[K][BLOCK / 32];
     __syncthreads();  // the shared array may still be in use by a previous call
-    v = warp_sum(v);
-    if ((threadIdx.x & 31) == 0) warp_totals[threadIdx.x >> 5] = v;
+#pragma unroll
+    for (int k = 0; k < K; ++k) v[k] = warp_sum(v[k]);
+    if ((threadIdx.x & 31) == 0) {
+#pragma unroll
+        for (int k = 0; k < K; ++k) warp_totals[k][threadIdx.x >> 5] = v[k];
+    }
     __syncthreads();
-    v = threadIdx.x < BLOCK / 32 ? warp_totals[threadIdx.x] : 0.0;
-    if (threadIdx.x < 32) v = warp_sum(v);
-    return v;
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+        v[k] = threadIdx.x < BLOCK / 32 ? warp_totals[k][threadIdx.x] : 0.0;
+        if (threadIdx.x < 32) v[k] = warp_sum(v[k]);
+    }
 }
 
-// Publish this block's partial and tell whether this block is the last one to finish.
-__device__ bool publish_partials(double* partials, double a, double b, bool two, unsigned int* ticket) {
+// Publish this block's sums of v as partials[k * gridDim.x + blockIdx.x]; true in the last block to
+// finish, which then calls sum_partials. The ticket is reset by that block's thread 0.
+template <int K>
+__device__ bool publish_partials(double* partials, double (&v)[K], unsigned int* ticket) {
     __shared__ bool last;
-    a = block_sum(a);
-    if (two) b = block_sum(b);
+    block_sums(v);
     if (threadIdx.x == 0) {
-        partials[blockIdx.x] = a;
-        if (two) partials[gridDim.x + blockIdx.x] = b;
+#pragma unroll
+        for (int k = 0; k < K; ++k) partials[k * gridDim.x + blockIdx.x] = v[k];
         __threadfence();
         last = atomicAdd(ticket, 1u) == gridDim.x - 1;
+        if (last) *ticket = 0;
     }
     __syncthreads();
     return last;
 }
 
-// Fixed-order sum of `count` partials (valid in thread 0 of the last block).
-__device__ double sum_partials(const double* partials, int count) {
+// Grid totals of the published partials, summed in a fixed order (valid in thread 0 of the last block).
+template <int K>
+__device__ void sum_partials(const double* partials, double (&v)[K]) {
     const volatile double* p = partials;
-    double v = 0.0;
-    for (int i = threadIdx.x; i < count; i += BLOCK) v += p[i];
-    return block_sum(v);
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+        v[k] = 0.0;
+        for (int i = threadIdx.x; i < gridDim.x; i += BLOCK) v[k] += p[k * gridDim.x + i];
+    }
+    block_sums(v);
 }
 
 // Sum val * v(col) over the entries of rows a and b; every lane of a row gets its sum.
@@ -150,10 +166,11 @@ pcg_spmv_dot(const int* __restrict__ rowptr, const int* __restrict__ col, const 
             }
         }
     }
-    if (!publish_partials(partials, acc, 0.0, false, &st->ticket)) return;
-    const double pq = sum_partials(partials, gridDim.x);
+    double sums[1] = {acc};
+    if (!publish_partials(partials, sums, &st->ticket)) return;
+    sum_partials(partials, sums);
+    const double pq = sums[0];
     if (threadIdx.x == 0) {
-        st->ticket = 0;
         st->pq = pq;
         if (!isfinite(pq)) st->status = NOT_FINITE;
         else if (pq <= 0.0) st->status = BREAKDOWN;
@@ -193,31 +210,10 @@ __device__ __forceinline__ void update_rows(real_t* __restrict__ x, real_t* __re
     }
 }
 
-// START: the set-up pass (no x/r update, iteration 0); otherwise one PCG update.
-template <bool START>
-__device__ void update(real_t* __restrict__ x, real_t* __restrict__ r, const real_t* __restrict__ q,
-                       const real_t* p0, const real_t* p1, const real_t* __restrict__ dinv,
-                       real_t* __restrict__ z, State* st, double* partials, double* history,
-                       Progress* progress, unsigned long long handle, int n) {
-    if (!START && st->status != RUNNING) {
-        if (handle && blockIdx.x == 0 && threadIdx.x == 0) cudaGraphSetConditional(handle, 0);
-        return;
-    }
-    double rz = 0.0, rr = 0.0;
-    update_rows<START>(x, r, q, st->parity ? p0 : p1, dinv, z, (real_t)st->alpha, n, rz, rr);
-    if (!publish_partials(partials, rz, rr, true, &st->ticket)) return;
-    const double rz_new = sum_partials(partials, gridDim.x);
-    const double rr_all = sum_partials(partials + gridDim.x, gridDim.x);
-    if (threadIdx.x != 0) return;
-    st->ticket = 0;
-    const int it = START ? 0 : st->iteration + 1;
-    const double rnorm = sqrt(rr_all);
-    const int status = stop_reason(rnorm, st->tol, it, st->maxiter, rz_new, true);
-    if (status == RUNNING) {
-        st->beta = START ? 0.0 : rz_new / st->rz;
-        st->rz = rz_new;
-        if (!START) st->parity ^= 1;
-    }
+// Record the decision taken at iteration `it` (one thread): state, history, the host-mapped progress
+// word and, in a WHILE body, the loop condition.
+__device__ void record_decision(State* st, int it, double rnorm, int status, double* history,
+                                Progress* progress, unsigned long long handle) {
     st->iteration = it;
     st->rnorm = rnorm;
     st->status = status;
@@ -233,6 +229,36 @@ __device__ void update(real_t* __restrict__ x, real_t* __restrict__ r, const rea
     if (handle) cudaGraphSetConditional(handle, status == RUNNING);
 }
 
+// A finished solve leaves the WHILE loop (its remaining unrolled copies return at once).
+__device__ __forceinline__ bool finished(const State* st, unsigned long long handle) {
+    if (st->status == RUNNING) return false;
+    if (handle && blockIdx.x == 0 && threadIdx.x == 0) cudaGraphSetConditional(handle, 0);
+    return true;
+}
+
+// START: the set-up pass (no x/r update, iteration 0); otherwise one PCG update.
+template <bool START>
+__device__ void update(real_t* __restrict__ x, real_t* __restrict__ r, const real_t* __restrict__ q,
+                       const real_t* p0, const real_t* p1, const real_t* __restrict__ dinv,
+                       real_t* __restrict__ z, State* st, double* partials, double* history,
+                       Progress* progress, unsigned long long handle, int n) {
+    if (!START && finished(st, handle)) return;
+    double sums[2] = {0.0, 0.0};  // r.z, r.r
+    update_rows<START>(x, r, q, st->parity ? p0 : p1, dinv, z, (real_t)st->alpha, n, sums[0], sums[1]);
+    if (!publish_partials(partials, sums, &st->ticket)) return;
+    sum_partials(partials, sums);
+    if (threadIdx.x != 0) return;
+    const int it = START ? 0 : st->iteration + 1;
+    const double rz_new = sums[0], rnorm = sqrt(sums[1]);
+    const int status = stop_reason(rnorm, st->tol, it, st->maxiter, rz_new, true);
+    if (status == RUNNING) {
+        st->beta = START ? 0.0 : rz_new / st->rz;
+        st->rz = rz_new;
+        if (!START) st->parity ^= 1;
+    }
+    record_decision(st, it, rnorm, status, history, progress, handle);
+}
+
 extern "C" __global__ void __launch_bounds__(BLOCK)
 pcg_update(real_t* x, real_t* r, const real_t* q, const real_t* p0, const real_t* p1, const real_t* dinv,
            real_t* z, State* st, double* partials, double* history, Progress* progress,
@@ -245,6 +271,87 @@ pcg_start(real_t* x, real_t* r, const real_t* q, const real_t* p0, const real_t*
           real_t* z, State* st, double* partials, double* history, Progress* progress,
           unsigned long long handle, int n) {
     update<true>(x, r, q, p0, p1, dinv, z, st, partials, history, progress, handle, n);
+}
+
+// Chronopoulos-Gear decision from gamma = r.u, delta = w.u (u = M^-1 r, w = A u) and ||r||: the
+// next step length alpha = gamma / (delta - beta gamma / alpha_old) needs no second reduction. st->rz
+// holds gamma and st->pq the next direction's p.Ap. Returns the stop reason (RUNNING to go on).
+__device__ int single_reduction_decision(State* st, bool start, int it, double rnorm, double gamma,
+                                         double delta) {
+    int status = stop_reason(rnorm, st->tol, it, st->maxiter, gamma, isfinite(delta));
+    if (status != RUNNING) return status;
+    const double beta = start ? 0.0 : gamma / st->rz;
+    const double pap = start ? delta : delta - beta * gamma / st->alpha;
+    if (!isfinite(pap)) return NOT_FINITE;
+    if (pap <= 0.0) return BREAKDOWN;
+    st->beta = beta;
+    st->alpha = gamma / pap;
+    st->rz = gamma;
+    st->pq = pap;
+    return RUNNING;
+}
+
+// One whole Chronopoulos-Gear PCG iteration in one kernel, hence one grid-wide reduction and one
+// graph node per iteration (see pcg_ref.pcg1_step):
+//   s = w + beta s ; p = u + beta p ; x += alpha p ; r -= alpha s ; u = M^-1 r ; w = A u ;
+//   r.r, r.u, w.u ; decide.
+// The product A u needs u at neighbouring rows before their owners have written it, so every thread
+// recomputes the u entries it reads from the previous iteration's r, s and w (double-buffered:
+// `parity` selects the old ones) with the same operations as their owners: the result is exactly A u.
+// The set-up pass is this kernel with alpha = beta = 0 on zeroed p, s and w, while st->iteration is -1:
+// it leaves x and r as they are and computes u = M^-1 r and w = A u.
+extern "C" __global__ void __launch_bounds__(BLOCK)
+pcg1_step(const int* __restrict__ rowptr, const int* __restrict__ col, const real_t* __restrict__ val,
+          const real_t* __restrict__ dinv, real_t* __restrict__ x, real_t* __restrict__ p, real_t* r0,
+          real_t* r1, real_t* s0, real_t* s1, real_t* w0, real_t* w1, State* st, double* partials,
+          double* history, Progress* progress, unsigned long long handle, int n) {
+    if (finished(st, handle)) return;
+    const int parity = st->parity;
+    const real_t alpha = (real_t)st->alpha, beta = (real_t)st->beta;
+    const real_t* __restrict__ r_old = parity ? r1 : r0;
+    const real_t* __restrict__ s_old = parity ? s1 : s0;
+    const real_t* __restrict__ w_old = parity ? w1 : w0;
+    real_t* __restrict__ r_new = parity ? r0 : r1;
+    real_t* __restrict__ s_new = parity ? s0 : s1;
+    real_t* __restrict__ w_new = parity ? w0 : w1;
+    auto precondition = [&](int j, real_t v) { return dinv ? dinv[j] * v : v; };
+    auto next_s = [&](int j) { return fma(beta, s_old[j], w_old[j]); };
+    auto next_r = [&](int j, real_t sj) { return fma(-alpha, sj, r_old[j]); };
+    auto next_u = [&](int j) { return precondition(j, next_r(j, next_s(j))); };
+    const int rows_per_block = BLOCK / SUBWARP;
+    const int stride = gridDim.x * rows_per_block;
+    double sums[3] = {0.0, 0.0, 0.0};  // r.r, r.u, w.u
+    auto finish_row = [&](int i, real_t wi) {
+        const real_t si = next_s(i), ri = next_r(i, si), ui = precondition(i, ri);
+        const real_t pi = fma(beta, p[i], precondition(i, r_old[i]));
+        p[i] = pi;
+        x[i] = fma(alpha, pi, x[i]);
+        s_new[i] = si;
+        r_new[i] = ri;
+        w_new[i] = wi;
+        sums[0] += (double)ri * (double)ri;
+        sums[1] += (double)ri * (double)ui;
+        sums[2] += (double)wi * (double)ui;
+    };
+    for (int base = blockIdx.x * rows_per_block; base < n; base += 2 * stride) {
+        const int row_a = base + threadIdx.x / SUBWARP, row_b = row_a + stride;
+        const bool active_a = row_a < n, active_b = row_b < n;
+        real_t wa, wb;
+        row_dot2(rowptr, col, val, n, row_a, active_a, row_b, active_b, next_u, wa, wb);
+        if (threadIdx.x % SUBWARP == 0) {
+            if (active_a) finish_row(row_a, wa);
+            if (active_b) finish_row(row_b, wb);
+        }
+    }
+    if (!publish_partials(partials, sums, &st->ticket)) return;
+    sum_partials(partials, sums);
+    if (threadIdx.x != 0) return;
+    const bool start = st->iteration < 0;
+    const int it = st->iteration + 1;
+    const double rnorm = sqrt(sums[0]);
+    const int status = single_reduction_decision(st, start, it, rnorm, sums[1], sums[2]);
+    if (status == RUNNING) st->parity ^= 1;
+    record_decision(st, it, rnorm, status, history, progress, handle);
 }
 
 // out = b - A x

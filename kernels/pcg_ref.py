@@ -61,6 +61,47 @@ def pcg_update(x, r, q, p0, p1, dinv, state, start=False):
     return z
 
 
+def single_reduction_decision(state, start, it, rnorm, gamma, delta):
+    """Chronopoulos-Gear decision (``single_reduction_decision`` in pcg.cu); returns the stop reason."""
+    status = stop_reason(rnorm, state["tol"], it, state["maxiter"], gamma, np.isfinite(delta))
+    if status != RUNNING:
+        return status
+    beta = 0.0 if start else gamma / state["rz"]
+    pap = delta if start else delta - beta * gamma / state["alpha"]
+    if not np.isfinite(pap):
+        return NOT_FINITE
+    if pap <= 0:
+        return BREAKDOWN
+    state.update(beta=beta, alpha=gamma / pap, rz=gamma, pq=pap)
+    return RUNNING
+
+
+def pcg1_step(A, dinv, x, p, r, s, w, state):
+    """One single-reduction PCG iteration (``pcg1_step``); ``r``, ``s``, ``w`` are buffer pairs.
+
+    s = w + beta s; p = u + beta p (u = M^-1 r, old r); x += alpha p; r -= alpha s;
+    u = M^-1 r; w = A u; then decide from r.r, r.u, w.u.
+    """
+    if state["status"] != RUNNING:
+        return
+    old, new = state["parity"], 1 - state["parity"]
+    alpha, beta = state["alpha"], state["beta"]
+    precondition = (lambda v: dinv * v) if dinv is not None else (lambda v: v.copy())
+    s[new][:] = beta * s[old] + w[old]
+    p[:] = beta * p + precondition(r[old])
+    x += alpha * p
+    r[new][:] = r[old] - alpha * s[new]
+    u = precondition(r[new])
+    w[new][:] = A @ u
+    it = state["iteration"] + 1
+    rnorm = float(np.linalg.norm(r[new]))
+    status = single_reduction_decision(state, state["iteration"] < 0, it, rnorm, float(np.dot(r[new], u)),
+                                       float(np.dot(w[new], u)))
+    if status == RUNNING:
+        state["parity"] = new
+    state.update(iteration=it, rnorm=rnorm, status=status)
+
+
 def matrix_residual(A, x, b):
     """b - A x."""
     return b - A @ x

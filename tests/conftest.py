@@ -1,7 +1,9 @@
 """Shared fixtures: test data location and the GPU marker policy.
 
 GPU tests carry ``@pytest.mark.gpu``. Without a usable GPU they are skipped,
-unless ``REQUIRE_GPU=1`` is set, in which case they fail.
+unless ``REQUIRE_GPU=1`` is set, in which case they fail. Tests that need two
+GPUs also carry ``@pytest.mark.multigpu``: with one GPU they are skipped, unless
+``REQUIRE_MULTI_GPU=1`` is set.
 """
 import os
 import pathlib
@@ -24,10 +26,23 @@ MATRICES = DATA / "matrices" if DATA else None
 MD_DATA = DATA / "md" if DATA else None
 
 
-def pytest_collection_modifyitems(config, items):
+def _gpu_count():
     from solvers.backend import gpu_available
 
-    if gpu_available():
+    if not gpu_available():
+        return 0
+    import cupy
+    return cupy.cuda.runtime.getDeviceCount()
+
+
+def pytest_collection_modifyitems(config, items):
+    count = _gpu_count()
+    if count == 1 and os.environ.get("REQUIRE_MULTI_GPU") != "1":
+        skip = pytest.mark.skip(reason="needs 2 GPUs (REQUIRE_MULTI_GPU=1 makes this a failure)")
+        for item in items:
+            if "multigpu" in item.keywords:
+                item.add_marker(skip)
+    if count:
         return
     if os.environ.get("REQUIRE_GPU") == "1":
         for item in items:

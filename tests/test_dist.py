@@ -89,7 +89,7 @@ def _pair(A, b, tol=1e-8, maxiter=1000, x0=None):
         if variant == "classic":
             out = pcg_iterate(A.dot, lambda r: d * r, b, x, tol, maxiter, None, history)
         else:
-            out = pcg_single_reduction(A.dot, lambda r: d * r, b, x, tol, maxiter, history, x_is_zero=x0 is None)
+            out = pcg_single_reduction(A.dot, lambda r: d * r, b, x, tol, maxiter, history=history, x_is_zero=x0 is None)
         runs.append((out, x, np.array(history)))
     return runs
 

@@ -1,7 +1,8 @@
 """Distributed PCG on two GPUs, launched with ``mpirun``/``mpiexec -n 2``.
 
-Needs a machine with 2 GPUs (``nvidia-h200-x2``); the ``gpu`` marker skips these
-tests elsewhere unless ``REQUIRE_GPU=1``.
+Needs a machine with 2 GPUs (``nvidia-h200-x2``); the ``gpu`` and ``multigpu``
+markers skip these tests elsewhere (see ``tests/conftest.py``). The refusal of
+two ranks on one GPU runs on any GPU machine.
 """
 import os
 
@@ -12,6 +13,7 @@ from test_dist import EXAMPLE, run_mpi
 pytestmark = [pytest.mark.gpu, pytest.mark.mpi]
 
 
+@pytest.mark.multigpu
 def test_two_gpu_suite():
     proc = run_mpi(2, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rf", "tests/test_dist_gpu_mpi.py",
                    timeout=300)
@@ -19,6 +21,7 @@ def test_two_gpu_suite():
     assert "passed" in proc.stdout
 
 
+@pytest.mark.multigpu
 @pytest.mark.parametrize("variant", ["classic", "single-reduction"])
 def test_cli_on_two_gpus(tmp_path, variant):
     out = tmp_path / "x.npy"

@@ -37,6 +37,15 @@ def test_report_on_bundled_example(capsys):
     assert "error vs exact solution" in out and "us per iteration" in out
 
 
+def test_variant_option_selects_single_reduction(capsys, tmp_path):
+    out_json = tmp_path / "r.json"
+    code, out, _ = run_cli(capsys, "--matrix", EXAMPLE, "--device", "cpu", "--variant", "single-reduction",
+                           "--json", out_json)
+    rep = json.loads(out_json.read_text())
+    assert code == 0 and "single-reduction PCG" in out
+    assert rep["variant"] == "single-reduction" and rep["converged"]
+
+
 def test_outputs_json_solution_and_plot(capsys, tmp_path):
     pytest.importorskip("matplotlib")
     js, sol, png = tmp_path / "r.json", tmp_path / "x.npy", tmp_path / "h.png"

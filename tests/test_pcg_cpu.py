@@ -164,3 +164,34 @@ def test_graph_modes_need_gpu_on_cpu():
     A = poisson((4, 4))
     with pytest.raises(solvers.DeviceError, match="needs a GPU"):
         solvers.PCG(A, device="cpu", mode="while")
+
+
+def test_single_reduction_variant_matches_classic_on_case_table(matrices_dir):
+    for name, A in case_matrices(matrices_dir).items():
+        b = np.random.default_rng(2).standard_normal(A.shape[0])
+        runs = {v: solvers.PCG(A, rtol=1e-8, maxiter=20 * A.shape[0], device="cpu", variant=v,
+                               record_history=True).solve(b) for v in ("classic", "single-reduction")}
+        c, s = runs["classic"], runs["single-reduction"]
+        assert c.converged and s.converged, name
+        assert abs(c.iterations - s.iterations) <= max(1, int(0.02 * c.iterations)), (name, c.iterations, s.iterations)
+        assert np.linalg.norm(s.x - c.x) <= 1e-6 * np.linalg.norm(c.x), name
+        # same iterates in exact arithmetic: the first residuals agree closely
+        np.testing.assert_allclose(s.history[:8], c.history[:8], rtol=1e-8)
+
+
+def test_single_reduction_variant_reports_failures_and_calls_back():
+    A = poisson((10, 10))
+    n = A.shape[0]
+    calls = []
+    res = solvers.PCG(A, device="cpu", variant="single-reduction").solve(np.ones(n), callback=calls.append)
+    assert res.converged and len(calls) == res.iterations > 0
+    b = np.ones(n)
+    b[4] = np.nan
+    assert solvers.PCG(A, device="cpu", variant="single-reduction").solve(b).reason is Reason.NOT_FINITE
+    indef = sp.diags([1.0, 2.0, -3.0, 4.0]).tocsr()
+    res = solvers.PCG(indef, preconditioner="none", device="cpu", variant="single-reduction").solve(np.ones(4))
+    assert res.reason is Reason.BREAKDOWN
+    res = solvers.PCG(A, device="cpu", variant="single-reduction").solve(np.ones(n), maxiter=3)
+    assert res.reason is Reason.MAX_ITERATIONS and res.iterations == 3
+    with pytest.raises(solvers.InputError, match="variant"):
+        solvers.PCG(A, device="cpu", variant="pipelined")

@@ -67,11 +67,51 @@ def test_kernels_match_numpy_reference(cupy):
     np.testing.assert_allclose(out.get(), pcg_ref.matrix_residual(A, g.x.get(), z), rtol=1e-12, atol=1e-12)
 
 
-def test_modes_agree_with_each_other_and_cpu(cupy, matrices_dir):
+@pytest.mark.parametrize("csr", [False, True])
+def test_single_reduction_kernel_matches_numpy_reference(cupy, csr):
+    from kernels import pcg_ref
+    from solvers.pcg.gpu import STATE_DTYPE, GPUPCG
+
+    A = poisson((20, 30)) + sp.diags(np.linspace(0.1, 1.0, 600))
+    if csr:  # irregular rows: CSR layout
+        A = A + sp.diags([0.01], [37], shape=A.shape) + sp.diags([0.01], [-37], shape=A.shape)
+    A = A.tocsr()
+    n = A.shape[0]
+    g = GPUPCG(A, "jacobi", np.float64, "eager", 1, False, variant="single-reduction")
+    assert g.layout.format == ("csr" if csr else "ell")
+    dinv = 1.0 / A.diagonal()
+    rng = np.random.default_rng(5)
+    host = {k: rng.standard_normal(n) for k in ("x", "p", "r0", "s0", "w0")}
+    host.update(r1=np.zeros(n), s1=np.zeros(n), w1=np.zeros(n))
+    for name, dev in (("x", g.x), ("p", g.p0), ("r0", g.r), ("s0", g.s0), ("w0", g.w0), ("r1", g.r1),
+                      ("s1", g.s1), ("w1", g.w1)):
+        dev.set(host[name])
+    st = np.zeros(1, STATE_DTYPE)
+    st["rz"], st["alpha"], st["beta"], st["tol"], st["maxiter"], st["iteration"] = 2.5, 0.7, 0.37, 1e-30, 100, 3
+    g.state.set(st.view(np.uint8))
+    ref = {k: st[k][0].item() for k in STATE_DTYPE.names}
+    r, s_, w = [host["r0"], host["r1"]], [host["s0"], host["s1"]], [host["w0"], host["w1"]]
+    for _ in range(3):  # both parities, then again
+        pcg_ref.pcg1_step(A, dinv, host["x"], host["p"], r, s_, w, ref)
+        g.launch_single_step(np.uint64(0))
+    dev = g.state.get().view(STATE_DTYPE)[0]
+    for name, got in (("x", g.x), ("p", g.p0), ("r0", g.r), ("r1", g.r1), ("s0", g.s0), ("s1", g.s1),
+                      ("w0", g.w0), ("w1", g.w1)):
+        want = {"r0": r[0], "r1": r[1], "s0": s_[0], "s1": s_[1], "w0": w[0], "w1": w[1]}.get(name, host.get(name))
+        np.testing.assert_allclose(got.get(), want, rtol=1e-11, atol=1e-11, err_msg=name)
+    assert dev["iteration"] == ref["iteration"] == 6 and dev["parity"] == ref["parity"] == 1
+    for key in ("alpha", "beta", "rz", "pq", "rnorm"):
+        assert dev[key] == pytest.approx(ref[key], rel=1e-10), key
+    assert dev["ticket"] == 0
+
+
+@pytest.mark.parametrize("variant", ["classic", "single-reduction"])
+def test_modes_agree_with_each_other_and_cpu(cupy, matrices_dir, variant):
     for name, A in cases(matrices_dir).items():
         b = np.random.default_rng(7).standard_normal(A.shape[0])
-        cpu = solvers.PCG(A, device="cpu", rtol=1e-8, maxiter=20 * A.shape[0]).solve(b)
-        results = {m: solvers.PCG(A, device="gpu", mode=m, rtol=1e-8, maxiter=20 * A.shape[0], unroll=4).solve(b)
+        cpu = solvers.PCG(A, device="cpu", rtol=1e-8, maxiter=20 * A.shape[0], variant=variant).solve(b)
+        results = {m: solvers.PCG(A, device="gpu", mode=m, rtol=1e-8, maxiter=20 * A.shape[0], unroll=4,
+                                  variant=variant).solve(b)
                    for m in MODES}
         its = {m: r.iterations for m, r in results.items()}
         assert len(set(its.values())) == 1, (name, its)
@@ -96,9 +136,10 @@ def test_float32(cupy):
     assert r32.relative_residual < 1e-4
 
 
-def test_graph_instantiated_once_over_100_solves_and_value_updates(cupy):
+@pytest.mark.parametrize("variant", ["classic", "single-reduction"])
+def test_graph_instantiated_once_over_100_solves_and_value_updates(cupy, variant):
     A = poisson((24, 24))
-    solver = solvers.PCG(A, device="gpu", mode="while", rtol=1e-10)
+    solver = solvers.PCG(A, device="gpu", mode="while", rtol=1e-10, variant=variant)
     rng = np.random.default_rng(0)
     for _ in range(100):
         b = rng.standard_normal(A.shape[0])
@@ -143,17 +184,18 @@ def test_device_inputs_without_host_round_trip(cupy):
     np.testing.assert_allclose(res.x.get(), ref, rtol=1e-7)
 
 
+@pytest.mark.parametrize("variant", ["classic", "single-reduction"])
 @pytest.mark.parametrize("mode", MODES)
-def test_failures_end_device_loop_with_right_reason(cupy, mode):
+def test_failures_end_device_loop_with_right_reason(cupy, mode, variant):
     A = poisson((16, 16))
     n = A.shape[0]
     b = np.ones(n)
     b[5] = np.nan
-    assert solvers.PCG(A, device="gpu", mode=mode).solve(b).reason is Reason.NOT_FINITE
+    assert solvers.PCG(A, device="gpu", mode=mode, variant=variant).solve(b).reason is Reason.NOT_FINITE
     indef = sp.diags(np.r_[np.ones(n // 2), -np.ones(n - n // 2)]).tocsr() + 0.1 * poisson((16, 16))
-    res = solvers.PCG(indef, device="gpu", mode=mode, preconditioner="none").solve(np.ones(n))
+    res = solvers.PCG(indef, device="gpu", mode=mode, preconditioner="none", variant=variant).solve(np.ones(n))
     assert res.reason is Reason.BREAKDOWN and res.info < 0
-    res = solvers.PCG(A, device="gpu", mode=mode, unroll=3).solve(np.ones(n), maxiter=7)
+    res = solvers.PCG(A, device="gpu", mode=mode, unroll=3, variant=variant).solve(np.ones(n), maxiter=7)
     assert res.reason is Reason.MAX_ITERATIONS and res.iterations == 7 and res.info == 7
     A_nan = A.copy()
     A_nan.data[3] = np.inf
@@ -161,13 +203,14 @@ def test_failures_end_device_loop_with_right_reason(cupy, mode):
         solvers.PCG(A_nan, device="gpu", mode=mode)
 
 
-def test_callback_and_history_on_gpu(cupy):
+@pytest.mark.parametrize("variant", ["classic", "single-reduction"])
+def test_callback_and_history_on_gpu(cupy, variant):
     A = poisson((20, 20))
     calls = []
-    solver = solvers.PCG(A, device="gpu", mode="while", record_history=True)
+    solver = solvers.PCG(A, device="gpu", mode="while", record_history=True, variant=variant)
     res = solver.solve(np.ones(A.shape[0]), callback=lambda xk: calls.append(float(xk[0])))
     assert len(calls) == res.iterations and len(res.history) == res.iterations + 1
-    cpu = solvers.PCG(A, device="cpu", record_history=True).solve(np.ones(A.shape[0]))
+    cpu = solvers.PCG(A, device="cpu", record_history=True, variant=variant).solve(np.ones(A.shape[0]))
     np.testing.assert_allclose(res.history[:10], cpu.history[:10], rtol=1e-10)
 
 
@@ -187,3 +230,17 @@ def test_auto_mode_and_cli_on_gpu(cupy, capsys):
         out = capsys.readouterr().out
         assert code == 0 and "converged in" in out, out
         assert f"mode {'while' if mode == 'auto' else mode}" in out
+
+
+@pytest.mark.parametrize("variant", ["classic", "single-reduction"])
+def test_initial_guess_and_float32_on_gpu(cupy, variant):
+    A = anisotropic_diffusion((30, 30), eps=0.1)
+    n = A.shape[0]
+    b = np.random.default_rng(9).standard_normal(n)
+    x0 = np.linspace(-1, 1, n)
+    cpu = solvers.PCG(A, device="cpu", rtol=1e-9, variant=variant).solve(b, x0)
+    gpu = solvers.PCG(A, device="gpu", mode="while", rtol=1e-9, variant=variant).solve(b, x0)
+    assert gpu.converged and abs(gpu.iterations - cpu.iterations) <= 1
+    np.testing.assert_allclose(gpu.x.get(), cpu.x, rtol=1e-6, atol=1e-8)
+    r32 = solvers.PCG(A, device="gpu", mode="while", rtol=1e-5, dtype="float32", variant=variant).solve(b)
+    assert r32.converged and r32.x.dtype == np.float32 and r32.relative_residual < 1e-4

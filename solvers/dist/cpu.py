@@ -1,97 +1,16 @@
 """Distributed PCG on the CPU: NumPy buffers, mpi4py messages.
 
-``classic`` runs the reference iteration :func:`solvers.pcg.cpu.pcg_iterate`
-with a summing dot product. ``single-reduction`` is the Chronopoulos-Gear
-form of PCG, which computes all three inner products of an iteration after
-one matrix-vector product and so needs one allreduce per iteration instead
-of several; the GPU path runs the same recurrences.
+Both variants run the single-process iterations of :mod:`solvers.pcg.cpu`
+with inner products summed over ranks: ``classic`` (two allreduces per
+iteration) and ``single-reduction`` (one); the GPU path runs the same
+recurrences.
 """
 import time
 
 import numpy as np
 
-from ..pcg.cpu import pcg_iterate
-from ..pcg.result import Reason
+from ..pcg.cpu import VARIANTS, pcg_iterate, pcg_single_reduction
 from .comm import HostComm
-
-VARIANTS = ("classic", "single-reduction")
-
-
-def pcg_single_reduction(matvec, psolve, b, x, tol, maxiter, history=None, reduce=np.asarray,
-                         x_is_zero=False):
-    """Chronopoulos-Gear PCG in place on ``x``: one reduction of three numbers per iteration.
-
-    Same stopping rule, breakdown and NaN checks and iteration count as
-    :func:`~solvers.pcg.cpu.pcg_iterate`; each iteration costs one more
-    vector update (``s = A p`` by recurrence) and the last one a spare
-    product.
-
-    Parameters
-    ----------
-    matvec, psolve, b, x, tol, maxiter, history
-        As for :func:`~solvers.pcg.cpu.pcg_iterate`.
-    reduce : callable
-        ``reduce(local)`` sums a float64 array of partial inner products over ranks.
-    x_is_zero : bool
-        The caller knows that ``x`` is zero on every rank (skips ``A x``).
-
-    Returns
-    -------
-    (Reason, int, float)
-    """
-    r = b.copy() if x_is_zero else b - matvec(x)
-    u = psolve(r)
-    w = matvec(u)
-
-    def reduced():
-        with np.errstate(invalid="ignore", over="ignore"):  # NaN and Inf are reported as NOT_FINITE
-            local = np.array([np.dot(r, r), np.dot(r, u), np.dot(w, u)], dtype=np.float64)
-        rr, g, d = reduce(local)
-        return float(np.sqrt(rr)), float(g), float(d)
-
-    rnorm, gamma, delta = reduced()
-    if history is not None:
-        history.append(rnorm)
-    if not np.isfinite(rnorm):
-        return Reason.NOT_FINITE, 0, rnorm
-    if rnorm <= tol:
-        return Reason.CONVERGED, 0, rnorm
-    if not (np.isfinite(gamma) and np.isfinite(delta)):
-        return Reason.NOT_FINITE, 0, rnorm
-    if gamma <= 0 or delta <= 0:
-        return Reason.BREAKDOWN, 0, rnorm
-    alpha = gamma / delta          # delta = p.Ap for p = u
-    p, s = u.copy(), w.copy()      # s = A p, kept by recurrence
-    for it in range(1, maxiter + 1):
-        x += alpha * p
-        r -= alpha * s
-        u = psolve(r)
-        w = matvec(u)
-        rnorm, gamma_new, delta = reduced()
-        if history is not None:
-            history.append(rnorm)
-        if not np.isfinite(rnorm):
-            return Reason.NOT_FINITE, it, rnorm
-        if rnorm <= tol:
-            return Reason.CONVERGED, it, rnorm
-        if it == maxiter:
-            break
-        if not (np.isfinite(gamma_new) and np.isfinite(delta)):
-            return Reason.NOT_FINITE, it, rnorm
-        if gamma_new <= 0:
-            return Reason.BREAKDOWN, it, rnorm
-        beta = gamma_new / gamma
-        pap = delta - beta * gamma_new / alpha   # p.Ap of the next direction, from the same reduction
-        if not np.isfinite(pap):
-            return Reason.NOT_FINITE, it, rnorm
-        if pap <= 0:
-            return Reason.BREAKDOWN, it, rnorm
-        alpha, gamma = gamma_new / pap, gamma_new
-        p *= beta
-        p += u
-        s *= beta
-        s += w
-    return Reason.MAX_ITERATIONS, maxiter, rnorm
 
 
 class DistCPUPCG:
@@ -145,8 +64,8 @@ class DistCPUPCG:
         x_is_zero = not self.host.comm.allreduce(x0 is not None and bool(np.any(x0)))
         x = np.zeros_like(b) if x_is_zero else np.array(x0, dtype=self.dtype)
         if self.variant == "single-reduction":
-            result = pcg_single_reduction(self.matvec, self.psolve, b, x, tol, maxiter, history,
-                                          self.host.allreduce, x_is_zero)
+            result = pcg_single_reduction(self.matvec, self.psolve, b, x, tol, maxiter, history=history,
+                                          reduce=self.host.allreduce, x_is_zero=x_is_zero)
         elif x_is_zero:
             result = pcg_iterate(self.matvec, self.psolve, b, x, tol, maxiter, None, history, self.host.dot)
         else:

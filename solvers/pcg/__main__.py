@@ -39,8 +39,8 @@ def build_parser():
     p.add_argument("--progress", action="store_true",
                    help="show iteration and residual live on stderr while solving")
     p.add_argument("--variant", choices=("classic", "single-reduction"), default="classic",
-                   help="under mpiexec: classic PCG, or the single-reduction (Chronopoulos-Gear) form "
-                        "with one allreduce per iteration")
+                   help="classic PCG, or the single-reduction (Chronopoulos-Gear) form: one grid-wide "
+                        "reduction per iteration (one kernel on the GPU; one allreduce under mpiexec)")
     g = p.add_mutually_exclusive_group()
     g.add_argument("-q", "--quiet", action="store_true", help="print one summary line")
     g.add_argument("-v", "--verbose", action="store_true", help="print more detail")
@@ -52,7 +52,7 @@ def _report(problem, solver, result, error):
         "matrix": problem.name, "n": problem.n, "nnz": problem.nnz,
         "device": result.device, "device_name": getattr(solver, "device_name", None),
         "mode": result.mode, "mode_note": result.mode_note,
-        "preconditioner": solver.preconditioner, "dtype": str(solver.dtype),
+        "preconditioner": solver.preconditioner, "variant": solver.variant, "dtype": str(solver.dtype),
         "converged": result.converged, "reason": result.reason.label, "info": result.info,
         "iterations": result.iterations,
         "residual_norm": result.residual_norm, "true_residual_norm": result.true_residual_norm,
@@ -74,7 +74,7 @@ def _print_report(rep, args):
     lines = [
         f"matrix                  {rep['matrix']}  (n = {rep['n']:,}, nnz = {rep['nnz']:,})",
         f"device                  {where}, mode {rep['mode']}",
-        f"preconditioner          {rep['preconditioner']}, {rep['dtype']}",
+        f"preconditioner          {rep['preconditioner']}, {rep['dtype']}, {rep['variant']} PCG",
         f"result                  {status} {'in' if rep['converged'] else 'after'} {rep['iterations']} iterations",
         f"true relative residual  {rep['true_relative_residual']:.3e}  "
         f"(||b - A x|| / ||b||; stop when ||r|| <= {rep['tolerance']:.3e})",
@@ -167,7 +167,7 @@ def main(argv=None):
         problem = load_problem(args.matrix, args.rhs, args.x0, dtype=args.dtype)
         solver = PCG(problem.A, preconditioner=args.precond, rtol=args.rtol, atol=args.atol,
                      maxiter=args.maxiter, device=args.device, mode=args.mode, dtype=args.dtype,
-                     unroll=args.unroll, record_history=bool(args.plot or args.json))
+                     unroll=args.unroll, record_history=bool(args.plot or args.json), variant=args.variant)
         result = solver.solve(problem.b, problem.x0, progress=_LiveProgress() if args.progress else None)
         if args.progress:
             print(file=sys.stderr)

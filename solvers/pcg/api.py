@@ -4,7 +4,7 @@ from .solver import PCG
 
 
 def cg(A, b, x0=None, *, rtol=1e-5, atol=0.0, maxiter=None, M=None, callback=None,
-       preconditioner="none", device=None, mode="auto"):
+       preconditioner="none", device=None, mode="auto", variant="classic"):
     """Solve ``A x = b`` by (preconditioned) conjugate gradients, like ``scipy.sparse.linalg.cg``.
 
     Parameters
@@ -27,6 +27,8 @@ def cg(A, b, x0=None, *, rtol=1e-5, atol=0.0, maxiter=None, M=None, callback=Non
         None follows the inputs: GPU arrays solve on the GPU, host arrays on the CPU.
     mode : {"auto", "eager", "graph", "while"}
         GPU driver.
+    variant : {"classic", "single-reduction"}
+        PCG form (see :class:`~solvers.pcg.solver.PCG`).
 
     Returns
     -------
@@ -39,7 +41,7 @@ def cg(A, b, x0=None, *, rtol=1e-5, atol=0.0, maxiter=None, M=None, callback=Non
     if device is None:
         device = "gpu" if (is_device_array(b) or is_device_array(A) or type(A).__module__.startswith("cupyx")) else "cpu"
     solver = PCG(A, preconditioner=preconditioner, M=M, rtol=rtol, atol=atol, maxiter=maxiter,
-                 device=device, mode=mode)
+                 device=device, mode=mode, variant=variant)
     result = solver.solve(b, x0, callback=callback)
     x = result.x
     if solver.device == "gpu" and not is_device_array(b):

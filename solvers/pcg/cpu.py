@@ -1,7 +1,8 @@
 """PCG on the CPU with NumPy: the reference every GPU driver is compared to.
 
-The iteration is the one the GPU kernels run (see ``kernels/pcg.cu``):
-same stopping rule, same breakdown and NaN checks, same iteration count.
+Two variants, each the iteration the GPU kernels run (see ``kernels/pcg.cu``):
+``classic`` PCG and the ``single-reduction`` (Chronopoulos-Gear) form, with
+the same stopping rule and the same breakdown and NaN checks.
 """
 import time
 
@@ -10,6 +11,8 @@ import numpy as np
 from ..backend import is_device_array
 from ..errors import DeviceError, InputError
 from .result import Reason
+
+VARIANTS = ("classic", "single-reduction")
 
 
 def pcg_iterate(matvec, psolve, b, x, tol, maxiter, callback=None, history=None, dot=np.dot):
@@ -88,6 +91,85 @@ def pcg_iterate(matvec, psolve, b, x, tol, maxiter, callback=None, history=None,
     return Reason.MAX_ITERATIONS, maxiter, rnorm
 
 
+def pcg_single_reduction(matvec, psolve, b, x, tol, maxiter, callback=None, history=None, reduce=np.asarray,
+                         x_is_zero=False):
+    """Chronopoulos-Gear PCG in place on ``x``: one reduction of three numbers per iteration.
+
+    Same stopping rule, breakdown and NaN checks as :func:`pcg_iterate`, and
+    the same iterates in exact arithmetic; each iteration costs one more
+    vector update (``s = A p`` by recurrence) and the last one a spare
+    product.
+
+    Parameters
+    ----------
+    matvec, psolve, b, x, tol, maxiter, callback, history
+        As for :func:`pcg_iterate`.
+    reduce : callable
+        ``reduce(local)`` sums a float64 array of partial inner products over ranks.
+    x_is_zero : bool
+        The caller knows that ``x`` is zero on every rank (skips ``A x``).
+
+    Returns
+    -------
+    (Reason, int, float)
+    """
+    r = b.copy() if x_is_zero else b - matvec(x)
+    u = psolve(r)
+    w = matvec(u)
+
+    def reduced():
+        with np.errstate(invalid="ignore", over="ignore"):  # NaN and Inf are reported as NOT_FINITE
+            local = np.array([np.dot(r, r), np.dot(r, u), np.dot(w, u)], dtype=np.float64)
+        rr, g, d = reduce(local)
+        return float(np.sqrt(rr)), float(g), float(d)
+
+    rnorm, gamma, delta = reduced()
+    if history is not None:
+        history.append(rnorm)
+    if not np.isfinite(rnorm):
+        return Reason.NOT_FINITE, 0, rnorm
+    if rnorm <= tol:
+        return Reason.CONVERGED, 0, rnorm
+    if not (np.isfinite(gamma) and np.isfinite(delta)):
+        return Reason.NOT_FINITE, 0, rnorm
+    if gamma <= 0 or delta <= 0:
+        return Reason.BREAKDOWN, 0, rnorm
+    alpha = gamma / delta          # delta = p.Ap for p = u
+    p, s = u.copy(), w.copy()      # s = A p, kept by recurrence
+    for it in range(1, maxiter + 1):
+        x += alpha * p
+        r -= alpha * s
+        if callback is not None:
+            callback(x)
+        u = psolve(r)
+        w = matvec(u)
+        rnorm, gamma_new, delta = reduced()
+        if history is not None:
+            history.append(rnorm)
+        if not np.isfinite(rnorm):
+            return Reason.NOT_FINITE, it, rnorm
+        if rnorm <= tol:
+            return Reason.CONVERGED, it, rnorm
+        if it == maxiter:
+            break
+        if not (np.isfinite(gamma_new) and np.isfinite(delta)):
+            return Reason.NOT_FINITE, it, rnorm
+        if gamma_new <= 0:
+            return Reason.BREAKDOWN, it, rnorm
+        beta = gamma_new / gamma
+        pap = delta - beta * gamma_new / alpha   # p.Ap of the next direction, from the same reduction
+        if not np.isfinite(pap):
+            return Reason.NOT_FINITE, it, rnorm
+        if pap <= 0:
+            return Reason.BREAKDOWN, it, rnorm
+        alpha, gamma = gamma_new / pap, gamma_new
+        p *= beta
+        p += u
+        s *= beta
+        s += w
+    return Reason.MAX_ITERATIONS, maxiter, rnorm
+
+
 class CPUPCG:
     """Set-up-once PCG on NumPy/SciPy data (one instance per matrix)."""
 
@@ -95,10 +177,11 @@ class CPUPCG:
     mode = "numpy"
     mode_note = None
 
-    def __init__(self, A, preconditioner, dtype):
+    def __init__(self, A, preconditioner, dtype, variant="classic"):
         self.A = A
         self.M = preconditioner
         self.dtype = np.dtype(dtype)
+        self.variant = variant
 
     @property
     def shape(self):
@@ -139,7 +222,11 @@ class CPUPCG:
                     user_callback(xk)
                 on_progress(len(history), history[-1])  # residual of the previous iteration
         t0 = time.perf_counter()
-        reason, its, rnorm = pcg_iterate(self.A.dot, self.M.apply, b, x, tol, maxiter, callback, history)
+        if self.variant == "single-reduction":
+            reason, its, rnorm = pcg_single_reduction(self.A.dot, self.M.apply, b, x, tol, maxiter, callback,
+                                                      history, x_is_zero=x0 is None)
+        else:
+            reason, its, rnorm = pcg_iterate(self.A.dot, self.M.apply, b, x, tol, maxiter, callback, history)
         self.last_loop_time = time.perf_counter() - t0
         if not record_history:
             history = None

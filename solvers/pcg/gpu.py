@@ -1,4 +1,4 @@
-"""PCG on one GPU: fixed device buffers, the two-kernel iteration body, and its engine.
+"""PCG on one GPU: fixed device buffers, the iteration bodies, and their engine.
 
 Everything is allocated and compiled here at set-up; a solve copies ``b`` (and
 ``x0``) into the fixed buffers, resets the device state and runs the engine.
@@ -61,7 +61,7 @@ class _HostMapped:
 
 
 class PCGBody:
-    """One PCG iteration as two kernel launches on fixed buffers (see ``kernels/pcg.cu``)."""
+    """One classic PCG iteration as two kernel launches on fixed buffers (see ``kernels/pcg.cu``)."""
 
     def __init__(self, solver):
         self.s = solver
@@ -77,16 +77,27 @@ class PCGBody:
                    stream=stream)
 
 
+class SinglePCGBody:
+    """One single-reduction PCG iteration: one kernel launch (``pcg1_step`` in ``kernels/pcg.cu``)."""
+
+    def __init__(self, solver):
+        self.s = solver
+
+    def launch(self, stream, loop):
+        self.s.launch_single_step(loop.handle, stream)
+
+
 class GPUPCG:
     """Set-up-once PCG on the GPU, driven by :class:`~solvers.engine.GraphEngine`."""
 
     device = "gpu"
 
-    def __init__(self, A, preconditioner, dtype, mode, unroll, record_history):
+    def __init__(self, A, preconditioner, dtype, mode, unroll, record_history, variant="classic"):
         cupy = require_cupy()
         if preconditioner not in ("none", "jacobi"):
             raise InputError(f"preconditioner {preconditioner!r} is not available on the GPU")
         self.cupy = cupy
+        self.variant = variant
         self.dtype = np.dtype(dtype)
         self.preconditioner = preconditioner
         self.record_history = record_history
@@ -95,7 +106,8 @@ class GPUPCG:
             self._setup(A)
         except cupy.cuda.memory.OutOfMemoryError as exc:
             raise DeviceError(f"out of GPU memory while setting up the solver ({exc})") from None
-        self.engine = GraphEngine(PCGBody(self), mode=mode, unroll=unroll)
+        body = SinglePCGBody(self) if variant == "single-reduction" else PCGBody(self)
+        self.engine = GraphEngine(body, mode=mode, unroll=unroll)
         self.mode_note = self.engine.note
 
     # -- set-up ---------------------------------------------------------------
@@ -123,6 +135,7 @@ class GPUPCG:
         self.k_update = mod.get_function("pcg_update")
         self.k_start = mod.get_function("pcg_start")
         self.k_residual = mod.get_function("matrix_residual")
+        self.k_step1 = mod.get_function("pcg1_step")
 
         sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
         rows_per_block = BLOCK // self.layout.lanes
@@ -131,10 +144,15 @@ class GPUPCG:
         self.grid_vec = int(max(1, min(-(-n // BLOCK), sms * 8)))
 
         zeros = lambda: cupy.zeros(n, dtype=self.dtype)  # noqa: E731
-        self.x, self.b, self.r, self.z, self.q, self.p0, self.p1 = (zeros() for _ in range(7))
+        single = self.variant == "single-reduction"
+        self.x, self.b, self.r, self.p0 = (zeros() for _ in range(4))
+        # classic: z, q and the second direction buffer p1; single-reduction: p is p0 and r is r0 of
+        # the pairs (r, r1), (s0, s1), (w0, w1)
+        self.z, self.q, self.p1 = (None if single else zeros() for _ in range(3))
+        self.r1, self.s0, self.s1, self.w0, self.w1 = (zeros() if single else None for _ in range(5))
         self.dinv = zeros() if self.preconditioner == "jacobi" else None
         self.dinv_arg = self.dinv if self.dinv is not None else np.uint64(0)
-        self.partials = cupy.zeros(2 * max(self.grid_spmv, self.grid_vec), dtype=cupy.float64)
+        self.partials = cupy.zeros(3 * max(self.grid_spmv, self.grid_vec), dtype=cupy.float64)
         self.state = cupy.zeros(STATE_DTYPE.itemsize, dtype=cupy.uint8)
         self.progress = _HostMapped(PROGRESS_DTYPE)
         self.history = None
@@ -209,11 +227,32 @@ class GPUPCG:
             self.history_arg = self.history
             self.engine.invalidate()  # the history pointer is baked into the graph
 
-    def _reset_state(self, tol, maxiter):
+    def _reset_state(self, tol, maxiter, iteration=0):
         st = np.zeros(1, dtype=STATE_DTYPE)
-        st["tol"], st["maxiter"], st["status"] = tol, maxiter, RUNNING
+        st["tol"], st["maxiter"], st["status"], st["iteration"] = tol, maxiter, RUNNING, iteration
         self.state.set(st.view(np.uint8))
         self.progress.host[...] = 0
+
+    def launch_single_step(self, handle, stream=None):
+        """Enqueue one ``pcg1_step`` (the single-reduction iteration, or its set-up pass)."""
+        self.k_step1((self.grid_spmv,), (BLOCK,),
+                     (self.rowptr, self.col, self.val, self.dinv_arg, self.x, self.p0, self.r, self.r1, self.s0,
+                      self.s1, self.w0, self.w1, self.state, self.partials, self.history_arg,
+                      self.progress.device_ptr, handle, np.int32(self.n)), stream=stream)
+
+    def _start(self, tol, maxiter):
+        """Reset the device state and run the set-up pass of the variant (r holds b - A x0)."""
+        self.p0.fill(0)
+        if self.variant == "single-reduction":
+            self.s0.fill(0)
+            self.w0.fill(0)
+            self._reset_state(tol, maxiter, iteration=-1)
+            self.launch_single_step(np.uint64(0))
+            return
+        self._reset_state(tol, maxiter)
+        self.k_start((self.grid_vec,), (BLOCK,),
+                     (self.x, self.r, self.q, self.p0, self.p1, self.dinv_arg, self.z, self.state, self.partials,
+                      self.history_arg, self.progress.device_ptr, np.uint64(0), np.int32(self.n)))
 
     def _residual(self, x, out):
         self.k_residual((self.grid_spmv,), (BLOCK,), (self.rowptr, self.col, self.val, x, self.b, out,
@@ -236,11 +275,7 @@ class GPUPCG:
         else:
             self.x[...] = x0
             self._residual(self.x, self.r)
-        self.p0.fill(0)
-        self._reset_state(tol, maxiter)
-        self.k_start((self.grid_vec,), (BLOCK,),
-                     (self.x, self.r, self.q, self.p0, self.p1, self.dinv_arg, self.z, self.state, self.partials,
-                      self.history_arg, self.progress.device_ptr, np.uint64(0), np.int32(self.n)))
+        self._start(tol, maxiter)
         cupy.cuda.Device().synchronize()
         prog = self.progress.host
         seen = [0]

@@ -7,6 +7,7 @@ import scipy.sparse.linalg as spla
 
 from ..backend import is_device_array, require_cupy, resolve_device
 from ..errors import DeviceError, InputError
+from .cpu import VARIANTS, CPUPCG
 from .preconditioners import make_preconditioner
 from .result import SolveResult
 
@@ -75,13 +76,21 @@ class PCG:
         Iterations per graph launch (``graph``) or per WHILE pass (``while``).
     record_history : bool
         Keep the residual norm of every iteration in the result.
+    variant : {"classic", "single-reduction"}
+        Classic PCG, or the Chronopoulos-Gear form: the same iterates in exact
+        arithmetic with one grid-wide reduction per iteration instead of two,
+        which on the GPU makes an iteration one kernel.
     """
 
     def __init__(self, A, *, preconditioner="jacobi", M=None, rtol=1e-5, atol=0.0, maxiter=None,
-                 device="auto", mode="auto", dtype="float64", unroll=4, record_history=False):
+                 device="auto", mode="auto", dtype="float64", unroll=4, record_history=False,
+                 variant="classic"):
         t0 = time.perf_counter()
         if str(np.dtype(dtype)) not in DTYPES:
             raise InputError(f"dtype must be float64 or float32, not {dtype}")
+        if variant not in VARIANTS:
+            raise InputError(f"variant must be one of {', '.join(VARIANTS)}, not {variant!r}")
+        self.variant = variant
         self.dtype = np.dtype(dtype)
         self.rtol, self.atol, self.maxiter = float(rtol), float(atol), maxiter
         self.record_history = record_history
@@ -89,14 +98,13 @@ class PCG:
         if self.device == "cpu":
             if mode not in ("auto", "eager"):
                 raise DeviceError(f"mode {mode!r} runs CUDA graphs and needs a GPU; use --mode eager or auto on the CPU")
-            from .cpu import CPUPCG
             A = _host_matrix(A, self.dtype)
             self.shape = A.shape
             precond = _OperatorPreconditioner(M) if M is not None else make_preconditioner(preconditioner, A)
-            self._impl = CPUPCG(A, precond, self.dtype)
+            self._impl = CPUPCG(A, precond, self.dtype, variant)
         else:
             from .gpu import GPUPCG
-            self._impl = GPUPCG(A, preconditioner, self.dtype, mode, unroll, record_history)
+            self._impl = GPUPCG(A, preconditioner, self.dtype, mode, unroll, record_history, variant)
             self.shape = self._impl.shape
         if self.shape[0] != self.shape[1]:
             raise InputError(f"A must be square, got shape {self.shape}")
