@@ -210,23 +210,26 @@ __device__ __forceinline__ void update_rows(real_t* __restrict__ x, real_t* __re
     }
 }
 
-// Record the decision taken at iteration `it` (one thread): state, history, the host-mapped progress
-// word and, in a WHILE body, the loop condition.
+// Record the decision taken at iteration `it` (one thread): state and history; the host-mapped
+// progress word every PROGRESS_STRIDE iterations and at the stop (a write over the bus each
+// iteration would lengthen every kernel); and, in a WHILE body, the end of the loop (the condition's
+// default, re-applied at every launch, is "go on", so only the stop needs setting).
+#define PROGRESS_STRIDE 16
 __device__ void record_decision(State* st, int it, double rnorm, int status, double* history,
                                 Progress* progress, unsigned long long handle) {
     st->iteration = it;
     st->rnorm = rnorm;
     st->status = status;
     if (history) history[it] = rnorm;
-    if (progress) {
-        // Posted writes over the bus, no fence: the host reads them for display while the graph
-        // runs, and exactly only after synchronising with the stream.
+    if (progress && (status != RUNNING || it % PROGRESS_STRIDE == 0)) {
+        // Posted writes, no fence: the host reads them for display while the graph runs, and
+        // exactly only after synchronising with the stream.
         volatile Progress* pr = progress;
         pr->rnorm = rnorm;
         pr->iteration = it;
         pr->status = status;
     }
-    if (handle) cudaGraphSetConditional(handle, status == RUNNING);
+    if (handle && status != RUNNING) cudaGraphSetConditional(handle, 0);
 }
 
 // A finished solve leaves the WHILE loop (its remaining unrolled copies return at once).

@@ -281,11 +281,13 @@ class GPUPCG:
         seen = [0]
 
         def done():
-            it = int(prog["iteration"][0])
-            if callback is not None and it > seen[0]:
-                seen[0] = it
+            if callback is None:  # the progress word is exact once the device loop has stopped
+                return int(prog["status"][0]) != RUNNING
+            st = self.state.get().view(STATE_DTYPE)[0]  # exact every iteration, for the callback
+            if int(st["iteration"]) > seen[0]:
+                seen[0] = int(st["iteration"])
                 callback(self.x)
-            return int(prog["status"][0]) != RUNNING
+            return int(st["status"]) != RUNNING
 
         def on_wait():
             on_progress(int(prog["iteration"][0]), float(prog["rnorm"][0]))
