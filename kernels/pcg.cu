@@ -136,10 +136,11 @@ extern "C" __global__ void __launch_bounds__(BLOCK)
 pcg_spmv_dot(const int* __restrict__ rowptr, const int* __restrict__ col, const real_t* __restrict__ val,
              const real_t* __restrict__ z, real_t* p0, real_t* p1, real_t* __restrict__ q,
              State* st, double* partials, int n) {
-    if (st->status != RUNNING) return;
-    const real_t beta = (real_t)st->beta;
-    const real_t* __restrict__ p_old = st->parity ? p1 : p0;
-    real_t* __restrict__ p_new = st->parity ? p0 : p1;
+    const State s = *st;  // every field in one round trip, before the branch that needs one
+    if (s.status != RUNNING) return;
+    const real_t beta = (real_t)s.beta;
+    const real_t* __restrict__ p_old = s.parity ? p1 : p0;
+    real_t* __restrict__ p_new = s.parity ? p0 : p1;
     auto direction = [&](int j) { return fma(beta, p_old[j], z[j]); };
     const int rows_per_block = BLOCK / SUBWARP;
     const int stride = gridDim.x * rows_per_block;
@@ -233,8 +234,8 @@ __device__ void record_decision(State* st, int it, double rnorm, int status, dou
 }
 
 // A finished solve leaves the WHILE loop (its remaining unrolled copies return at once).
-__device__ __forceinline__ bool finished(const State* st, unsigned long long handle) {
-    if (st->status == RUNNING) return false;
+__device__ __forceinline__ bool finished(const State& s, unsigned long long handle) {
+    if (s.status == RUNNING) return false;
     if (handle && blockIdx.x == 0 && threadIdx.x == 0) cudaGraphSetConditional(handle, 0);
     return true;
 }
@@ -245,9 +246,10 @@ __device__ void update(real_t* __restrict__ x, real_t* __restrict__ r, const rea
                        const real_t* p0, const real_t* p1, const real_t* __restrict__ dinv,
                        real_t* __restrict__ z, State* st, double* partials, double* history,
                        Progress* progress, unsigned long long handle, int n) {
-    if (!START && finished(st, handle)) return;
+    const State s = *st;
+    if (!START && finished(s, handle)) return;
     double sums[2] = {0.0, 0.0};  // r.z, r.r
-    update_rows<START>(x, r, q, st->parity ? p0 : p1, dinv, z, (real_t)st->alpha, n, sums[0], sums[1]);
+    update_rows<START>(x, r, q, s.parity ? p0 : p1, dinv, z, (real_t)s.alpha, n, sums[0], sums[1]);
     if (!publish_partials(partials, sums, &st->ticket)) return;
     sum_partials(partials, sums);
     if (threadIdx.x != 0) return;
@@ -308,9 +310,10 @@ pcg1_step(const int* __restrict__ rowptr, const int* __restrict__ col, const rea
           const real_t* __restrict__ dinv, real_t* __restrict__ x, real_t* __restrict__ p, real_t* r0,
           real_t* r1, real_t* s0, real_t* s1, real_t* w0, real_t* w1, State* st, double* partials,
           double* history, Progress* progress, unsigned long long handle, int n) {
-    if (finished(st, handle)) return;
-    const int parity = st->parity;
-    const real_t alpha = (real_t)st->alpha, beta = (real_t)st->beta;
+    const State state = *st;
+    if (finished(state, handle)) return;
+    const int parity = state.parity;
+    const real_t alpha = (real_t)state.alpha, beta = (real_t)state.beta;
     const real_t* __restrict__ r_old = parity ? r1 : r0;
     const real_t* __restrict__ s_old = parity ? s1 : s0;
     const real_t* __restrict__ w_old = parity ? w1 : w0;

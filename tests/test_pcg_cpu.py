@@ -195,3 +195,12 @@ def test_single_reduction_variant_reports_failures_and_calls_back():
     assert res.reason is Reason.MAX_ITERATIONS and res.iterations == 3
     with pytest.raises(solvers.InputError, match="variant"):
         solvers.PCG(A, device="cpu", variant="pipelined")
+
+
+def test_auto_variant_is_classic_on_the_cpu_and_reported():
+    from solvers.pcg.cpu import SINGLE_REDUCTION_MAX_ROWS, resolve_variant
+    A = poisson((8, 8))
+    assert solvers.PCG(A, device="cpu").variant == "classic"
+    assert solvers.PCG(A, device="cpu", variant="single-reduction").variant == "single-reduction"
+    assert resolve_variant("auto", SINGLE_REDUCTION_MAX_ROWS, "gpu") == "single-reduction"
+    assert resolve_variant("auto", SINGLE_REDUCTION_MAX_ROWS + 1, "gpu") == "classic"

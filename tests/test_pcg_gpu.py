@@ -246,3 +246,12 @@ def test_initial_guess_and_float32_on_gpu(cupy, variant):
     np.testing.assert_allclose(gpu.x.get(), cpu.x, rtol=1e-6, atol=1e-8)
     r32 = solvers.PCG(A, device="gpu", mode="while", rtol=1e-5, dtype="float32", variant=variant).solve(b)
     assert r32.converged and r32.x.dtype == np.float32 and r32.relative_residual < 1e-4
+
+
+def test_auto_variant_on_gpu_follows_size(cupy):
+    from solvers.pcg.cpu import SINGLE_REDUCTION_MAX_ROWS
+    small = solvers.PCG(poisson((32, 32)), device="gpu")
+    side = int(np.sqrt(SINGLE_REDUCTION_MAX_ROWS)) + 1
+    large = solvers.PCG(poisson((side, side)), device="gpu")
+    assert small.variant == "single-reduction" and large.variant == "classic"
+    assert large.solve(np.ones(side * side), maxiter=5).iterations == 5

@@ -38,9 +38,10 @@ def build_parser():
     p.add_argument("--plot", help="plot the convergence history to this PNG (needs matplotlib)")
     p.add_argument("--progress", action="store_true",
                    help="show iteration and residual live on stderr while solving")
-    p.add_argument("--variant", choices=("classic", "single-reduction"), default="classic",
+    p.add_argument("--variant", choices=("auto", "classic", "single-reduction"), default="auto",
                    help="classic PCG, or the single-reduction (Chronopoulos-Gear) form: one grid-wide "
-                        "reduction per iteration (one kernel on the GPU; one allreduce under mpiexec)")
+                        "reduction per iteration (one kernel on the GPU; one allreduce under mpiexec); "
+                        "auto: single-reduction for small systems on one GPU, else classic")
     g = p.add_mutually_exclusive_group()
     g.add_argument("-q", "--quiet", action="store_true", help="print one summary line")
     g.add_argument("-v", "--verbose", action="store_true", help="print more detail")

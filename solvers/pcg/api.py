@@ -4,7 +4,7 @@ from .solver import PCG
 
 
 def cg(A, b, x0=None, *, rtol=1e-5, atol=0.0, maxiter=None, M=None, callback=None,
-       preconditioner="none", device=None, mode="auto", variant="classic"):
+       preconditioner="none", device=None, mode="auto", variant="auto"):
     """Solve ``A x = b`` by (preconditioned) conjugate gradients, like ``scipy.sparse.linalg.cg``.
 
     Parameters
@@ -27,7 +27,7 @@ def cg(A, b, x0=None, *, rtol=1e-5, atol=0.0, maxiter=None, M=None, callback=Non
         None follows the inputs: GPU arrays solve on the GPU, host arrays on the CPU.
     mode : {"auto", "eager", "graph", "while"}
         GPU driver.
-    variant : {"classic", "single-reduction"}
+    variant : {"auto", "classic", "single-reduction"}
         PCG form (see :class:`~solvers.pcg.solver.PCG`).
 
     Returns

@@ -13,6 +13,19 @@ from ..errors import DeviceError, InputError
 from .result import Reason
 
 VARIANTS = ("classic", "single-reduction")
+# Single-reduction is the GPU's choice up to this many rows, where an iteration is latency bound
+# (one kernel instead of two); above it, its extra neighbour reads make it slower than classic.
+# Measured on an H200 (MEASUREMENTS.md): 64^2 and 256^2 ~15% faster, 64^3 ~20% slower.
+SINGLE_REDUCTION_MAX_ROWS = 1 << 17
+
+
+def resolve_variant(variant, n, device):
+    """The concrete PCG variant for ``variant`` ("auto" or one of VARIANTS) on ``n`` rows."""
+    if variant == "auto":
+        return "single-reduction" if device == "gpu" and n <= SINGLE_REDUCTION_MAX_ROWS else "classic"
+    if variant not in VARIANTS:
+        raise InputError(f"variant must be auto or one of {', '.join(VARIANTS)}, not {variant!r}")
+    return variant
 
 
 def pcg_iterate(matvec, psolve, b, x, tol, maxiter, callback=None, history=None, dot=np.dot):

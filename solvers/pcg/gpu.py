@@ -14,6 +14,7 @@ from ..backend import require_cupy
 from ..engine import GraphEngine
 from ..errors import DeviceError, InputError
 from .layout import MatrixLayout
+from .cpu import resolve_variant
 from .preconditioners import jacobi_inverse_diagonal
 from .result import Reason
 
@@ -92,12 +93,12 @@ class GPUPCG:
 
     device = "gpu"
 
-    def __init__(self, A, preconditioner, dtype, mode, unroll, record_history, variant="classic"):
+    def __init__(self, A, preconditioner, dtype, mode, unroll, record_history, variant="auto"):
         cupy = require_cupy()
         if preconditioner not in ("none", "jacobi"):
             raise InputError(f"preconditioner {preconditioner!r} is not available on the GPU")
         self.cupy = cupy
-        self.variant = variant
+        self.requested_variant = variant
         self.dtype = np.dtype(dtype)
         self.preconditioner = preconditioner
         self.record_history = record_history
@@ -121,6 +122,7 @@ class GPUPCG:
         if n >= 2**31 - 1 or nnz >= 2**31 - 1:
             raise InputError("matrices with 2^31 or more rows or entries are not supported (int32 indices)")
         self.n = n
+        self.variant = resolve_variant(self.requested_variant, n, "gpu")
         indptr = cupy.ascontiguousarray(M.indptr.astype(cupy.int32))
         indices = cupy.ascontiguousarray(M.indices.astype(cupy.int32))
         data = M.data.astype(self.dtype)

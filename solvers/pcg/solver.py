@@ -7,7 +7,7 @@ import scipy.sparse.linalg as spla
 
 from ..backend import is_device_array, require_cupy, resolve_device
 from ..errors import DeviceError, InputError
-from .cpu import VARIANTS, CPUPCG
+from .cpu import CPUPCG, resolve_variant
 from .preconditioners import make_preconditioner
 from .result import SolveResult
 
@@ -76,21 +76,20 @@ class PCG:
         Iterations per graph launch (``graph``) or per WHILE pass (``while``).
     record_history : bool
         Keep the residual norm of every iteration in the result.
-    variant : {"classic", "single-reduction"}
+    variant : {"auto", "classic", "single-reduction"}
         Classic PCG, or the Chronopoulos-Gear form: the same iterates in exact
         arithmetic with one grid-wide reduction per iteration instead of two,
-        which on the GPU makes an iteration one kernel.
+        which on the GPU makes an iteration one kernel. ``auto`` takes
+        single-reduction on the GPU for small systems (latency bound), classic
+        otherwise; the ``variant`` attribute says which ran.
     """
 
     def __init__(self, A, *, preconditioner="jacobi", M=None, rtol=1e-5, atol=0.0, maxiter=None,
                  device="auto", mode="auto", dtype="float64", unroll=4, record_history=False,
-                 variant="classic"):
+                 variant="auto"):
         t0 = time.perf_counter()
         if str(np.dtype(dtype)) not in DTYPES:
             raise InputError(f"dtype must be float64 or float32, not {dtype}")
-        if variant not in VARIANTS:
-            raise InputError(f"variant must be one of {', '.join(VARIANTS)}, not {variant!r}")
-        self.variant = variant
         self.dtype = np.dtype(dtype)
         self.rtol, self.atol, self.maxiter = float(rtol), float(atol), maxiter
         self.record_history = record_history
@@ -100,15 +99,18 @@ class PCG:
                 raise DeviceError(f"mode {mode!r} runs CUDA graphs and needs a GPU; use --mode eager or auto on the CPU")
             A = _host_matrix(A, self.dtype)
             self.shape = A.shape
+            variant = resolve_variant(variant, A.shape[0], "cpu")
             precond = _OperatorPreconditioner(M) if M is not None else make_preconditioner(preconditioner, A)
             self._impl = CPUPCG(A, precond, self.dtype, variant)
         else:
             from .gpu import GPUPCG
             self._impl = GPUPCG(A, preconditioner, self.dtype, mode, unroll, record_history, variant)
             self.shape = self._impl.shape
+            variant = self._impl.variant
         if self.shape[0] != self.shape[1]:
             raise InputError(f"A must be square, got shape {self.shape}")
         self.preconditioner = "user" if M is not None else preconditioner
+        self.variant = variant
         self.setup_time = time.perf_counter() - t0
 
     @staticmethod
