@@ -107,7 +107,7 @@ class GPUPCG:
             self._setup(A)
         except cupy.cuda.memory.OutOfMemoryError as exc:
             raise DeviceError(f"out of GPU memory while setting up the solver ({exc})") from None
-        body = SinglePCGBody(self) if variant == "single-reduction" else PCGBody(self)
+        body = SinglePCGBody(self) if self.variant == "single-reduction" else PCGBody(self)
         self.engine = GraphEngine(body, mode=mode, unroll=unroll)
         self.mode_note = self.engine.note
 
