@@ -5,7 +5,7 @@ rc 2.5 (unshifted), skin 0.3, dt 0.005, mass 1. Every engine starts from the
 same state, is warmed up (graph capture, OpenMM context setup and kernel
 compilation), then timed over a fixed number of steps ending in a read of the
 energies (so queued GPU work is included). Prints a markdown table and saves it
-as ``scripts/results/md_<date>_<gpu>.md``.
+as ``scripts/results/md_<date>_<time>_<gpu>.md``.
 
 Usage: ``PYTHONPATH=. python3 scripts/bench_md.py [--sizes 4000 32000] [--seconds 1]``
 """
@@ -153,7 +153,7 @@ def main(argv=None):
     print(text)
     os.makedirs(args.out, exist_ok=True)
     slug = re.sub(r"[^A-Za-z0-9]+", "-", gpu).strip("-")
-    path = os.path.join(args.out, f"md_{stamp:%Y-%m-%d}_{slug}.md")
+    path = os.path.join(args.out, f"md_{stamp:%Y-%m-%d_%H%M}_{slug}.md")
     with open(path, "w", encoding="utf-8") as f:
         f.write(text)
     print(f"saved {path}")

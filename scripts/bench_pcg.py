@@ -156,11 +156,14 @@ def main(argv=None):
         del Ad, bd
         cupy.get_default_memory_pool().free_all_blocks()
 
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                cwd=repo).stdout.strip() or "unknown"
-    except OSError:
-        commit = "unknown"
+    # GRAPHSOLVE_COMMIT names the commit where the checkout carries no git history (a copied tree).
+    commit = os.environ.get("GRAPHSOLVE_COMMIT")
+    if not commit:
+        try:
+            commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                    cwd=repo).stdout.strip() or "unknown"
+        except OSError:
+            commit = "unknown"
     gpu = gpu_name(cupy)
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
     text = (f"# PCG benchmark, {stamp}, {gpu}, commit {commit}\n\n"
@@ -171,7 +174,7 @@ def main(argv=None):
     print("\n" + text)
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    path = out / f"pcg_{stamp}_{gpu.replace(' ', '_')}.md"
+    path = out / f"pcg_{stamp}_{gpu.replace(' ', '_')}_{commit}.md"
     path.write_text(text)
     print(f"saved {path}", file=sys.stderr)
     return 0
