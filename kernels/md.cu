@@ -262,23 +262,33 @@ md_neigh_build(const vec4 *__restrict__ hold, const int *__restrict__ cell_count
                 int m = min(cell_count[cell], cap);
                 const int *ids = cell_sorted + cell * cap;
                 const vec4 *cp = cell_pos + cell * cap;
-                for (int k0 = 0; k0 < m; k0 += tpp) {
-                    int k = k0 + lane, j = -1;
-                    bool hit = false;
-                    if (k < m) {
-                        j = ids[k];
-                        vec4 q = cp[k];
-                        real_t dx = min_image(q.x - p.x, lx, ix);
-                        real_t dy = min_image(q.y - p.y, ly, iy);
-                        real_t dz = min_image(q.z - p.z, lz, iz);
-                        hit = j != i && dx * dx + dy * dy + dz * dz < rlist_sq;
+                // Four candidates' loads in flight per lane, then tested in cell order as one by one.
+                for (int k0 = 0; k0 < m; k0 += 4 * tpp) {
+                    int js[4];
+                    vec4 qs[4];
+#pragma unroll
+                    for (int u = 0; u < 4; ++u) {
+                        int k = k0 + u * tpp + lane;
+                        js[u] = k < m ? ids[k] : -1;
+                        if (k < m) qs[u] = cp[k];
                     }
-                    unsigned bits = __ballot_sync(gmask, hit) >> base;
-                    if (hit) {
-                        int slot = cnt + __popc(bits & ((1u << lane) - 1u));
-                        if (slot < maxnb) nlist[nlist_index(g, slot, n, tpp)] = j;
+#pragma unroll
+                    for (int u = 0; u < 4; ++u) {
+                        int j = js[u];
+                        bool hit = false;
+                        if (j >= 0) {
+                            real_t dx = min_image(qs[u].x - p.x, lx, ix);
+                            real_t dy = min_image(qs[u].y - p.y, ly, iy);
+                            real_t dz = min_image(qs[u].z - p.z, lz, iz);
+                            hit = j != i && dx * dx + dy * dy + dz * dz < rlist_sq;
+                        }
+                        unsigned bits = __ballot_sync(gmask, hit) >> base;
+                        if (hit) {
+                            int slot = cnt + __popc(bits & ((1u << lane) - 1u));
+                            if (slot < maxnb) nlist[nlist_index(g, slot, n, tpp)] = j;
+                        }
+                        cnt += __popc(bits);
                     }
-                    cnt += __popc(bits);
                 }
             }
         }
@@ -320,8 +330,7 @@ md_force(const vec4 *__restrict__ pos, vec4 *__restrict__ vel, vec4 *__restrict_
         int m = ncount[g];
         long long stride = (long long)n * tpp;
         const int *slot = nlist + (long long)g * tpp + lane;
-        for (int k = lane; k < m; k += tpp, slot += stride) {
-            vec4 q = pos[*slot];
+        auto pair = [&](const vec4 &q) {
             real_t dx = min_image(q.x - p.x, lx, ix);
             real_t dy = min_image(q.y - p.y, ly, iy);
             real_t dz = min_image(q.z - p.z, lz, iz);
@@ -335,7 +344,16 @@ md_force(const vec4 *__restrict__ pos, vec4 *__restrict__ vel, vec4 *__restrict_
                 e += (double)(eps4 * sr6 * (sr6 - (real_t)1)) - eshift;
                 w += (double)wp;
             }
+        };
+        // Four neighbours' index and position loads in flight at once (a lane's gathers are
+        // otherwise a chain of dependent round trips); summed in list order as before.
+        int k = lane;
+        for (; k + 3 * tpp < m; k += 4 * tpp, slot += 4 * stride) {
+            int j0 = slot[0], j1 = slot[stride], j2 = slot[2 * stride], j3 = slot[3 * stride];
+            vec4 q0 = pos[j0], q1 = pos[j1], q2 = pos[j2], q3 = pos[j3];
+            pair(q0); pair(q1); pair(q2); pair(q3);
         }
+        for (; k < m; k += tpp, slot += stride) pair(pos[*slot]);
     }
     // Butterfly sum over the particle's lanes: every lane ends with the same sums.
     for (int off = 1; off < tpp; off <<= 1) {
