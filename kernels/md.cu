@@ -262,33 +262,23 @@ md_neigh_build(const vec4 *__restrict__ hold, const int *__restrict__ cell_count
                 int m = min(cell_count[cell], cap);
                 const int *ids = cell_sorted + cell * cap;
                 const vec4 *cp = cell_pos + cell * cap;
-                // Four candidates' loads in flight per lane, then tested in cell order as one by one.
-                for (int k0 = 0; k0 < m; k0 += 4 * tpp) {
-                    int js[4];
-                    vec4 qs[4];
-#pragma unroll
-                    for (int u = 0; u < 4; ++u) {
-                        int k = k0 + u * tpp + lane;
-                        js[u] = k < m ? ids[k] : -1;
-                        if (k < m) qs[u] = cp[k];
+                for (int k0 = 0; k0 < m; k0 += tpp) {
+                    int k = k0 + lane, j = -1;
+                    bool hit = false;
+                    if (k < m) {
+                        j = ids[k];
+                        vec4 q = cp[k];
+                        real_t dx = min_image(q.x - p.x, lx, ix);
+                        real_t dy = min_image(q.y - p.y, ly, iy);
+                        real_t dz = min_image(q.z - p.z, lz, iz);
+                        hit = j != i && dx * dx + dy * dy + dz * dz < rlist_sq;
                     }
-#pragma unroll
-                    for (int u = 0; u < 4; ++u) {
-                        int j = js[u];
-                        bool hit = false;
-                        if (j >= 0) {
-                            real_t dx = min_image(qs[u].x - p.x, lx, ix);
-                            real_t dy = min_image(qs[u].y - p.y, ly, iy);
-                            real_t dz = min_image(qs[u].z - p.z, lz, iz);
-                            hit = j != i && dx * dx + dy * dy + dz * dz < rlist_sq;
-                        }
-                        unsigned bits = __ballot_sync(gmask, hit) >> base;
-                        if (hit) {
-                            int slot = cnt + __popc(bits & ((1u << lane) - 1u));
-                            if (slot < maxnb) nlist[nlist_index(g, slot, n, tpp)] = j;
-                        }
-                        cnt += __popc(bits);
+                    unsigned bits = __ballot_sync(gmask, hit) >> base;
+                    if (hit) {
+                        int slot = cnt + __popc(bits & ((1u << lane) - 1u));
+                        if (slot < maxnb) nlist[nlist_index(g, slot, n, tpp)] = j;
                     }
+                    cnt += __popc(bits);
                 }
             }
         }
