@@ -25,6 +25,7 @@ import time
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+import provenance  # noqa: E402
 
 VARIANTS = ("classic", "single-reduction")
 TAG = "BENCH "
@@ -161,7 +162,8 @@ def main():
             continue
         # Saved after every job, so an interrupted run keeps what it measured.
         text = (f"# Distributed PCG, 3D Poisson (7-point), Jacobi, float64\n\n"
-                f"{stamp:%Y-%m-%d %H:%M} UTC, {rows[0]['device']}, {args.iterations} iterations per timing "
+                f"{stamp:%Y-%m-%d %H:%M} UTC, {rows[0]['device']}, commit {provenance.commit()}, "
+                f"{args.iterations} iterations per timing "
                 f"(best of {args.repeats}), host status read every {args.check_every} iterations.\n\n"
                 + table(rows, bool(args.weak)) + "\n")
         (out / f"{name}.md").write_text(text)

@@ -19,6 +19,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import provenance  # noqa: E402
 from solvers.md import LennardJones, Simulation, VelocityVerlet, lattice_state  # noqa: E402
 
 DENSITY, TEMP, SEED, RC, SKIN, DT = 0.8442, 1.44, 87287, 2.5, 0.3, 0.005
@@ -134,7 +135,7 @@ def main(argv=None):
 
     stamp = datetime.datetime.now(datetime.timezone.utc)
     lines = [
-        f"# MD benchmark, {stamp:%Y-%m-%d %H:%M} UTC, {gpu}",
+        f"# MD benchmark, {stamp:%Y-%m-%d %H:%M} UTC, {gpu}, commit {provenance.commit()}",
         "",
         f"LJ fcc liquid, density {DENSITY}, T0 {TEMP}, rc {RC} (unshifted), skin {SKIN}, dt {DT}, NVE; "
         f"graphsolve rebuilds the list when a particle moved > skin/2 (checked every step, on the device). "

@@ -13,7 +13,6 @@ import argparse
 import datetime
 import os
 import pathlib
-import subprocess
 import sys
 import time
 
@@ -23,6 +22,7 @@ import numpy as np  # noqa: E402
 import scipy.sparse.linalg as spla  # noqa: E402
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
+import provenance  # noqa: E402
 import solvers  # noqa: E402
 from solvers.gallery import poisson  # noqa: E402
 from solvers.mmio import read_matrix  # noqa: E402
@@ -156,14 +156,7 @@ def main(argv=None):
         del Ad, bd
         cupy.get_default_memory_pool().free_all_blocks()
 
-    # GRAPHSOLVE_COMMIT names the commit where the checkout carries no git history (a copied tree).
-    commit = os.environ.get("GRAPHSOLVE_COMMIT")
-    if not commit:
-        try:
-            commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                    cwd=repo).stdout.strip() or "unknown"
-        except OSError:
-            commit = "unknown"
+    commit = provenance.commit()
     gpu = gpu_name(cupy)
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
     text = (f"# PCG benchmark, {stamp}, {gpu}, commit {commit}\n\n"
