@@ -132,6 +132,26 @@ __device__ __forceinline__ void row_dot2(const int* __restrict__ rowptr, const i
 }
 #endif
 
+// finish(row, (A v)_row) for every row, called by the row's first lane. Two rows per pass keep two
+// independent gather chains in flight (the SpMV is latency bound otherwise); the loop bound is
+// uniform across the block so every lane reaches row_dot2's shuffles.
+template <typename V, typename F>
+__device__ __forceinline__ void for_each_row_product(const int* __restrict__ rowptr, const int* __restrict__ col,
+                                                     const real_t* __restrict__ val, int n, V v, F finish) {
+    const int rows_per_block = BLOCK / SUBWARP;
+    const int stride = gridDim.x * rows_per_block;
+    for (int base = blockIdx.x * rows_per_block; base < n; base += 2 * stride) {
+        const int row_a = base + threadIdx.x / SUBWARP, row_b = row_a + stride;
+        const bool active_a = row_a < n, active_b = row_b < n;
+        real_t sa, sb;
+        row_dot2(rowptr, col, val, n, row_a, active_a, row_b, active_b, v, sa, sb);
+        if (threadIdx.x % SUBWARP == 0) {
+            if (active_a) finish(row_a, sa);
+            if (active_b) finish(row_b, sb);
+        }
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(BLOCK)
 pcg_spmv_dot(const int* __restrict__ rowptr, const int* __restrict__ col, const real_t* __restrict__ val,
              const real_t* __restrict__ z, real_t* p0, real_t* p1, real_t* __restrict__ q,
@@ -142,32 +162,13 @@ pcg_spmv_dot(const int* __restrict__ rowptr, const int* __restrict__ col, const 
     const real_t* __restrict__ p_old = s.parity ? p1 : p0;
     real_t* __restrict__ p_new = s.parity ? p0 : p1;
     auto direction = [&](int j) { return fma(beta, p_old[j], z[j]); };
-    const int rows_per_block = BLOCK / SUBWARP;
-    const int stride = gridDim.x * rows_per_block;
-    double acc = 0.0;
-    // Two rows per pass keep two independent gather chains in flight (the SpMV is latency bound
-    // otherwise). The loop bound is uniform across the block so every lane reaches the shuffles.
-    for (int base = blockIdx.x * rows_per_block; base < n; base += 2 * stride) {
-        const int row_a = base + threadIdx.x / SUBWARP, row_b = row_a + stride;
-        const bool active_a = row_a < n, active_b = row_b < n;
-        real_t sa, sb;
-        row_dot2(rowptr, col, val, n, row_a, active_a, row_b, active_b, direction, sa, sb);
-        if (threadIdx.x % SUBWARP == 0) {
-            if (active_a) {
-                const real_t pn = direction(row_a);
-                p_new[row_a] = pn;
-                q[row_a] = sa;
-                acc += (double)pn * (double)sa;
-            }
-            if (active_b) {
-                const real_t pn = direction(row_b);
-                p_new[row_b] = pn;
-                q[row_b] = sb;
-                acc += (double)pn * (double)sb;
-            }
-        }
-    }
-    double sums[1] = {acc};
+    double sums[1] = {0.0};
+    for_each_row_product(rowptr, col, val, n, direction, [&](int i, real_t qi) {
+        const real_t pn = direction(i);
+        p_new[i] = pn;
+        q[i] = qi;
+        sums[0] += (double)pn * (double)qi;
+    });
     if (!publish_partials(partials, sums, &st->ticket)) return;
     sum_partials(partials, sums);
     const double pq = sums[0];
@@ -324,10 +325,8 @@ pcg1_step(const int* __restrict__ rowptr, const int* __restrict__ col, const rea
     auto next_s = [&](int j) { return fma(beta, s_old[j], w_old[j]); };
     auto next_r = [&](int j, real_t sj) { return fma(-alpha, sj, r_old[j]); };
     auto next_u = [&](int j) { return precondition(j, next_r(j, next_s(j))); };
-    const int rows_per_block = BLOCK / SUBWARP;
-    const int stride = gridDim.x * rows_per_block;
     double sums[3] = {0.0, 0.0, 0.0};  // r.r, r.u, w.u
-    auto finish_row = [&](int i, real_t wi) {
+    for_each_row_product(rowptr, col, val, n, next_u, [&](int i, real_t wi) {
         const real_t si = next_s(i), ri = next_r(i, si), ui = precondition(i, ri);
         const real_t pi = fma(beta, p[i], precondition(i, r_old[i]));
         p[i] = pi;
@@ -338,24 +337,13 @@ pcg1_step(const int* __restrict__ rowptr, const int* __restrict__ col, const rea
         sums[0] += (double)ri * (double)ri;
         sums[1] += (double)ri * (double)ui;
         sums[2] += (double)wi * (double)ui;
-    };
-    for (int base = blockIdx.x * rows_per_block; base < n; base += 2 * stride) {
-        const int row_a = base + threadIdx.x / SUBWARP, row_b = row_a + stride;
-        const bool active_a = row_a < n, active_b = row_b < n;
-        real_t wa, wb;
-        row_dot2(rowptr, col, val, n, row_a, active_a, row_b, active_b, next_u, wa, wb);
-        if (threadIdx.x % SUBWARP == 0) {
-            if (active_a) finish_row(row_a, wa);
-            if (active_b) finish_row(row_b, wb);
-        }
-    }
+    });
     if (!publish_partials(partials, sums, &st->ticket)) return;
     sum_partials(partials, sums);
     if (threadIdx.x != 0) return;
-    const bool start = st->iteration < 0;
-    const int it = st->iteration + 1;
+    const int it = state.iteration + 1;
     const double rnorm = sqrt(sums[0]);
-    const int status = single_reduction_decision(st, start, it, rnorm, sums[1], sums[2]);
+    const int status = single_reduction_decision(st, state.iteration < 0, it, rnorm, sums[1], sums[2]);
     if (status == RUNNING) st->parity ^= 1;
     record_decision(st, it, rnorm, status, history, progress, handle);
 }
@@ -364,16 +352,6 @@ pcg1_step(const int* __restrict__ rowptr, const int* __restrict__ col, const rea
 extern "C" __global__ void __launch_bounds__(BLOCK)
 matrix_residual(const int* __restrict__ rowptr, const int* __restrict__ col, const real_t* __restrict__ val,
              const real_t* __restrict__ x, const real_t* __restrict__ b, real_t* __restrict__ out, int n) {
-    const int rows_per_block = BLOCK / SUBWARP;
-    const int stride = gridDim.x * rows_per_block;
-    auto xv = [&](int j) { return x[j]; };
-    for (int base = blockIdx.x * rows_per_block; base < n; base += 2 * stride) {
-        const int row_a = base + threadIdx.x / SUBWARP, row_b = row_a + stride;
-        real_t sa, sb;
-        row_dot2(rowptr, col, val, n, row_a, row_a < n, row_b, row_b < n, xv, sa, sb);
-        if (threadIdx.x % SUBWARP == 0) {
-            if (row_a < n) out[row_a] = b[row_a] - sa;
-            if (row_b < n) out[row_b] = b[row_b] - sb;
-        }
-    }
+    for_each_row_product(rowptr, col, val, n, [&](int j) { return x[j]; },
+                         [&](int i, real_t ax) { out[i] = b[i] - ax; });
 }

@@ -9,6 +9,8 @@ import time
 import numpy as np
 
 from ..backend import is_device_array
+from kernels.pcg_ref import stop_reason
+
 from ..errors import DeviceError, InputError
 from .result import Reason
 
@@ -26,6 +28,19 @@ def resolve_variant(variant, n, device):
     if variant not in VARIANTS:
         raise InputError(f"variant must be auto or one of {', '.join(VARIANTS)}, not {variant!r}")
     return variant
+
+
+def _stop(rnorm, tol, it, maxiter, curvature, finite=True):
+    """The stopping rule of every variant (``stop_reason`` in ``kernels/pcg.cu``): a Reason, or None to go on."""
+    reason = Reason(stop_reason(rnorm, tol, it, maxiter, curvature, finite))
+    return None if reason is Reason.RUNNING else reason
+
+
+def _bad_curvature(value):
+    """NOT_FINITE or BREAKDOWN when the step length's denominator ``value`` is unusable, else None."""
+    if not np.isfinite(value):
+        return Reason.NOT_FINITE
+    return Reason.BREAKDOWN if value <= 0 else None
 
 
 def pcg_iterate(matvec, psolve, b, x, tol, maxiter, callback=None, history=None, dot=np.dot):
@@ -56,52 +71,34 @@ def pcg_iterate(matvec, psolve, b, x, tol, maxiter, callback=None, history=None,
         Stop reason, iterations done, final recursive residual norm.
     """
     r = b - matvec(x) if np.any(x) else b.copy()
-    rnorm = float(np.sqrt(dot(r, r)))
-    if history is not None:
-        history.append(rnorm)
-    if not np.isfinite(rnorm):
-        return Reason.NOT_FINITE, 0, rnorm
-    if rnorm <= tol:
-        return Reason.CONVERGED, 0, rnorm
-    z = psolve(r)
-    rz = float(dot(r, z))
-    if not np.isfinite(rz):
-        return Reason.NOT_FINITE, 0, rnorm
-    if rz <= 0:
-        return Reason.BREAKDOWN, 0, rnorm
-    p = z.copy()
-    for it in range(1, maxiter + 1):
-        q = matvec(p)
-        pq = float(dot(p, q))
-        if not np.isfinite(pq):
-            return Reason.NOT_FINITE, it - 1, rnorm
-        if pq <= 0:
-            return Reason.BREAKDOWN, it - 1, rnorm
-        alpha = rz / pq
-        x += alpha * p
-        r -= alpha * q
-        if callback is not None:
-            callback(x)
-        rnorm = float(np.sqrt(dot(r, r)))
+    rz, rnorm, p = None, None, None
+    for it in range(maxiter + 1):
+        if it:
+            q = matvec(p)
+            pq = float(dot(p, q))
+            reason = _bad_curvature(pq)
+            if reason:
+                return reason, it - 1, rnorm
+            alpha = rz / pq
+            x += alpha * p
+            r -= alpha * q
+            if callback is not None:
+                callback(x)
+        z = psolve(r)
+        with np.errstate(invalid="ignore", over="ignore"):  # NaN and Inf are reported as NOT_FINITE
+            rnorm, rz_new = float(np.sqrt(dot(r, r))), float(dot(r, z))
         if history is not None:
             history.append(rnorm)
-        if not np.isfinite(rnorm):
-            return Reason.NOT_FINITE, it, rnorm
-        if rnorm <= tol:
-            return Reason.CONVERGED, it, rnorm
-        if it == maxiter:
-            break
-        z = psolve(r)
-        rz_new = float(dot(r, z))
-        if not np.isfinite(rz_new):
-            return Reason.NOT_FINITE, it, rnorm
-        if rz_new <= 0:
-            return Reason.BREAKDOWN, it, rnorm
-        beta = rz_new / rz
+        reason = _stop(rnorm, tol, it, maxiter, rz_new)
+        if reason:
+            return reason, it, rnorm
+        if it:
+            p *= rz_new / rz
+            p += z
+        else:
+            p = z.copy()
         rz = rz_new
-        p *= beta
-        p += z
-    return Reason.MAX_ITERATIONS, maxiter, rnorm
+    raise AssertionError("unreachable: the stopping rule ends the loop at maxiter")
 
 
 def pcg_single_reduction(matvec, psolve, b, x, tol, maxiter, callback=None, history=None, reduce=np.asarray,
@@ -110,8 +107,7 @@ def pcg_single_reduction(matvec, psolve, b, x, tol, maxiter, callback=None, hist
 
     Same stopping rule, breakdown and NaN checks as :func:`pcg_iterate`, and
     the same iterates in exact arithmetic; each iteration costs one more
-    vector update (``s = A p`` by recurrence) and the last one a spare
-    product.
+    vector update (``s = A p`` by recurrence).
 
     Parameters
     ----------
@@ -127,60 +123,38 @@ def pcg_single_reduction(matvec, psolve, b, x, tol, maxiter, callback=None, hist
     (Reason, int, float)
     """
     r = b.copy() if x_is_zero else b - matvec(x)
-    u = psolve(r)
-    w = matvec(u)
-
-    def reduced():
-        with np.errstate(invalid="ignore", over="ignore"):  # NaN and Inf are reported as NOT_FINITE
-            local = np.array([np.dot(r, r), np.dot(r, u), np.dot(w, u)], dtype=np.float64)
-        rr, g, d = reduce(local)
-        return float(np.sqrt(rr)), float(g), float(d)
-
-    rnorm, gamma, delta = reduced()
-    if history is not None:
-        history.append(rnorm)
-    if not np.isfinite(rnorm):
-        return Reason.NOT_FINITE, 0, rnorm
-    if rnorm <= tol:
-        return Reason.CONVERGED, 0, rnorm
-    if not (np.isfinite(gamma) and np.isfinite(delta)):
-        return Reason.NOT_FINITE, 0, rnorm
-    if gamma <= 0 or delta <= 0:
-        return Reason.BREAKDOWN, 0, rnorm
-    alpha = gamma / delta          # delta = p.Ap for p = u
-    p, s = u.copy(), w.copy()      # s = A p, kept by recurrence
-    for it in range(1, maxiter + 1):
-        x += alpha * p
-        r -= alpha * s
-        if callback is not None:
-            callback(x)
+    alpha = gamma = p = s = None
+    for it in range(maxiter + 1):
+        if it:
+            x += alpha * p
+            r -= alpha * s
+            if callback is not None:
+                callback(x)
         u = psolve(r)
         w = matvec(u)
-        rnorm, gamma_new, delta = reduced()
+        with np.errstate(invalid="ignore", over="ignore"):  # NaN and Inf are reported as NOT_FINITE
+            local = np.array([np.dot(r, r), np.dot(r, u), np.dot(w, u)], dtype=np.float64)
+        rr, gamma_new, delta = (float(v) for v in reduce(local))
+        rnorm = float(np.sqrt(rr))
         if history is not None:
             history.append(rnorm)
-        if not np.isfinite(rnorm):
-            return Reason.NOT_FINITE, it, rnorm
-        if rnorm <= tol:
-            return Reason.CONVERGED, it, rnorm
-        if it == maxiter:
-            break
-        if not (np.isfinite(gamma_new) and np.isfinite(delta)):
-            return Reason.NOT_FINITE, it, rnorm
-        if gamma_new <= 0:
-            return Reason.BREAKDOWN, it, rnorm
-        beta = gamma_new / gamma
-        pap = delta - beta * gamma_new / alpha   # p.Ap of the next direction, from the same reduction
-        if not np.isfinite(pap):
-            return Reason.NOT_FINITE, it, rnorm
-        if pap <= 0:
-            return Reason.BREAKDOWN, it, rnorm
+        reason = _stop(rnorm, tol, it, maxiter, gamma_new, np.isfinite(delta))
+        if reason:
+            return reason, it, rnorm
+        beta = gamma_new / gamma if it else 0.0
+        pap = delta - beta * gamma_new / alpha if it else delta  # p.Ap of the next direction, same reduction
+        reason = _bad_curvature(pap)
+        if reason:
+            return reason, it, rnorm
         alpha, gamma = gamma_new / pap, gamma_new
-        p *= beta
-        p += u
-        s *= beta
-        s += w
-    return Reason.MAX_ITERATIONS, maxiter, rnorm
+        if it:
+            p *= beta
+            p += u
+            s *= beta
+            s += w
+        else:
+            p, s = u.copy(), w.copy()  # s = A p, kept by recurrence
+    raise AssertionError("unreachable: the stopping rule ends the loop at maxiter")
 
 
 class CPUPCG:
