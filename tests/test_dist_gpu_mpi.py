@@ -5,7 +5,6 @@ Run on a machine with 2 GPUs as
 (``tests/test_dist_gpu.py`` does so). Skipped without an MPI launch; the ``gpu``
 marker skips it without a GPU unless ``REQUIRE_GPU=1``.
 """
-import pathlib
 
 import numpy as np
 import pytest
@@ -16,24 +15,15 @@ from solvers.dist import launch
 if launch.world_size() < 2:
     pytest.skip("needs an MPI launch with 2 or more ranks, one GPU each", allow_module_level=True)
 
-from mpi4py import MPI  # noqa: E402
-
 from solvers.dist import DistributedPCG  # noqa: E402
 from solvers.dist.partition import nnz_bounds  # noqa: E402
-from solvers.dist.problem import poisson_distributed, read_distributed  # noqa: E402
+from solvers.dist.problem import poisson_distributed  # noqa: E402
 from solvers.gallery import poisson  # noqa: E402
 from solvers.pcg import PCG, Reason  # noqa: E402
-from solvers.pcg.problem import load_problem  # noqa: E402
+
+from mpi_cases import COMM, VARIANTS, global_max, problem_pair  # noqa: E402
 
 pytestmark = pytest.mark.gpu
-COMM = MPI.COMM_WORLD
-REPO = pathlib.Path(__file__).resolve().parent.parent
-EXAMPLE = REPO / "examples" / "data" / "lap2D_5pt_n100.mtx"
-VARIANTS = ("classic", "single-reduction")
-
-
-def global_max(value):
-    return COMM.allreduce(float(value), op=MPI.MAX)
 
 
 def split(A):
@@ -46,15 +36,7 @@ def split(A):
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("matrix", ["lap2D", "poisson3d"])
 def test_same_iterations_and_solution_as_one_process(variant, matrix):
-    if matrix == "lap2D":
-        p = read_distributed(COMM, str(EXAMPLE))
-        single = load_problem(str(EXAMPLE))
-        A, b = single.A, single.b
-    else:
-        shape = (40, 36, 32)
-        p = poisson_distributed(COMM, shape)
-        A = poisson(shape).tocsr()
-        b = A @ np.ones(A.shape[0])
+    p, A, b = problem_pair(matrix, (40, 36, 32))
     ref = PCG(A, rtol=1e-9, device="cpu", record_history=True).solve(b)
     one_gpu = PCG(A, rtol=1e-9, device="gpu").solve(b)
     solver = DistributedPCG(p.rows, p.bounds, COMM, rtol=1e-9, device="gpu", variant=variant,

@@ -5,7 +5,6 @@ Run as ``mpiexec -n 2 python -m pytest -q tests/test_dist_mpi.py`` (and ``-n 3``
 Assertions compare values that are identical on all ranks (reduced over the job
 first), so every rank passes or fails the same test and none is left waiting.
 """
-import pathlib
 
 import numpy as np
 import pytest
@@ -22,20 +21,12 @@ from mpi4py import MPI  # noqa: E402
 from solvers.dist import DistributedPCG  # noqa: E402
 from solvers.dist.comm import RankError, agree  # noqa: E402
 from solvers.dist.partition import nnz_bounds, split_rows  # noqa: E402
-from solvers.dist.problem import poisson_distributed, read_distributed  # noqa: E402
+from solvers.dist.problem import poisson_distributed  # noqa: E402
 from solvers.errors import DeviceError, InputError  # noqa: E402
 from solvers.gallery import poisson  # noqa: E402
 from solvers.pcg import PCG, Reason  # noqa: E402
-from solvers.pcg.problem import load_problem  # noqa: E402
 
-COMM = MPI.COMM_WORLD
-REPO = pathlib.Path(__file__).resolve().parent.parent
-EXAMPLE = REPO / "examples" / "data" / "lap2D_5pt_n100.mtx"
-VARIANTS = ("classic", "single-reduction")
-
-
-def global_max(value):
-    return COMM.allreduce(float(value), op=MPI.MAX)
+from mpi_cases import COMM, VARIANTS, global_max, problem_pair  # noqa: E402
 
 
 def rows_of(A, bounds):
@@ -70,14 +61,7 @@ def test_partition_reassembles_and_the_plan_delivers_the_halo():
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("matrix", ["lap2D", "poisson3d"])
 def test_same_iterations_and_solution_as_one_process(variant, matrix):
-    if matrix == "lap2D":
-        p = read_distributed(COMM, str(EXAMPLE))
-        single = load_problem(str(EXAMPLE))
-        A, b = single.A, single.b
-    else:
-        p = poisson_distributed(COMM, (14, 13, 12))
-        A = poisson((14, 13, 12)).tocsr()
-        b = A @ np.ones(A.shape[0])
+    p, A, b = problem_pair(matrix, (14, 13, 12))
     ref = PCG(A, rtol=1e-9, device="cpu", record_history=True).solve(b)
     solver = DistributedPCG(p.rows, p.bounds, COMM, rtol=1e-9, device="cpu", variant=variant,
                             record_history=True)
@@ -332,13 +316,7 @@ def test_gpu_driver_logic_on_host(monkeypatch, variant, matrix):
     driver = _host_driver()
     monkeypatch.setattr(gpu, "DistGPUPCG", driver)
     monkeypatch.setattr(DistributedPCG, "_choose_device", lambda self, device: ("gpu", None))
-    if matrix == "lap2D":
-        p, single = read_distributed(COMM, str(EXAMPLE)), load_problem(str(EXAMPLE))
-        A, b = single.A, single.b
-    else:
-        p = poisson_distributed(COMM, (9, 8, 7))
-        A = poisson((9, 8, 7)).tocsr()
-        b = A @ np.ones(A.shape[0])
+    p, A, b = problem_pair(matrix, (9, 8, 7))
     ref = PCG(A, rtol=1e-9, device="cpu", record_history=True).solve(b)
     solver = DistributedPCG(p.rows, p.bounds, COMM, rtol=1e-9, device="gpu", variant=variant,
                             record_history=True, check_every=5)
