@@ -63,3 +63,34 @@ def module(name, real="double", defines=(), extra=()):
     mod = cupy.RawModule(code=code, options=("--std=c++17",))
     mod.compile()
     return mod
+
+
+def cooperative(kernel, block):
+    """Launcher and grid limit for a kernel whose blocks wait for each other (grid barriers).
+
+    Parameters
+    ----------
+    kernel : cupy.RawKernel
+        A function fetched from a :func:`module`.
+    block : int
+        Threads per block.
+
+    Returns
+    -------
+    launch : callable
+        ``launch(grid, args, stream=None)``: a cooperative launch, for which the driver
+        guarantees (and checks) that all ``grid`` blocks are resident at once; it can be
+        captured into a graph like any launch.
+    max_blocks : int
+        How many blocks of ``block`` threads the device holds at once.
+    """
+    import cupy
+
+    function = kernel.kernel  # the cupy.cuda.function.Function behind the RawKernel
+    per_sm = cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(function.ptr, block, 0)
+    sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
+
+    def launch(grid, args, stream=None):
+        function((grid,), (block,), args, stream=stream, enable_cooperative_groups=True)
+
+    return launch, int(per_sm) * int(sms)

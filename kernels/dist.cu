@@ -89,7 +89,7 @@ __device__ void classic_update(real_t* __restrict__ x, real_t* __restrict__ r, c
         alpha = (real_t)(st->rz / pq);
     }
     double rz = 0.0, rr = 0.0;
-    update_rows<START>(x, r, q, st->parity ? p0 : p1, dinv, z, alpha, n, rz, rr);
+    update_rows(START, x, r, q, st->parity ? p0 : p1, dinv, z, alpha, n, rz, rr);
     publish_pair(rz, rr, sh, partials, sums, pending);
 }
 
@@ -108,20 +108,14 @@ dist_start(real_t* x, real_t* r, const real_t* q, const real_t* p0, const real_t
 }
 
 // Classic PCG decision from reduced = [pq, rz_new, rr]; the first call after a reset
-// (st->iteration == -1) is the set-up pass. The stopping rule is pcg.cu's stop_reason.
+// (st->iteration == -1) is the set-up pass; pcg.cu's update_decision, as on one GPU.
 extern "C" __global__ void dist_decide(State* st, const double* reduced, int* pending, double* history) {
     if (threadIdx.x || blockIdx.x || st->status != RUNNING || !*pending) return;
     *pending = 0;
     const bool start = st->iteration < 0;
     const int it = st->iteration + 1;
-    const double rz_new = reduced[1], rnorm = sqrt(reduced[2]);
-    const int status = stop_reason(rnorm, st->tol, it, st->maxiter, rz_new, true);
-    if (status == RUNNING) {
-        st->beta = start ? 0.0 : rz_new / st->rz;
-        st->rz = rz_new;
-        if (!start) st->parity ^= 1;
-    }
-    record_decision(st, it, rnorm, status, history, nullptr, 0);
+    const double rnorm = sqrt(reduced[2]);
+    record_decision(st, it, rnorm, update_decision(st, start, it, reduced[1], rnorm), history, nullptr, 0);
 }
 
 // Chronopoulos-Gear PCG. START: u = M^-1 r. Otherwise, with alpha and beta from st:

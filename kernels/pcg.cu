@@ -1,16 +1,12 @@
 // Preconditioned CG on one GPU (see pcg_ref.py for the NumPy meaning of every kernel).
 //
-// Classic PCG, two fused kernels per iteration:
-//   pcg_spmv_dot : p_new = z + beta p_old ; q = A p_new ; pq = p_new . q ; alpha = rz / pq
-//   pcg_update   : x += alpha p ; r -= alpha q ; z = M^-1 r ; rz, rr ; decide ; beta = rz_new / rz
-//
-// Single-reduction (Chronopoulos-Gear) PCG, one kernel per iteration: pcg1_step (see there).
-//
+// On one GPU a launch runs several iterations in one persistent (cooperative) kernel: pcg_run
+// (classic, two grid reductions an iteration) or pcg1_run (single-reduction, Chronopoulos-Gear, one).
 // The direction update is folded into the SpMV by forming p_new on the fly for every column it
-// touches (p is double-buffered, `parity` says which buffer is current), so an iteration is two
-// kernel nodes. Grid-wide reductions end in the last block to finish (ticket counter), which sums
-// the per-block partials in a fixed order: results do not depend on block scheduling, so every
-// driver (eager, graph, while) produces the same bits.
+// touches (p is double-buffered, `parity` says which buffer is current). Grid totals are the
+// per-block partials summed in a fixed order, so results do not depend on block scheduling and
+// every driver (eager, graph, while) produces the same bits. The distributed solver (dist.cu) uses
+// the pieces with kernel boundaries instead: pcg_spmv_dot and its last-block (ticket) reductions.
 //
 // Compiled with real_t (double or float) and SUBWARP (lanes per row) defined by the loader, and
 // ELL_WIDTH when the matrix is stored as ELL (regular row lengths, e.g. stencils) rather than CSR.
@@ -152,32 +148,93 @@ __device__ __forceinline__ void for_each_row_product(const int* __restrict__ row
     }
 }
 
-extern "C" __global__ void __launch_bounds__(BLOCK)
-pcg_spmv_dot(const int* __restrict__ rowptr, const int* __restrict__ col, const real_t* __restrict__ val,
-             const real_t* __restrict__ z, real_t* p0, real_t* p1, real_t* __restrict__ q,
-             State* st, double* partials, int n) {
-    const State s = *st;  // every field in one round trip, before the branch that needs one
-    if (s.status != RUNNING) return;
-    const real_t beta = (real_t)s.beta;
-    const real_t* __restrict__ p_old = s.parity ? p1 : p0;
-    real_t* __restrict__ p_new = s.parity ? p0 : p1;
+// Grid totals for the persistent kernels (cooperative launch: every block is resident at once).
+// Each block publishes its sums in its own slot with a release store of the reduction's tag; every
+// block then polls all slots with acquire loads and adds them in sum_partials' fixed order, so all
+// blocks hold the same totals and take the same decisions. The acquire/release pairs also order
+// every block's earlier writes of the vectors before every block's later reads (and drop stale L1
+// lines). Slots alternate between two buffers from one tag to the next: a block that has gone ahead
+// never overwrites a slot a slower block still has to read. Tags count reductions since set-up, so
+// they never repeat within a buffer; the kernel's first tag comes from *epoch (see end_epoch).
+struct Slot {
+    double v[3];
+    unsigned int tag, pad;
+};
+
+__device__ __forceinline__ void store_release(unsigned int* p, unsigned int v) {
+    asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
+__device__ __forceinline__ unsigned int load_acquire(const unsigned int* p) {
+    unsigned int v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+// Sums of K <= 3 values over the grid, in thread 0 of every block; `tag` is this block's reduction counter.
+template <int K>
+__device__ void grid_sums(Slot* slots, double (&v)[K], unsigned int& tag) {
+    block_sums(v);
+    ++tag;
+    Slot* buf = slots + (tag & 1u) * gridDim.x;
+    if (threadIdx.x == 0) {
+#pragma unroll
+        for (int k = 0; k < K; ++k) buf[blockIdx.x].v[k] = v[k];
+        store_release(&buf[blockIdx.x].tag, tag);
+    }
+#pragma unroll
+    for (int k = 0; k < K; ++k) v[k] = 0.0;
+    for (int i = threadIdx.x; i < gridDim.x; i += BLOCK) {
+        while (load_acquire(&buf[i].tag) != tag) {}
+#pragma unroll
+        for (int k = 0; k < K; ++k) v[k] += buf[i].v[k];
+    }
+    block_sums(v);
+}
+
+// The tag the next launch starts from. Block 0 gets here only after every block has published its
+// last sums, hence after every block has read *epoch at its start.
+__device__ __forceinline__ void end_epoch(unsigned int* epoch, unsigned int tag) {
+    if (blockIdx.x == 0 && threadIdx.x == 0) *epoch = tag;
+}
+
+// Vectors that other blocks write during a persistent kernel are read through plain pointers (no
+// const __restrict__): the read-only cache path is not coherent within a kernel.
+
+// p_new = z + beta p_old and q = A p_new over this thread's rows; returns its share of p_new . q.
+__device__ double direction_product(const int* __restrict__ rowptr, const int* __restrict__ col,
+                                    const real_t* __restrict__ val, const real_t* z, const real_t* p_old,
+                                    real_t* p_new, real_t* q, real_t beta, int n) {
     auto direction = [&](int j) { return fma(beta, p_old[j], z[j]); };
-    double sums[1] = {0.0};
+    double pq = 0.0;
     for_each_row_product(rowptr, col, val, n, direction, [&](int i, real_t qi) {
         const real_t pn = direction(i);
         p_new[i] = pn;
         q[i] = qi;
-        sums[0] += (double)pn * (double)qi;
+        pq += (double)pn * (double)qi;
     });
+    return pq;
+}
+
+// alpha = rz / pq, or the reason there is no step along the new direction.
+__device__ void direction_decision(State* st, double pq) {
+    st->pq = pq;
+    if (!isfinite(pq)) st->status = NOT_FINITE;
+    else if (pq <= 0.0) st->status = BREAKDOWN;
+    else st->alpha = st->rz / pq;
+}
+
+// The classic product on its own, with the last-block reduction (the distributed solver's local part).
+extern "C" __global__ void __launch_bounds__(BLOCK)
+pcg_spmv_dot(const int* __restrict__ rowptr, const int* __restrict__ col, const real_t* __restrict__ val,
+             const real_t* z, real_t* p0, real_t* p1, real_t* q, State* st, double* partials, int n) {
+    const State s = *st;  // every field in one round trip, before the branch that needs one
+    if (s.status != RUNNING) return;
+    double sums[1] = {direction_product(rowptr, col, val, z, s.parity ? p1 : p0, s.parity ? p0 : p1, q,
+                                        (real_t)s.beta, n)};
     if (!publish_partials(partials, sums, &st->ticket)) return;
     sum_partials(partials, sums);
-    const double pq = sums[0];
-    if (threadIdx.x == 0) {
-        st->pq = pq;
-        if (!isfinite(pq)) st->status = NOT_FINITE;
-        else if (pq <= 0.0) st->status = BREAKDOWN;
-        else st->alpha = st->rz / pq;
-    }
+    if (threadIdx.x == 0) direction_decision(st, sums[0]);
 }
 
 // The stopping rule of every PCG variant, in the order of solvers/pcg/cpu.py: `curvature` is r.z (or
@@ -192,15 +249,13 @@ __device__ __forceinline__ int stop_reason(double rnorm, double tol, int it, int
     return RUNNING;
 }
 
-// x += alpha p, r -= alpha q (unless START), z = M^-1 r over this thread's rows; accumulates r.z, r.r.
-template <bool START>
-__device__ __forceinline__ void update_rows(real_t* __restrict__ x, real_t* __restrict__ r,
-                                            const real_t* __restrict__ q, const real_t* __restrict__ p,
-                                            const real_t* __restrict__ dinv, real_t* __restrict__ z,
-                                            real_t alpha, int n, double& rz, double& rr) {
+// x += alpha p, r -= alpha q (unless start), z = M^-1 r over this thread's rows; accumulates r.z, r.r.
+__device__ __forceinline__ void update_rows(bool start, real_t* x, real_t* r, const real_t* q, const real_t* p,
+                                            const real_t* __restrict__ dinv, real_t* z, real_t alpha, int n,
+                                            double& rz, double& rr) {
     for (int i = blockIdx.x * BLOCK + threadIdx.x; i < n; i += gridDim.x * BLOCK) {
         real_t ri = r[i];
-        if (!START) {
+        if (!start) {
             x[i] = fma(alpha, p[i], x[i]);
             ri = fma(-alpha, q[i], ri);
             r[i] = ri;
@@ -210,6 +265,18 @@ __device__ __forceinline__ void update_rows(real_t* __restrict__ x, real_t* __re
         rz += (double)ri * (double)zi;
         rr += (double)ri * (double)ri;
     }
+}
+
+// Classic decision after the update's r.z and ||r|| at iteration `it`: the stop reason, and while
+// running beta and rz for the next direction (the set-up pass keeps beta 0 and the parity).
+__device__ int update_decision(State* st, bool start, int it, double rz_new, double rnorm) {
+    const int status = stop_reason(rnorm, st->tol, it, st->maxiter, rz_new, true);
+    if (status == RUNNING) {
+        st->beta = start ? 0.0 : rz_new / st->rz;
+        st->rz = rz_new;
+        if (!start) st->parity ^= 1;
+    }
+    return status;
 }
 
 // Record the decision taken at iteration `it` (one thread): state and history; the host-mapped
@@ -241,44 +308,6 @@ __device__ __forceinline__ bool finished(const State& s, unsigned long long hand
     return true;
 }
 
-// START: the set-up pass (no x/r update, iteration 0); otherwise one PCG update.
-template <bool START>
-__device__ void update(real_t* __restrict__ x, real_t* __restrict__ r, const real_t* __restrict__ q,
-                       const real_t* p0, const real_t* p1, const real_t* __restrict__ dinv,
-                       real_t* __restrict__ z, State* st, double* partials, double* history,
-                       Progress* progress, unsigned long long handle, int n) {
-    const State s = *st;
-    if (!START && finished(s, handle)) return;
-    double sums[2] = {0.0, 0.0};  // r.z, r.r
-    update_rows<START>(x, r, q, s.parity ? p0 : p1, dinv, z, (real_t)s.alpha, n, sums[0], sums[1]);
-    if (!publish_partials(partials, sums, &st->ticket)) return;
-    sum_partials(partials, sums);
-    if (threadIdx.x != 0) return;
-    const int it = START ? 0 : st->iteration + 1;
-    const double rz_new = sums[0], rnorm = sqrt(sums[1]);
-    const int status = stop_reason(rnorm, st->tol, it, st->maxiter, rz_new, true);
-    if (status == RUNNING) {
-        st->beta = START ? 0.0 : rz_new / st->rz;
-        st->rz = rz_new;
-        if (!START) st->parity ^= 1;
-    }
-    record_decision(st, it, rnorm, status, history, progress, handle);
-}
-
-extern "C" __global__ void __launch_bounds__(BLOCK)
-pcg_update(real_t* x, real_t* r, const real_t* q, const real_t* p0, const real_t* p1, const real_t* dinv,
-           real_t* z, State* st, double* partials, double* history, Progress* progress,
-           unsigned long long handle, int n) {
-    update<false>(x, r, q, p0, p1, dinv, z, st, partials, history, progress, handle, n);
-}
-
-extern "C" __global__ void __launch_bounds__(BLOCK)
-pcg_start(real_t* x, real_t* r, const real_t* q, const real_t* p0, const real_t* p1, const real_t* dinv,
-          real_t* z, State* st, double* partials, double* history, Progress* progress,
-          unsigned long long handle, int n) {
-    update<true>(x, r, q, p0, p1, dinv, z, st, partials, history, progress, handle, n);
-}
-
 // Chronopoulos-Gear decision from gamma = r.u, delta = w.u (u = M^-1 r, w = A u) and ||r||: the
 // next step length alpha = gamma / (delta - beta gamma / alpha_old) needs no second reduction. st->rz
 // holds gamma and st->pq the next direction's p.Ap. Returns the stop reason (RUNNING to go on).
@@ -297,35 +326,93 @@ __device__ int single_reduction_decision(State* st, bool start, int it, double r
     return RUNNING;
 }
 
-// One whole Chronopoulos-Gear PCG iteration in one kernel, hence one grid-wide reduction and one
-// graph node per iteration (see pcg_ref.pcg1_step):
+// ---- One GPU: persistent kernels, `count` iterations per launch (fewer once the solve stops) ----
+//
+// Every block keeps the solver state in shared memory and, from the same grid totals, takes the same
+// decisions; block 0 publishes them (state, history, progress, WHILE condition). A launch therefore
+// replaces `count` kernel boundaries by grid reductions, and the three drivers (eager, graph, while)
+// run the same kernel, so they produce the same bits. The set-up pass is an iteration taken while
+// st->iteration is -1.
+
+// At least this many blocks of a persistent kernel fit on one SM (caps its registers): more blocks
+// resident means more rows in flight at once.
+#define RUN_BLOCKS_PER_SM 2
+
+// Settle the decision of iteration `it` in the block's copy `s` (thread 0); block 0 publishes it.
+__device__ void settle(State& s, State* st, int it, double rnorm, int status, double* history,
+                       Progress* progress, unsigned long long handle) {
+    s.iteration = it;
+    s.rnorm = rnorm;
+    s.status = status;
+    if (blockIdx.x != 0) return;
+    *st = s;
+    record_decision(st, it, rnorm, status, history, progress, handle);
+}
+
+// Classic PCG, two grid reductions per iteration (see pcg_ref.pcg_spmv_dot and pcg_update):
+//   p_new = z + beta p_old ; q = A p_new ; alpha = rz / p_new.q ;
+//   x += alpha p_new ; r -= alpha q ; z = M^-1 r ; r.z, r.r ; decide ; beta = rz_new / rz.
+// The set-up pass computes z = M^-1 r, r.z and r.r only.
+extern "C" __global__ void __launch_bounds__(BLOCK, RUN_BLOCKS_PER_SM)
+pcg_run(const int* __restrict__ rowptr, const int* __restrict__ col, const real_t* __restrict__ val,
+        const real_t* __restrict__ dinv, real_t* x, real_t* r, real_t* z, real_t* q, real_t* p0, real_t* p1,
+        State* st, Slot* slots, unsigned int* epoch, double* history, Progress* progress,
+        unsigned long long handle, int n, int count) {
+    __shared__ State s;
+    if (threadIdx.x == 0) s = *st;
+    __syncthreads();
+    unsigned int tag = *epoch;
+    for (int c = 0; c < count && !finished(s, handle); ++c) {
+        const bool start = s.iteration < 0;
+        real_t* p_new = s.parity ? p0 : p1;
+        if (!start) {
+            double pq[1] = {direction_product(rowptr, col, val, z, s.parity ? p1 : p0, p_new, q,
+                                              (real_t)s.beta, n)};
+            grid_sums(slots, pq, tag);
+            if (threadIdx.x == 0) {
+                direction_decision(&s, pq[0]);
+                if (s.status != RUNNING) settle(s, st, s.iteration, s.rnorm, s.status, history, progress, handle);
+            }
+            __syncthreads();
+            if (s.status != RUNNING) break;
+        }
+        double sums[2] = {0.0, 0.0};  // r.z, r.r
+        update_rows(start, x, r, q, p_new, dinv, z, (real_t)s.alpha, n, sums[0], sums[1]);
+        grid_sums(slots, sums, tag);
+        if (threadIdx.x == 0) {
+            const int it = s.iteration + 1;
+            const double rnorm = sqrt(sums[1]);
+            settle(s, st, it, rnorm, update_decision(&s, start, it, sums[0], rnorm), history, progress, handle);
+        }
+        __syncthreads();
+    }
+    end_epoch(epoch, tag);
+}
+
+// Chronopoulos-Gear PCG, one grid reduction per iteration (see pcg_ref.pcg1_step):
 //   s = w + beta s ; p = u + beta p ; x += alpha p ; r -= alpha s ; u = M^-1 r ; w = A u ;
 //   r.r, r.u, w.u ; decide.
 // The product A u needs u at neighbouring rows before their owners have written it, so every thread
 // recomputes the u entries it reads from the previous iteration's r, s and w (double-buffered:
-// `parity` selects the old ones) with the same operations as their owners: the result is exactly A u.
-// The set-up pass is this kernel with alpha = beta = 0 on zeroed p, s and w, while st->iteration is -1:
-// it leaves x and r as they are and computes u = M^-1 r and w = A u.
-extern "C" __global__ void __launch_bounds__(BLOCK)
-pcg1_step(const int* __restrict__ rowptr, const int* __restrict__ col, const real_t* __restrict__ val,
-          const real_t* __restrict__ dinv, real_t* __restrict__ x, real_t* __restrict__ p, real_t* r0,
-          real_t* r1, real_t* s0, real_t* s1, real_t* w0, real_t* w1, State* st, double* partials,
-          double* history, Progress* progress, unsigned long long handle, int n) {
-    const State state = *st;
-    if (finished(state, handle)) return;
+// `parity` selects the old ones) with the same operations as their owners: the result is exactly A u,
+// with no barrier before the product. The set-up pass is the same iteration with alpha = beta = 0 on
+// zeroed p, s and w: it leaves x and r as they are and computes u = M^-1 r and w = A u.
+__device__ void single_reduction_rows(const int* __restrict__ rowptr, const int* __restrict__ col,
+                                      const real_t* __restrict__ val, const real_t* __restrict__ dinv,
+                                      real_t* x, real_t* p, real_t* r0, real_t* r1, real_t* s0, real_t* s1,
+                                      real_t* w0, real_t* w1, const State& state, int n, double (&sums)[3]) {
     const int parity = state.parity;
     const real_t alpha = (real_t)state.alpha, beta = (real_t)state.beta;
-    const real_t* __restrict__ r_old = parity ? r1 : r0;
-    const real_t* __restrict__ s_old = parity ? s1 : s0;
-    const real_t* __restrict__ w_old = parity ? w1 : w0;
-    real_t* __restrict__ r_new = parity ? r0 : r1;
-    real_t* __restrict__ s_new = parity ? s0 : s1;
-    real_t* __restrict__ w_new = parity ? w0 : w1;
+    const real_t* r_old = parity ? r1 : r0;
+    const real_t* s_old = parity ? s1 : s0;
+    const real_t* w_old = parity ? w1 : w0;
+    real_t* r_new = parity ? r0 : r1;
+    real_t* s_new = parity ? s0 : s1;
+    real_t* w_new = parity ? w0 : w1;
     auto precondition = [&](int j, real_t v) { return dinv ? dinv[j] * v : v; };
     auto next_s = [&](int j) { return fma(beta, s_old[j], w_old[j]); };
     auto next_r = [&](int j, real_t sj) { return fma(-alpha, sj, r_old[j]); };
     auto next_u = [&](int j) { return precondition(j, next_r(j, next_s(j))); };
-    double sums[3] = {0.0, 0.0, 0.0};  // r.r, r.u, w.u
     for_each_row_product(rowptr, col, val, n, next_u, [&](int i, real_t wi) {
         const real_t si = next_s(i), ri = next_r(i, si), ui = precondition(i, ri);
         const real_t pi = fma(beta, p[i], precondition(i, r_old[i]));
@@ -338,14 +425,31 @@ pcg1_step(const int* __restrict__ rowptr, const int* __restrict__ col, const rea
         sums[1] += (double)ri * (double)ui;
         sums[2] += (double)wi * (double)ui;
     });
-    if (!publish_partials(partials, sums, &st->ticket)) return;
-    sum_partials(partials, sums);
-    if (threadIdx.x != 0) return;
-    const int it = state.iteration + 1;
-    const double rnorm = sqrt(sums[0]);
-    const int status = single_reduction_decision(st, state.iteration < 0, it, rnorm, sums[1], sums[2]);
-    if (status == RUNNING) st->parity ^= 1;
-    record_decision(st, it, rnorm, status, history, progress, handle);
+}
+
+extern "C" __global__ void __launch_bounds__(BLOCK, RUN_BLOCKS_PER_SM)
+pcg1_run(const int* __restrict__ rowptr, const int* __restrict__ col, const real_t* __restrict__ val,
+         const real_t* __restrict__ dinv, real_t* x, real_t* p, real_t* r0, real_t* r1, real_t* s0, real_t* s1,
+         real_t* w0, real_t* w1, State* st, Slot* slots, unsigned int* epoch, double* history,
+         Progress* progress, unsigned long long handle, int n, int count) {
+    __shared__ State s;
+    if (threadIdx.x == 0) s = *st;
+    __syncthreads();
+    unsigned int tag = *epoch;
+    for (int c = 0; c < count && !finished(s, handle); ++c) {
+        double sums[3] = {0.0, 0.0, 0.0};  // r.r, r.u, w.u
+        single_reduction_rows(rowptr, col, val, dinv, x, p, r0, r1, s0, s1, w0, w1, s, n, sums);
+        grid_sums(slots, sums, tag);
+        if (threadIdx.x == 0) {
+            const int it = s.iteration + 1;
+            const double rnorm = sqrt(sums[0]);
+            const int status = single_reduction_decision(&s, s.iteration < 0, it, rnorm, sums[1], sums[2]);
+            if (status == RUNNING) s.parity ^= 1;
+            settle(s, st, it, rnorm, status, history, progress, handle);
+        }
+        __syncthreads();
+    }
+    end_epoch(epoch, tag);
 }
 
 // out = b - A x

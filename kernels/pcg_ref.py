@@ -1,5 +1,8 @@
 """NumPy meaning of the kernels in ``pcg.cu`` (used by the GPU tests).
 
+An iteration of ``pcg_run`` is ``pcg_spmv_dot`` then ``pcg_update`` (its set-up pass is
+``pcg_update(start=True)``); an iteration of ``pcg1_run`` is ``pcg1_step``.
+
 ``state`` is a dict with the fields of the device ``State`` struct.
 """
 import numpy as np
@@ -41,7 +44,7 @@ def stop_reason(rnorm, tol, it, maxiter, curvature, finite=True):
 
 
 def pcg_update(x, r, q, p0, p1, dinv, state, start=False):
-    """x += alpha p; r -= alpha q; z = dinv * r; then decide and set beta (``pcg_start`` when start)."""
+    """x += alpha p; r -= alpha q; z = dinv * r; then decide and set beta (the set-up pass when start)."""
     if not start and state["status"] != RUNNING:
         return None
     p = p0 if state["parity"] else p1
@@ -77,7 +80,7 @@ def single_reduction_decision(state, start, it, rnorm, gamma, delta):
 
 
 def pcg1_step(A, dinv, x, p, r, s, w, state):
-    """One single-reduction PCG iteration (``pcg1_step``); ``r``, ``s``, ``w`` are buffer pairs.
+    """One single-reduction PCG iteration (of ``pcg1_run``); ``r``, ``s``, ``w`` are buffer pairs.
 
     s = w + beta s; p = u + beta p (u = M^-1 r, old r); x += alpha p; r -= alpha s;
     u = M^-1 r; w = A u; then decide from r.r, r.u, w.u.

@@ -19,11 +19,10 @@ def time_per_iteration(A, b, variant, unroll, blocks, reps):
     solver = solvers.PCG(A, rtol=1e-8, device="gpu", mode="while", unroll=unroll, variant=variant, maxiter=100000)
     impl = solver._impl
     if blocks:  # fewer blocks than the default only: the partial-sum buffer is sized for the default
-        impl.grid_spmv = min(blocks, impl.grid_spmv)
-        impl.grid_vec = min(blocks, impl.grid_vec)
+        impl.grid = min(blocks, impl.grid)
     solver.solve(b)
     runs = [solver.solve(b) for _ in range(reps)]
-    return runs[0].iterations, float(np.median([r.loop_time for r in runs])) / runs[0].iterations, impl.grid_spmv
+    return runs[0].iterations, float(np.median([r.loop_time for r in runs])) / runs[0].iterations, impl.grid
 
 
 def main(argv=None):

@@ -25,46 +25,50 @@ def cases(matrices_dir):
     return out
 
 
-def test_kernels_match_numpy_reference(cupy):
+def test_classic_kernel_matches_numpy_reference(cupy):
     from kernels import pcg_ref
-    from solvers.pcg.gpu import BLOCK, STATE_DTYPE, GPUPCG
+    from solvers.pcg.gpu import STATE_DTYPE, GPUPCG
 
     A = poisson((20, 30)) + sp.diags(np.linspace(0.1, 1.0, 600))
     A = A.tocsr()
     rng = np.random.default_rng(3)
     g = GPUPCG(A, "jacobi", np.float64, "eager", 1, False, variant="classic")
-    z, p0, p1, x, r = (rng.standard_normal(600) for _ in range(5))
-    for dev, host in ((g.z, z), (g.p0, p0), (g.p1, p1), (g.x, x), (g.r, r)):
-        dev.set(host)
+    host = {k: rng.standard_normal(600) for k in ("z", "p0", "p1", "x", "r")}
+    pairs = (("z", g.z), ("p0", g.p0), ("p1", g.p1), ("x", g.x), ("r", g.r))
+    for name, dev in pairs:
+        dev.set(host[name])
     st = np.zeros(1, STATE_DTYPE)
-    st["rz"], st["beta"], st["tol"], st["maxiter"], st["parity"] = 2.5, 0.37, 1e-30, 100, 1
+    st["rz"], st["beta"], st["tol"], st["maxiter"], st["parity"], st["iteration"] = 2.5, 0.37, 1e-30, 100, 1, 4
     g.state.set(st.view(np.uint8))
     ref = {k: st[k][0].item() for k in STATE_DTYPE.names}
-    q_ref = pcg_ref.pcg_spmv_dot(A, z, p0, p1, ref)
-    g.k_spmv_dot((g.grid_spmv,), (BLOCK,), (g.rowptr, g.col, g.val, g.z, g.p0, g.p1, g.q, g.state,
-                                             g.partials, np.int32(600)))
-    dev = g.state.get().view(STATE_DTYPE)[0]
-    np.testing.assert_allclose(g.q.get(), q_ref, rtol=1e-13, atol=1e-13)
-    np.testing.assert_allclose(g.p0.get(), p0, rtol=1e-13, atol=1e-15)  # parity 1: p0 is the new direction
-    assert dev["alpha"] == pytest.approx(ref["alpha"], rel=1e-12)
-    assert dev["ticket"] == 0
-
     dinv = 1.0 / A.diagonal()
-    z_ref = pcg_ref.pcg_update(x, r, q_ref, p0, p1, dinv, ref)
-    g.k_update((g.grid_vec,), (BLOCK,), (g.x, g.r, g.q, g.p0, g.p1, g.dinv, g.z, g.state, g.partials,
-                                         np.uint64(0), np.uint64(0), np.uint64(0), np.int32(600)))
-    dev = g.state.get().view(STATE_DTYPE)[0]
-    np.testing.assert_allclose(g.x.get(), x, rtol=1e-13)
-    np.testing.assert_allclose(g.r.get(), r, rtol=1e-12, atol=1e-13)
-    np.testing.assert_allclose(g.z.get(), z_ref, rtol=1e-12, atol=1e-13)
-    assert dev["iteration"] == ref["iteration"] == 1 and dev["parity"] == ref["parity"] == 0
-    assert dev["rz"] == pytest.approx(ref["rz"], rel=1e-12)
-    assert dev["beta"] == pytest.approx(ref["beta"], rel=1e-12)
+
+    def reference_iteration():
+        q = pcg_ref.pcg_spmv_dot(A, host["z"], host["p0"], host["p1"], ref)
+        host["z"] = pcg_ref.pcg_update(host["x"], host["r"], q, host["p0"], host["p1"], dinv, ref)
+        return q
+
+    # one iteration a launch, then two in one launch (grid reductions between them, both parities)
+    for count in (1, 2):
+        for _ in range(count):
+            q = reference_iteration()
+        g.launch_run(count, np.uint64(0))
+        dev = g.state.get().view(STATE_DTYPE)[0]
+        np.testing.assert_allclose(g.q.get(), q, rtol=1e-11, atol=1e-11)
+        for name, got in pairs:
+            np.testing.assert_allclose(got.get(), host[name], rtol=1e-11, atol=1e-11, err_msg=name)
+        assert dev["status"] == ref["status"] == pcg_ref.RUNNING
+        assert dev["iteration"] == ref["iteration"] and dev["parity"] == ref["parity"]
+        for key in ("alpha", "beta", "rz", "pq", "rnorm"):
+            assert dev[key] == pytest.approx(ref[key], rel=1e-10), key
+        assert int(g.epoch.get()[0]) == 2 * ref["iteration"] - 8  # two grid reductions an iteration
+    assert ref["iteration"] == 7
 
     out = cupy.empty(600)
-    g.b.set(z)
+    g.b.set(host["z"])
     g._residual(g.x, out)
-    np.testing.assert_allclose(out.get(), pcg_ref.matrix_residual(A, g.x.get(), z), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(out.get(), pcg_ref.matrix_residual(A, g.x.get(), host["z"]), rtol=1e-12,
+                               atol=1e-12)
 
 
 @pytest.mark.parametrize("csr", [False, True])
@@ -81,7 +85,7 @@ def test_single_reduction_kernel_matches_numpy_reference(cupy, csr):
     g = GPUPCG(A, "jacobi", np.float64, "eager", 1, False, variant="single-reduction")
     assert g.layout.format == ("csr" if csr else "ell")
     dinv = 1.0 / A.diagonal()
-    # the set-up pass (iteration -1, zero p, s, w) and two iterations, through both buffer parities
+    # the set-up pass (iteration -1, zero p, s, w), then two iterations in one launch (both parities)
     host = {k: np.zeros(n) for k in ("p", "r1", "s0", "s1", "w0", "w1")}
     host["x"] = np.random.default_rng(5).standard_normal(n)
     host["r0"] = np.random.default_rng(6).standard_normal(n)
@@ -94,17 +98,19 @@ def test_single_reduction_kernel_matches_numpy_reference(cupy, csr):
     g.state.set(st.view(np.uint8))
     ref = {k: st[k][0].item() for k in STATE_DTYPE.names}
     r, s_, w = [host["r0"], host["r1"]], [host["s0"], host["s1"]], [host["w0"], host["w1"]]
-    for _ in range(3):
-        pcg_ref.pcg1_step(A, dinv, host["x"], host["p"], r, s_, w, ref)
-        g.launch_single_step(np.uint64(0))
-    dev = g.state.get().view(STATE_DTYPE)[0]
-    for name, got in pairs:
-        np.testing.assert_allclose(got.get(), host[name], rtol=1e-11, atol=1e-11, err_msg=name)
-    assert dev["status"] == ref["status"] == pcg_ref.RUNNING
-    assert dev["iteration"] == ref["iteration"] == 2 and dev["parity"] == ref["parity"] == 1
-    for key in ("alpha", "beta", "rz", "pq", "rnorm"):
-        assert dev[key] == pytest.approx(ref[key], rel=1e-10), key
-    assert dev["ticket"] == 0
+    for count in (1, 2):
+        for _ in range(count):
+            pcg_ref.pcg1_step(A, dinv, host["x"], host["p"], r, s_, w, ref)
+        g.launch_run(count, np.uint64(0))
+        dev = g.state.get().view(STATE_DTYPE)[0]
+        for name, got in pairs:
+            np.testing.assert_allclose(got.get(), host[name], rtol=1e-11, atol=1e-11, err_msg=name)
+        assert dev["status"] == ref["status"] == pcg_ref.RUNNING
+        assert dev["iteration"] == ref["iteration"] and dev["parity"] == ref["parity"]
+        for key in ("alpha", "beta", "rz", "pq", "rnorm"):
+            assert dev[key] == pytest.approx(ref[key], rel=1e-10), key
+        assert int(g.epoch.get()[0]) == ref["iteration"] + 1  # one grid reduction an iteration
+    assert ref["iteration"] == 2 and ref["parity"] == 1
 
 
 @pytest.mark.parametrize("variant", ["classic", "single-reduction"])

@@ -62,30 +62,13 @@ class _HostMapped:
 
 
 class PCGBody:
-    """One classic PCG iteration as two kernel launches on fixed buffers (see ``kernels/pcg.cu``)."""
+    """One launch of the variant's persistent kernel: ``iterations_per_launch`` PCG iterations."""
 
     def __init__(self, solver):
         self.s = solver
 
     def launch(self, stream, loop):
-        s = self.s
-        s.k_spmv_dot((s.grid_spmv,), (BLOCK,),
-                     (s.rowptr, s.col, s.val, s.z, s.p0, s.p1, s.q, s.state, s.partials, np.int32(s.n)),
-                     stream=stream)
-        s.k_update((s.grid_vec,), (BLOCK,),
-                   (s.x, s.r, s.q, s.p0, s.p1, s.dinv_arg, s.z, s.state, s.partials, s.history_arg,
-                    s.progress.device_ptr, loop.handle, np.int32(s.n)),
-                   stream=stream)
-
-
-class SinglePCGBody:
-    """One single-reduction PCG iteration: one kernel launch (``pcg1_step`` in ``kernels/pcg.cu``)."""
-
-    def __init__(self, solver):
-        self.s = solver
-
-    def launch(self, stream, loop):
-        self.s.launch_single_step(loop.handle, stream)
+        self.s.launch_run(self.s.iterations_per_launch, loop.handle, stream)
 
 
 class GPUPCG:
@@ -107,8 +90,9 @@ class GPUPCG:
             self._setup(A)
         except cupy.cuda.memory.OutOfMemoryError as exc:
             raise DeviceError(f"out of GPU memory while setting up the solver ({exc})") from None
-        body = SinglePCGBody(self) if self.variant == "single-reduction" else PCGBody(self)
-        self.engine = GraphEngine(body, mode=mode, unroll=unroll)
+        # The kernel itself runs `unroll` iterations a launch: the engine launches it once a pass.
+        self.unroll = self.iterations_per_launch = int(unroll)
+        self.engine = GraphEngine(PCGBody(self), mode=mode, unroll=1)
         self.mode_note = self.engine.note
 
     # -- set-up ---------------------------------------------------------------
@@ -133,20 +117,18 @@ class GPUPCG:
         self.val = self.layout.values(data)
 
         mod = kernels.module("pcg", kernels.ctype(self.dtype), self.layout.defines)
-        self.k_spmv_dot = mod.get_function("pcg_spmv_dot")
-        self.k_update = mod.get_function("pcg_update")
-        self.k_start = mod.get_function("pcg_start")
         self.k_residual = mod.get_function("matrix_residual")
-        self.k_step1 = mod.get_function("pcg1_step")
+        single = self.variant == "single-reduction"
+        self._run, capacity = kernels.cooperative(mod.get_function("pcg1_run" if single else "pcg_run"), BLOCK)
 
         sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
         rows_per_block = BLOCK // self.layout.lanes
-        # Grid-stride kernels: enough blocks to fill the GPU, few enough partials for one block to sum.
+        # The residual kernel strides over the rows with enough blocks to fill the GPU; the
+        # persistent kernel takes one row (group) a thread up to the blocks the GPU holds at once.
         self.grid_spmv = int(max(1, min(-(-n // rows_per_block), sms * 8)))
-        self.grid_vec = int(max(1, min(-(-n // BLOCK), sms * 8)))
+        self.grid = int(max(1, min(-(-n // rows_per_block), capacity)))
 
         zeros = lambda: cupy.zeros(n, dtype=self.dtype)  # noqa: E731
-        single = self.variant == "single-reduction"
         self.x, self.b, self.r, self.p0 = (zeros() for _ in range(4))
         # classic: z, q and the second direction buffer p1; single-reduction: p is p0 and r is r0 of
         # the pairs (r, r1), (s0, s1), (w0, w1)
@@ -154,7 +136,10 @@ class GPUPCG:
         self.r1, self.s0, self.s1, self.w0, self.w1 = (zeros() if single else None for _ in range(5))
         self.dinv = zeros() if self.preconditioner == "jacobi" else None
         self.dinv_arg = self.dinv if self.dinv is not None else np.uint64(0)
-        self.partials = cupy.zeros(3 * max(self.grid_spmv, self.grid_vec), dtype=cupy.float64)
+        # the persistent kernel's reduction slots (`struct Slot`, 32 bytes: two buffers of one a block)
+        # and the tag its next launch starts from
+        self.slots = cupy.zeros(2 * self.grid * 4, dtype=cupy.float64)
+        self.epoch = cupy.zeros(1, dtype=cupy.uint32)
         self.state = cupy.zeros(STATE_DTYPE.itemsize, dtype=cupy.uint8)
         self.progress = _HostMapped(PROGRESS_DTYPE)
         self.history = None
@@ -229,32 +214,29 @@ class GPUPCG:
             self.history_arg = self.history
             self.engine.invalidate()  # the history pointer is baked into the graph
 
-    def _reset_state(self, tol, maxiter, iteration=0):
+    def _reset_state(self, tol, maxiter):
         st = np.zeros(1, dtype=STATE_DTYPE)
-        st["tol"], st["maxiter"], st["status"], st["iteration"] = tol, maxiter, RUNNING, iteration
+        st["tol"], st["maxiter"], st["status"], st["iteration"] = tol, maxiter, RUNNING, -1  # -1: set-up pass
         self.state.set(st.view(np.uint8))
         self.progress.host[...] = 0
 
-    def launch_single_step(self, handle, stream=None):
-        """Enqueue one ``pcg1_step`` (the single-reduction iteration, or its set-up pass)."""
-        self.k_step1((self.grid_spmv,), (BLOCK,),
-                     (self.rowptr, self.col, self.val, self.dinv_arg, self.x, self.p0, self.r, self.r1, self.s0,
-                      self.s1, self.w0, self.w1, self.state, self.partials, self.history_arg,
-                      self.progress.device_ptr, handle, np.int32(self.n)), stream=stream)
+    def launch_run(self, count, handle, stream=None):
+        """Enqueue one launch of the persistent kernel: up to ``count`` iterations (or the set-up pass)."""
+        if self.variant == "single-reduction":
+            vectors = (self.x, self.p0, self.r, self.r1, self.s0, self.s1, self.w0, self.w1)
+        else:
+            vectors = (self.x, self.r, self.z, self.q, self.p0, self.p1)
+        self._run(self.grid, (self.rowptr, self.col, self.val, self.dinv_arg, *vectors, self.state, self.slots,
+                              self.epoch, self.history_arg, self.progress.device_ptr, handle,
+                              np.int32(self.n), np.int32(count)), stream=stream)
 
     def _start(self, tol, maxiter):
-        """Reset the device state and run the set-up pass of the variant (r holds b - A x0)."""
-        self.p0.fill(0)
-        if self.variant == "single-reduction":
-            self.s0.fill(0)
-            self.w0.fill(0)
-            self._reset_state(tol, maxiter, iteration=-1)
-            self.launch_single_step(np.uint64(0))
-            return
+        """Reset the device state and run the set-up pass (r holds b - A x0; zero first directions)."""
+        for v in (self.p0, self.s0, self.w0):
+            if v is not None:
+                v.fill(0)
         self._reset_state(tol, maxiter)
-        self.k_start((self.grid_vec,), (BLOCK,),
-                     (self.x, self.r, self.q, self.p0, self.p1, self.dinv_arg, self.z, self.state, self.partials,
-                      self.history_arg, self.progress.device_ptr, np.uint64(0), np.int32(self.n)))
+        self.launch_run(1, np.uint64(0))
 
     def _residual(self, x, out):
         self.k_residual((self.grid_spmv,), (BLOCK,), (self.rowptr, self.col, self.val, x, self.b, out,
@@ -294,10 +276,14 @@ class GPUPCG:
         def on_wait():
             on_progress(int(prog["iteration"][0]), float(prog["rnorm"][0]))
 
-        # A callback must see every iteration: one host check per iteration, plain launches.
+        # A callback must see every iteration: one iteration a launch, plain launches, a host check each.
+        self.iterations_per_launch = 1 if callback is not None else self.unroll
         t0 = time.perf_counter()
-        self.engine.run(done, max(maxiter, 1), eager=callback is not None,
-                        on_wait=on_wait if on_progress is not None else None)
+        try:
+            self.engine.run(done, max(maxiter, 1), eager=callback is not None,
+                            on_wait=on_wait if on_progress is not None else None)
+        finally:
+            self.iterations_per_launch = self.unroll
         self.last_loop_time = time.perf_counter() - t0
         st = self.state.get().view(STATE_DTYPE)[0]
         reason = Reason(int(st["status"]))

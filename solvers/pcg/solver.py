@@ -73,13 +73,14 @@ class PCG:
         GPU driver; the CPU accepts ``auto`` and ``eager`` only.
     dtype : {"float64", "float32"}
     unroll : int
-        Iterations per graph launch (``graph``) or per WHILE pass (``while``).
+        Iterations per kernel launch on the GPU, hence per graph launch
+        (``graph``) or per WHILE pass (``while``).
     record_history : bool
         Keep the residual norm of every iteration in the result.
     variant : {"auto", "classic", "single-reduction"}
         Classic PCG, or the Chronopoulos-Gear form: the same iterates in exact
         arithmetic with one grid-wide reduction per iteration instead of two,
-        which on the GPU makes an iteration one kernel. ``auto`` takes
+        which on the GPU halves the grid-wide barriers. ``auto`` takes
         single-reduction on the GPU for small systems (latency bound), classic
         otherwise; the ``variant`` attribute says which ran.
     """
