@@ -37,7 +37,7 @@ def ctype(dtype):
 
 @functools.lru_cache(maxsize=None)
 def module(name, real="double", defines=(), extra=()):
-    """Compile ``kernels/<name>.cu`` with ``real_t`` set to ``real``.
+    """Compile ``kernels/<name>.cu`` with ``real_t`` set to ``real``, after ``kernels/grid.cu``.
 
     Parameters
     ----------
@@ -59,7 +59,7 @@ def module(name, real="double", defines=(), extra=()):
 
     head = [CONDITIONAL_PRELUDE, f"typedef {real} real_t;\n"]
     head += [f"#define {k} {v}\n" for k, v in defines]
-    code = "".join(head) + "".join(source(part) for part in (name, *extra))
+    code = "".join(head) + "".join(source(part) for part in ("grid", name, *extra))
     mod = cupy.RawModule(code=code, options=("--std=c++17",))
     mod.compile()
     return mod

@@ -1,31 +1,34 @@
-// Lennard-Jones molecular dynamics: one timestep as a handful of kernels that a CUDA
-// graph captures once. real_t (double, or float for mixed precision) is typedef'd by
-// the loader; energies and virials are always accumulated in double.
+// Lennard-Jones molecular dynamics: timesteps as a handful of kernels that a CUDA graph
+// captures once. real_t (double, or float for mixed precision) is typedef'd by the loader;
+// energies and virials are always accumulated in double.
 //
-// A step is three graph nodes:  md_integrate1 -> IF rebuild [md_cell_clear, md_cell_bin,
+// The graph body is three nodes:  md_run -> IF rebuild [md_cell_clear, md_cell_bin,
 // (md_cell_scan), md_cell_sort, md_neigh_build] -> md_force.
-// The list and force kernels work on lane groups g = 0..n-1, each for particle
+// md_run is a persistent (cooperative) kernel that takes whole steps (kick, drift, forces, kick)
+// with grid barriers between the phases, up to `count` steps a launch. A step whose drift asks for
+// a list rebuild ends the launch there: the IF node rebuilds and md_force finishes that step
+// (forces and second kick); otherwise md_force finds the step's forces done and returns.
+// The list and force code work on lane groups g = 0..n-1, each for particle
 // i = order[g] (cell order, so neighbouring groups share neighbours and loads hit the cache)
 // or i = g (by_cell == 0). The neighbour list and its counts are indexed by g.
 // The control block ctl (unsigned long long[CTL_SIZE]) carries everything the host and
-// the kernels share. The last block to finish md_integrate1 counts the step and sets the IF
-// node; the last block of md_force records why the chunk stops, sets the WHILE node and, at
-// the chunk's last step, reduces the thermo sums. Steps launched past the stop (graph mode
-// unrolls k steps per launch) find ctl says so and change nothing.
+// the kernels share. Whichever kernel ends the chunk (its last step, an overflow, an unstable
+// particle) records why, stops the WHILE node and, at the chunk's last step, reduces the thermo
+// sums. Launches past the stop (graph mode unrolls k launches) find ctl says so and change nothing.
 // kernels/md_ref.py states the same formulas in NumPy.
 
 #define C_STEP 0      // last completed step
 #define C_TARGET 1    // step at which the chunk stops
-#define C_REQ 2       // some particle moved more than skin/2 (set by md_integrate1)
-#define C_REBUILD 3   // rebuild in this step (set by md_integrate1 or by the host)
+#define C_REQ 2       // some particle moved more than skin/2 (set in md_run's drift, cleared by md_force)
+#define C_REBUILD 3   // rebuild in this step (set by md_run or by the host)
 #define C_BUILDS 4    // list builds so far
 #define C_STATUS 5    // ST_* below
 #define C_NBMAX 6     // largest neighbour count that did not fit (0: all fit)
 #define C_CELLMAX 7   // largest cell occupancy that did not fit (0: all fit)
 #define C_BAD 8       // n - index of the lowest particle that moved implausibly (0: none)
-#define C_FORCED 9    // step whose forces md_force computed last
-#define C_ARRIVE1 10  // blocks of md_integrate1 done (last-block counter)
-#define C_ARRIVE2 11  // blocks of md_force done
+#define C_FORCED 9    // step whose forces are computed
+#define C_SYNC 10     // md_run's grid barrier counter (grid_sync)
+#define C_ARRIVE 11   // blocks of md_force done (last-block counter)
 #define CTL_SIZE 16
 
 #ifndef MD_BLOCK
@@ -95,57 +98,42 @@ __device__ __forceinline__ double uniform_centered(unsigned bits) {
     return ((double)bits + 0.5) * 2.3283064365386963e-10 - 0.5;  // 2^-32
 }
 
-// First half kick and drift; wrap into the box; flag a list rebuild when a particle has
-// moved more than skin/2 since the last build, and an unstable run when it moved more than
-// half the list cutoff in this one step (or is not finite). The last block counts the step
-// and decides the rebuild (IF node); an unstable run stops the WHILE node here.
-extern "C" __global__ void __launch_bounds__(MD_BLOCK)
-md_integrate1(vec4 *__restrict__ pos, vec4 *__restrict__ vel, const vec4 *__restrict__ frc,
-              int4 *__restrict__ img, const vec4 *__restrict__ hold, u64 *ctl, int n,
-              real_t dt, real_t half_dt_m, real_t lx, real_t ly, real_t lz,
-              real_t trigger_sq, real_t max_move_sq, u64 if_handle, u64 while_handle) {
-    // Every block reads these before any block can change them (only the last one does).
-    if (ctl[C_STATUS] != ST_RUNNING || ctl[C_STEP] >= ctl[C_TARGET]) {
-        if (blockIdx.x == 0 && threadIdx.x == 0) {
-            if (if_handle) cudaGraphSetConditional(if_handle, 0u);
-            if (while_handle) cudaGraphSetConditional(while_handle, 0u);
-        }
-        return;
-    }
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    bool req = false;
-    if (i < n) {
-        vec4 v = vel[i], f = frc[i], x = pos[i];
-        int4 im = img[i];
-        v.x += half_dt_m * f.x; v.y += half_dt_m * f.y; v.z += half_dt_m * f.z;
-        real_t dx = dt * v.x, dy = dt * v.y, dz = dt * v.z;
-        real_t move = dx * dx + dy * dy + dz * dz;
-        x.x = wrap_coord(x.x + dx, lx, im.x);
-        x.y = wrap_coord(x.y + dy, ly, im.y);
-        x.z = wrap_coord(x.z + dz, lz, im.z);
-        vec4 h = hold[i];
-        real_t hx = min_image(x.x - h.x, lx, (real_t)1 / lx);
-        real_t hy = min_image(x.y - h.y, ly, (real_t)1 / ly);
-        real_t hz = min_image(x.z - h.z, lz, (real_t)1 / lz);
-        req = hx * hx + hy * hy + hz * hz > trigger_sq;
-        if (!(move <= max_move_sq)) atomicMax(&ctl[C_BAD], (u64)(n - i));  // max of n - i: lowest i
-        pos[i] = x; vel[i] = v; img[i] = im;
-    }
-    // One atomic per warp at most: the flag only needs to become non-zero.
-    if (__any_sync(0xffffffffu, req) && (threadIdx.x & 31) == 0) atomicOr(&ctl[C_REQ], 1ull);
-    if (last_block(&ctl[C_ARRIVE1]) && threadIdx.x == 0) {
-        bool bad = ld_l2(&ctl[C_BAD]) != 0;
-        unsigned go = (!bad && ld_l2(&ctl[C_REQ])) ? 1u : 0u;
-        ctl[C_STEP] += 1;
-        ctl[C_REQ] = 0;
-        ctl[C_REBUILD] = go;
-        ctl[C_BUILDS] += go;
-        if (if_handle) cudaGraphSetConditional(if_handle, go);
-        if (bad) {
-            ctl[C_STATUS] = ST_UNSTABLE;
-            if (while_handle) cudaGraphSetConditional(while_handle, 0u);
-        }
-    }
+struct Box {
+    real_t lx, ly, lz;
+};
+
+struct PairLJ {
+    real_t rc_sq, sigma_sq, eps4, eps24;
+    double eshift;
+};
+
+struct Langevin {
+    int on;
+    double gamma_m, noise;
+    unsigned seed_lo, seed_hi;
+};
+
+// First half kick and drift of particle i from pos to pos_next; wrap into the box. Returns true when it has moved more
+// than skin/2 since the last build (a list rebuild is due); records an unstable run in ctl when it
+// moved more than half the list cutoff in this one step (or is not finite).
+__device__ __forceinline__ bool kick_drift(int i, const vec4 *pos, vec4 *pos_next, vec4 *vel, const vec4 *frc,
+                                           int4 *img, const vec4 *__restrict__ hold, u64 *ctl, int n, real_t dt,
+                                           real_t half_dt_m, Box box, real_t trigger_sq, real_t max_move_sq) {
+    vec4 v = vel[i], f = frc[i], x = pos[i];
+    int4 im = img[i];
+    v.x += half_dt_m * f.x; v.y += half_dt_m * f.y; v.z += half_dt_m * f.z;
+    real_t dx = dt * v.x, dy = dt * v.y, dz = dt * v.z;
+    real_t move = dx * dx + dy * dy + dz * dz;
+    x.x = wrap_coord(x.x + dx, box.lx, im.x);
+    x.y = wrap_coord(x.y + dy, box.ly, im.y);
+    x.z = wrap_coord(x.z + dz, box.lz, im.z);
+    vec4 h = hold[i];
+    real_t hx = min_image(x.x - h.x, box.lx, (real_t)1 / box.lx);
+    real_t hy = min_image(x.y - h.y, box.ly, (real_t)1 / box.ly);
+    real_t hz = min_image(x.z - h.z, box.lz, (real_t)1 / box.lz);
+    if (!(move <= max_move_sq)) atomicMax(&ctl[C_BAD], (u64)(n - i));  // max of n - i: lowest i
+    pos_next[i] = x; vel[i] = v; img[i] = im;
+    return hx * hx + hy * hy + hz * hz > trigger_sq;
 }
 
 extern "C" __global__ void md_cell_clear(int *cell_count, int ncells, const u64 *ctl) {
@@ -225,16 +213,43 @@ __device__ __forceinline__ long long nlist_index(int g, int s, int n, int tpp) {
     return ((long long)(s / tpp) * n + g) * tpp + (s % tpp);
 }
 
-// Full Verlet list from the build positions, tpp lanes per particle. Candidates are taken
-// in a fixed order (cells of the stencil, then rank in the cell) and appended in that
-// order through a ballot, so a particle's list does not depend on scheduling or on by_cell.
-extern "C" __global__ void __launch_bounds__(MD_BLOCK)
-md_neigh_build(const vec4 *__restrict__ hold, const int *__restrict__ cell_count,
-               const int *__restrict__ cell_sorted, const vec4 *__restrict__ cell_pos, int cap,
-               const int *__restrict__ order, int by_cell,
-               int *__restrict__ nlist, int *__restrict__ ncount, int maxnb, u64 *ctl, int n, int tpp,
-               int nx, int ny, int nz, real_t sx, real_t sy, real_t sz,
-               real_t lx, real_t ly, real_t lz, real_t rlist_sq) {
+// Full Verlet list from the build positions, tpp lanes per particle. Candidates are taken in a
+// fixed order (cells of the stencil, then rank in the cell) and appended in that order through a
+// ballot, so a particle's list does not depend on scheduling, on by_cell or on the walk below.
+//
+// Two walks over the same candidates, chosen by system size (solvers/md/gpu.py, from measurement):
+// nested (cell by cell: few registers, no shared memory; for large systems, where the build is
+// throughput bound) and flat (the group first lists its stencil cells and their counts in shared
+// memory, lanes in parallel, then walks the candidates as one sequence with BUILD_AHEAD loads per
+// lane in flight at once: no load waits on a cell's count or on the previous candidate; for small
+// systems, where the build is latency bound).
+#define STENCIL 27
+#define BUILD_AHEAD 4
+
+// The group's neighbour list: lanes test one candidate each (j < 0: none) and the hits are appended
+// in lane order.
+struct ListAppender {
+    int *nlist;
+    int g, n, tpp, lane, base, maxnb, cnt;
+    unsigned gmask;
+
+    __device__ __forceinline__ void take(bool hit, int j) {
+        unsigned bits = __ballot_sync(gmask, hit) >> base;
+        if (hit) {
+            int slot = cnt + __popc(bits & ((1u << lane) - 1u));
+            if (slot < maxnb) nlist[nlist_index(g, slot, n, tpp)] = j;
+        }
+        cnt += __popc(bits);
+    }
+};
+
+template <bool FLAT>
+__device__ __forceinline__ void neigh_build(const vec4 *__restrict__ hold, const int *__restrict__ cell_count,
+                                            const int *__restrict__ cell_sorted, const vec4 *__restrict__ cell_pos,
+                                            int cap, const int *__restrict__ order, int by_cell,
+                                            int *__restrict__ nlist, int *__restrict__ ncount, int maxnb, u64 *ctl,
+                                            int n, int tpp, int nx, int ny, int nz, real_t sx, real_t sy, real_t sz,
+                                            real_t lx, real_t ly, real_t lz, real_t rlist_sq) {
     if (!ctl[C_REBUILD]) return;
     int t = blockIdx.x * blockDim.x + threadIdx.x;
     int g = t / tpp, lane = t & (tpp - 1);
@@ -245,93 +260,128 @@ md_neigh_build(const vec4 *__restrict__ hold, const int *__restrict__ cell_count
     }
     int i = by_cell ? order[g] : g;
     int base = (threadIdx.x & 31) & ~(tpp - 1);
-    unsigned gmask = group_mask(tpp, base);
+    ListAppender list{nlist, g, n, tpp, lane, base, maxnb, 0, group_mask(tpp, base)};
     vec4 p = hold[i];
     int cx = cell_coord(p.x, sx, nx), cy = cell_coord(p.y, sy, ny), cz = cell_coord(p.z, sz, nz);
     real_t ix = (real_t)1 / lx, iy = (real_t)1 / ly, iz = (real_t)1 / lz;
+    auto near = [&](int j, const vec4 &q) {
+        real_t dx = min_image(q.x - p.x, lx, ix);
+        real_t dy = min_image(q.y - p.y, ly, iy);
+        real_t dz = min_image(q.z - p.z, lz, iz);
+        return j >= 0 && j != i && dx * dx + dy * dy + dz * dz < rlist_sq;
+    };
     // With fewer than 3 cells along an edge, -1 and +1 are the same cell: visit each once.
     int x0 = nx >= 3 ? cx - 1 + nx : 0, y0 = ny >= 3 ? cy - 1 + ny : 0, z0 = nz >= 3 ? cz - 1 + nz : 0;
-    int mx = min(nx, 3), my = min(ny, 3), mz = min(nz, 3);
-    int cnt = 0;
-    for (int a = 0; a < mx; ++a) {
-        int ax = (x0 + a) % nx;
-        for (int b = 0; b < my; ++b) {
-            int by = (y0 + b) % ny;
-            for (int d = 0; d < mz; ++d) {
-                long long cell = (long long)(ax * ny + by) * nz + (z0 + d) % nz;
-                int m = min(cell_count[cell], cap);
-                const int *ids = cell_sorted + cell * cap;
-                const vec4 *cp = cell_pos + cell * cap;
-                for (int k0 = 0; k0 < m; k0 += tpp) {
-                    int k = k0 + lane, j = -1;
-                    bool hit = false;
-                    if (k < m) {
-                        j = ids[k];
-                        vec4 q = cp[k];
-                        real_t dx = min_image(q.x - p.x, lx, ix);
-                        real_t dy = min_image(q.y - p.y, ly, iy);
-                        real_t dz = min_image(q.z - p.z, lz, iz);
-                        hit = j != i && dx * dx + dy * dy + dz * dz < rlist_sq;
+    int mx = min(nx, 3), my = min(ny, 3), mz = min(nz, 3), ns = mx * my * mz;
+    auto stencil_cell = [&](int s) {
+        int a = s / (my * mz), b = (s / mz) % my, d = s % mz;
+        return (((x0 + a) % nx) * ny + (y0 + b) % ny) * nz + (z0 + d) % nz;
+    };
+    if constexpr (!FLAT) {
+        for (int s = 0; s < ns; ++s) {
+            long long cell = stencil_cell(s);
+            int m = min(cell_count[cell], cap);
+            for (int k0 = 0; k0 < m; k0 += tpp) {
+                int k = k0 + lane, j = -1;
+                vec4 q;
+                if (k < m) {
+                    j = cell_sorted[cell * cap + k];
+                    q = cell_pos[cell * cap + k];
+                }
+                list.take(near(j, q), j);
+            }
+        }
+    } else {
+        __shared__ int stencil[MD_BLOCK][STENCIL];        // per group of the block: its stencil cells
+        __shared__ int first_of[MD_BLOCK][STENCIL + 1];   // and the candidates before each
+        int *cells = stencil[threadIdx.x / tpp], *first = first_of[threadIdx.x / tpp];
+        for (int s = lane; s < ns; s += tpp) {
+            cells[s] = stencil_cell(s);
+            first[s + 1] = min(cell_count[cells[s]], cap);
+        }
+        __syncwarp(list.gmask);
+        if (lane == 0) {
+            first[0] = 0;
+            for (int s = 0; s < ns; ++s) first[s + 1] += first[s];
+        }
+        __syncwarp(list.gmask);
+        const int total = first[ns];
+        // This lane's current stencil cell s (its candidates only move forward): candidate f < next
+        // sits at index at + f of the cell arrays.
+        int s = 0, next = first[1];
+        long long at = (long long)cells[0] * cap;
+        for (int f0 = 0; f0 < total; f0 += BUILD_AHEAD * tpp) {
+            int j[BUILD_AHEAD];
+            vec4 q[BUILD_AHEAD];
+#pragma unroll
+            for (int u = 0; u < BUILD_AHEAD; ++u) {
+                int f = f0 + u * tpp + lane;
+                j[u] = -1;
+                if (f < total) {
+                    while (next <= f) {
+                        ++s;
+                        at = (long long)cells[s] * cap - first[s];
+                        next = first[s + 1];
                     }
-                    unsigned bits = __ballot_sync(gmask, hit) >> base;
-                    if (hit) {
-                        int slot = cnt + __popc(bits & ((1u << lane) - 1u));
-                        if (slot < maxnb) nlist[nlist_index(g, slot, n, tpp)] = j;
-                    }
-                    cnt += __popc(bits);
+                    j[u] = cell_sorted[at + f];
+                    q[u] = cell_pos[at + f];
                 }
             }
+#pragma unroll
+            for (int u = 0; u < BUILD_AHEAD; ++u) list.take(near(j[u], q[u]), j[u]);
         }
     }
     if (lane == 0) {
-        ncount[g] = min(cnt, maxnb);
-        if (cnt > maxnb) atomicMax(&ctl[C_NBMAX], (u64)cnt);
+        ncount[g] = min(list.cnt, maxnb);
+        if (list.cnt > maxnb) atomicMax(&ctl[C_NBMAX], (u64)list.cnt);
     }
 }
 
-// Lennard-Jones forces over the full list with tpp lanes per particle, the Langevin force
-// (langevin != 0) and the second half kick. setup != 0: forces of the current state (no
-// kick, no control changes), as after a build on the host. At the chunk's last step (and
-// at setup) per-atom halves of energy and virial are stored and the last block reduces
-// thermo[0..2] = (sum m v^2, sum E_pair, sum r.F) in a fixed order (deterministic).
-extern "C" __global__ void __launch_bounds__(MD_BLOCK)
-md_force(const vec4 *__restrict__ pos, vec4 *__restrict__ vel, vec4 *__restrict__ frc,
-         double *__restrict__ pe, double *__restrict__ vir, double *partial, double *thermo,
-         const int *__restrict__ nlist, const int *__restrict__ ncount, const int *__restrict__ order,
-         int by_cell, const long long *__restrict__ ids, u64 *ctl, int n, int tpp, real_t lx, real_t ly, real_t lz,
-         real_t rc_sq, real_t sigma_sq, real_t eps4, real_t eps24, double eshift,
-         real_t half_dt_m, double mass, int setup, int langevin, double gamma_m, double noise,
-         unsigned seed_lo, unsigned seed_hi, u64 while_handle) {
-    __shared__ double red[3][MD_BLOCK];
-    u64 step = ctl[C_STEP];
-    if (!setup && (ctl[C_STATUS] != ST_RUNNING || ctl[C_FORCED] == step)) return;  // past the stop
-    bool reduce = setup || step >= ctl[C_TARGET];
-    int t = blockIdx.x * blockDim.x + threadIdx.x;
-    int g = t / tpp, lane = t & (tpp - 1);
-    int base = (threadIdx.x & 31) & ~(tpp - 1);
-    unsigned gmask = group_mask(tpp, base);
-    bool active = g < n;
+#define NEIGH_BUILD_KERNEL(NAME, FLAT)                                                                        \
+    extern "C" __global__ void __launch_bounds__(MD_BLOCK)                                                   \
+    NAME(const vec4 *__restrict__ hold, const int *__restrict__ cell_count, const int *__restrict__ cell_sorted, \
+         const vec4 *__restrict__ cell_pos, int cap, const int *__restrict__ order, int by_cell,             \
+         int *__restrict__ nlist, int *__restrict__ ncount, int maxnb, u64 *ctl, int n, int tpp, int nx, int ny, \
+         int nz, real_t sx, real_t sy, real_t sz, real_t lx, real_t ly, real_t lz, real_t rlist_sq) {        \
+        neigh_build<FLAT>(hold, cell_count, cell_sorted, cell_pos, cap, order, by_cell, nlist, ncount, maxnb,   \
+                          ctl, n, tpp, nx, ny, nz, sx, sy, sz, lx, ly, lz, rlist_sq);                          \
+    }
+NEIGH_BUILD_KERNEL(md_neigh_build, false)
+NEIGH_BUILD_KERNEL(md_neigh_build_flat, true)
+
+// The Lennard-Jones force on particle i = order[g] (or g) from its list, by the tpp lanes of group
+// g: every lane of the group calls this, active or not (the shuffles need them all). Then in lane 0:
+// the Langevin force, frc[i], the second half kick (unless setup) and, at a reduce step, the
+// per-atom halves of energy and virial, with the particle's (v^2, e/2, w/2) added to acc.
+// Positions are read through plain pointers: in md_run other blocks have just written them.
+__device__ __forceinline__ void force_group(int g, int lane, unsigned gmask, bool active, const vec4 *pos,
+                                            vec4 *vel, vec4 *frc, double *pe, double *vir,
+                                            const int *__restrict__ nlist, const int *__restrict__ ncount,
+                                            const int *__restrict__ order, int by_cell,
+                                            const long long *__restrict__ ids, int n, int tpp, Box box,
+                                            PairLJ lj, Langevin bath, real_t half_dt_m, bool setup, bool reduce,
+                                            u64 step, double (&acc)[3]) {
     int i = active ? (by_cell ? order[g] : g) : 0;
     real_t fx = 0, fy = 0, fz = 0;
     double e = 0.0, w = 0.0;
     if (active) {
         vec4 p = pos[i];
-        real_t ix = (real_t)1 / lx, iy = (real_t)1 / ly, iz = (real_t)1 / lz;
+        real_t ix = (real_t)1 / box.lx, iy = (real_t)1 / box.ly, iz = (real_t)1 / box.lz;
         int m = ncount[g];
         long long stride = (long long)n * tpp;
         const int *slot = nlist + (long long)g * tpp + lane;
         auto pair = [&](const vec4 &q) {
-            real_t dx = min_image(q.x - p.x, lx, ix);
-            real_t dy = min_image(q.y - p.y, ly, iy);
-            real_t dz = min_image(q.z - p.z, lz, iz);
+            real_t dx = min_image(q.x - p.x, box.lx, ix);
+            real_t dy = min_image(q.y - p.y, box.ly, iy);
+            real_t dz = min_image(q.z - p.z, box.lz, iz);
             real_t rsq = dx * dx + dy * dy + dz * dz;
-            if (rsq < rc_sq) {
-                real_t sr2 = sigma_sq / rsq;
+            if (rsq < lj.rc_sq) {
+                real_t sr2 = lj.sigma_sq / rsq;
                 real_t sr6 = sr2 * sr2 * sr2;
-                real_t wp = eps24 * sr6 * ((real_t)2 * sr6 - (real_t)1);
+                real_t wp = lj.eps24 * sr6 * ((real_t)2 * sr6 - (real_t)1);
                 real_t fr = wp / rsq;
                 fx -= fr * dx; fy -= fr * dy; fz -= fr * dz;
-                e += (double)(eps4 * sr6 * (sr6 - (real_t)1)) - eshift;
+                e += (double)(lj.eps4 * sr6 * (sr6 - (real_t)1)) - lj.eshift;
                 w += (double)wp;
             }
         };
@@ -353,62 +403,75 @@ md_force(const vec4 *__restrict__ pos, vec4 *__restrict__ vel, vec4 *__restrict_
         e += __shfl_xor_sync(gmask, e, off);
         w += __shfl_xor_sync(gmask, w, off);
     }
-    double ke = 0.0;
-    if (active && lane == 0) {
-        vec4 v = vel[i];
-        if (langevin) {
-            unsigned c[4] = {(unsigned)ids[i], (unsigned)step, (unsigned)(step >> 32), 0x4C414E47u};
-            philox4x32_10(c, seed_lo, seed_hi);
-            fx += (real_t)(-gamma_m * (double)v.x + noise * uniform_centered(c[0]));
-            fy += (real_t)(-gamma_m * (double)v.y + noise * uniform_centered(c[1]));
-            fz += (real_t)(-gamma_m * (double)v.z + noise * uniform_centered(c[2]));
-        }
-        vec4 f = {fx, fy, fz, (real_t)0};
-        frc[i] = f;
-        if (!setup) {
-            v.x += half_dt_m * fx; v.y += half_dt_m * fy; v.z += half_dt_m * fz;
-            vel[i] = v;
-        }
-        if (reduce) {
-            pe[i] = 0.5 * e;
-            vir[i] = 0.5 * w;
-            ke = (double)v.x * v.x + (double)v.y * v.y + (double)v.z * v.z;
-            e *= 0.5;
-            w *= 0.5;
-        }
+    if (!active || lane != 0) return;
+    vec4 v = vel[i];
+    if (bath.on) {
+        unsigned c[4] = {(unsigned)ids[i], (unsigned)step, (unsigned)(step >> 32), 0x4C414E47u};
+        philox4x32_10(c, bath.seed_lo, bath.seed_hi);
+        fx += (real_t)(-bath.gamma_m * (double)v.x + bath.noise * uniform_centered(c[0]));
+        fy += (real_t)(-bath.gamma_m * (double)v.y + bath.noise * uniform_centered(c[1]));
+        fz += (real_t)(-bath.gamma_m * (double)v.z + bath.noise * uniform_centered(c[2]));
     }
-    if (reduce) {  // uniform over the grid
-        bool mine = active && lane == 0;
-        red[0][threadIdx.x] = ke;
-        red[1][threadIdx.x] = mine ? e : 0.0;
-        red[2][threadIdx.x] = mine ? w : 0.0;
-        __syncthreads();
-        for (int h = MD_BLOCK / 2; h > 0; h >>= 1) {
-            if (threadIdx.x < h)
-                for (int q = 0; q < 3; ++q) red[q][threadIdx.x] += red[q][threadIdx.x + h];
-            __syncthreads();
-        }
-        if (threadIdx.x < 3) partial[3 * blockIdx.x + threadIdx.x] = red[threadIdx.x][0];
+    vec4 f = {fx, fy, fz, (real_t)0};
+    frc[i] = f;
+    if (!setup) {
+        v.x += half_dt_m * fx; v.y += half_dt_m * fy; v.z += half_dt_m * fz;
+        vel[i] = v;
     }
-    if (!last_block(&ctl[C_ARRIVE2])) return;
     if (reduce) {
-        double s[3] = {0.0, 0.0, 0.0};
-        for (int b = threadIdx.x; b < gridDim.x; b += MD_BLOCK)
-            for (int q = 0; q < 3; ++q) s[q] += __ldcg(&partial[3 * b + q]);
-        __syncthreads();
-        for (int q = 0; q < 3; ++q) red[q][threadIdx.x] = s[q];
-        __syncthreads();
-        for (int h = MD_BLOCK / 2; h > 0; h >>= 1) {
-            if (threadIdx.x < h)
-                for (int q = 0; q < 3; ++q) red[q][threadIdx.x] += red[q][threadIdx.x + h];
-            __syncthreads();
-        }
-        if (threadIdx.x == 0) {
-            thermo[0] = mass * red[0][0];
-            thermo[1] = red[1][0];
-            thermo[2] = red[2][0];
-        }
+        pe[i] = 0.5 * e;
+        vir[i] = 0.5 * w;
+        acc[0] += (double)v.x * v.x + (double)v.y * v.y + (double)v.z * v.z;
+        acc[1] += 0.5 * e;
+        acc[2] += 0.5 * w;
     }
+}
+
+// thermo[0..2] = (m sum v^2, sum E_pair, sum r.F) from the per-block partial sums, in block order
+// (deterministic), by one block of B threads.
+template <int B>
+__device__ void reduce_thermo(const double *partial, double *thermo, double mass) {
+    double s[3] = {0.0, 0.0, 0.0};
+    for (int b = threadIdx.x; b < gridDim.x; b += B)
+        for (int q = 0; q < 3; ++q) s[q] += __ldcg(&partial[3 * b + q]);
+    block_sums<B>(s);
+    if (threadIdx.x == 0) {
+        thermo[0] = mass * s[0];
+        thermo[1] = s[1];
+        thermo[2] = s[2];
+    }
+}
+
+// This block's (B threads) sums of acc into partial[3 * blockIdx.x + q].
+template <int B>
+__device__ __forceinline__ void publish_block_sums(double (&acc)[3], double *partial) {
+    block_sums<B>(acc);
+    if (threadIdx.x == 0)
+        for (int q = 0; q < 3; ++q) partial[3 * blockIdx.x + q] = acc[q];
+}
+
+// Forces of the current step, one lane group per particle, after a list rebuild (and at setup, with
+// setup != 0: forces of the current state, no kick, no control changes). Returns at once when md_run
+// has computed this step's forces. The last block records why the chunk stops (or that it goes on).
+extern "C" __global__ void __launch_bounds__(MD_BLOCK)
+md_force(const vec4 *pos, vec4 *vel, vec4 *frc, double *pe, double *vir, double *partial, double *thermo,
+         const int *__restrict__ nlist, const int *__restrict__ ncount, const int *__restrict__ order,
+         int by_cell, const long long *__restrict__ ids, u64 *ctl, int n, int tpp, real_t lx, real_t ly, real_t lz,
+         real_t rc_sq, real_t sigma_sq, real_t eps4, real_t eps24, double eshift,
+         real_t half_dt_m, double mass, int setup, int langevin, double gamma_m, double noise,
+         unsigned seed_lo, unsigned seed_hi, u64 while_handle) {
+    u64 step = ctl[C_STEP];
+    if (!setup && (ctl[C_STATUS] != ST_RUNNING || ctl[C_FORCED] == step)) return;  // done, or past the stop
+    bool reduce = setup || step >= ctl[C_TARGET];
+    int t = blockIdx.x * blockDim.x + threadIdx.x;
+    int base = (threadIdx.x & 31) & ~(tpp - 1);
+    double acc[3] = {0.0, 0.0, 0.0};
+    force_group(t / tpp, t & (tpp - 1), group_mask(tpp, base), t / tpp < n, pos, vel, frc, pe, vir, nlist,
+                ncount, order, by_cell, ids, n, tpp, Box{lx, ly, lz}, PairLJ{rc_sq, sigma_sq, eps4, eps24, eshift},
+                Langevin{langevin, gamma_m, noise, seed_lo, seed_hi}, half_dt_m, setup, reduce, step, acc);
+    if (reduce) publish_block_sums<MD_BLOCK>(acc, partial);  // uniform over the grid
+    if (!last_block(&ctl[C_ARRIVE])) return;
+    if (reduce) reduce_thermo<MD_BLOCK>(partial, thermo, mass);
     if (threadIdx.x == 0) {
         ctl[C_FORCED] = step;
         if (!setup) {
@@ -416,7 +479,101 @@ md_force(const vec4 *__restrict__ pos, vec4 *__restrict__ vel, vec4 *__restrict_
                          : (step >= ctl[C_TARGET] ? ST_DONE : ST_RUNNING);
             ctl[C_STATUS] = status;
             ctl[C_REBUILD] = 0;
+            ctl[C_REQ] = 0;
             if (while_handle) cudaGraphSetConditional(while_handle, status == ST_RUNNING ? 1u : 0u);
         }
     }
+}
+
+// Up to `count` steps of the chunk (see the top of this file). Every block tracks the step and the
+// decisions itself (all see the same flags after each barrier); block 0 writes them back at the end.
+// A step: kick and drift | barrier: every position is written, and any rebuild request or unstable
+// particle is visible to all | forces and second kick. The lane that computes a particle's force also
+// kicks and drifts it, and the drift writes the other of two position buffers (pos, pos_alt), so the
+// next step needs no barrier before its drift: no one reads a particle's force or velocity but its
+// own lane, and the positions being read are not the ones being written. Positions end in pos.
+// Blocks of RUN_BLOCK threads: fewer, larger blocks than the other kernels' make the barriers cheaper.
+#define RUN_BLOCK 256
+extern "C" __global__ void __launch_bounds__(RUN_BLOCK)
+md_run(vec4 *pos, vec4 *pos_alt, vec4 *vel, vec4 *frc, int4 *img, const vec4 *__restrict__ hold, double *pe,
+       double *vir, double *partial, double *thermo, const int *__restrict__ nlist, const int *__restrict__ ncount,
+       const int *__restrict__ order, int by_cell, const long long *__restrict__ ids, u64 *ctl, int n, int tpp,
+       real_t dt, real_t half_dt_m, real_t lx, real_t ly, real_t lz, real_t trigger_sq, real_t max_move_sq,
+       real_t rc_sq, real_t sigma_sq, real_t eps4, real_t eps24, double eshift, double mass, int langevin,
+       double gamma_m, double noise, unsigned seed_lo, unsigned seed_hi, u64 if_handle, u64 while_handle,
+       int count) {
+    __shared__ u64 sync_target;
+    __shared__ int verdict;  // 0: go on, 1: rebuild, 2: unstable
+    const Box box{lx, ly, lz};
+    const PairLJ lj{rc_sq, sigma_sq, eps4, eps24, eshift};
+    const Langevin bath{langevin, gamma_m, noise, seed_lo, seed_hi};
+    u64 step = ctl[C_STEP], forced = ctl[C_FORCED], status = ctl[C_STATUS];
+    const u64 target = ctl[C_TARGET];
+    if (threadIdx.x == 0) sync_target = sync_base(&ctl[C_SYNC]);
+    const int threads = gridDim.x * RUN_BLOCK, lane = threadIdx.x & (tpp - 1);
+    const int base = (threadIdx.x & 31) & ~(tpp - 1);
+    const unsigned gmask = group_mask(tpp, base);
+    vec4 *const buffers[2] = {pos, pos_alt};
+    int cur = 0;  // buffers[cur] holds the current positions
+    // Lane groups g over the particles, a block-uniform loop (the shuffles need whole warps).
+    auto for_each_group = [&](auto body) {
+        for (int t = blockIdx.x * RUN_BLOCK; t < n * tpp; t += threads) {
+            const int g = (t + threadIdx.x) / tpp;
+            body(g, g < n);
+        }
+    };
+    int verdict_here = 0;
+    for (int c = 0; c < count && status == ST_RUNNING && step < target; ++c) {
+        bool req = false;
+        for_each_group([&](int g, bool active) {
+            if (active && lane == 0)
+                req |= kick_drift(by_cell ? order[g] : g, buffers[cur], buffers[cur ^ 1], vel, frc, img, hold, ctl,
+                                  n, dt, half_dt_m, box, trigger_sq, max_move_sq);
+        });
+        cur ^= 1;
+        // One atomic per warp at most: the flag only needs to become non-zero.
+        if (__any_sync(0xffffffffu, req) && (threadIdx.x & 31) == 0) atomicOr(&ctl[C_REQ], 1ull);
+        grid_sync(&ctl[C_SYNC], sync_target);
+        ++step;
+        if (threadIdx.x == 0) verdict = ld_l2(&ctl[C_BAD]) ? 2 : (ld_l2(&ctl[C_REQ]) ? 1 : 0);
+        __syncthreads();
+        verdict_here = verdict;
+        if (verdict_here == 2) status = ST_UNSTABLE;
+        if (verdict_here) break;
+        const bool reduce = step >= target;
+        double acc[3] = {0.0, 0.0, 0.0};
+        for_each_group([&](int g, bool active) {
+            force_group(g, lane, gmask, active, buffers[cur], vel, frc, pe, vir, nlist, ncount, order, by_cell, ids,
+                        n, tpp, box, lj, bath, half_dt_m, false, reduce, step, acc);
+        });
+        forced = step;
+        if (reduce) {
+            publish_block_sums<RUN_BLOCK>(acc, partial);
+            status = ST_DONE;
+            grid_sync(&ctl[C_SYNC], sync_target);
+        }
+    }
+    if (cur) {  // each lane group's own particle, as in the phases above: no barrier needed
+        for_each_group([&](int g, bool active) {
+            if (active && lane == 0) {
+                const int i = by_cell ? order[g] : g;
+                pos[i] = pos_alt[i];
+            }
+        });
+    }
+    if (blockIdx.x != 0) return;
+    if (status == ST_DONE) reduce_thermo<RUN_BLOCK>(partial, thermo, mass);
+    if (threadIdx.x != 0) return;
+    // The other blocks read ctl[C_STEP], [C_FORCED], [C_STATUS] only before their first barrier. After
+    // a rebuild request or an unstable particle they may still be reading ctl[C_REQ] / ctl[C_BAD]:
+    // those two are left for md_force (and the host) to clear.
+    ctl[C_STEP] = step;
+    ctl[C_FORCED] = forced;
+    ctl[C_STATUS] = status;
+    if (verdict_here == 1) {
+        ctl[C_REBUILD] = 1;
+        ctl[C_BUILDS] += 1;
+    }
+    if (if_handle) cudaGraphSetConditional(if_handle, verdict_here == 1 ? 1u : 0u);
+    if (while_handle && status != ST_RUNNING) cudaGraphSetConditional(while_handle, 0u);
 }

@@ -36,36 +36,12 @@ struct Progress {
     int iteration, status;
 };
 
-__device__ __forceinline__ double warp_sum(double v) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
-    return v;
-}
-
-// Sums of K values over the block, all reduced together (two barriers whatever K); valid in thread 0.
-template <int K>
-__device__ void block_sums(double (&v)[K]) {
-    __shared__ double warp_totals[K][BLOCK / 32];
-    __syncthreads();  // the shared array may still be in use by a previous call
-#pragma unroll
-    for (int k = 0; k < K; ++k) v[k] = warp_sum(v[k]);
-    if ((threadIdx.x & 31) == 0) {
-#pragma unroll
-        for (int k = 0; k < K; ++k) warp_totals[k][threadIdx.x >> 5] = v[k];
-    }
-    __syncthreads();
-#pragma unroll
-    for (int k = 0; k < K; ++k) {
-        v[k] = threadIdx.x < BLOCK / 32 ? warp_totals[k][threadIdx.x] : 0.0;
-        if (threadIdx.x < 32) v[k] = warp_sum(v[k]);
-    }
-}
-
 // Publish this block's sums of v as partials[k * gridDim.x + blockIdx.x]; true in the last block to
 // finish, which then calls sum_partials. The ticket is reset by that block's thread 0.
 template <int K>
 __device__ bool publish_partials(double* partials, double (&v)[K], unsigned int* ticket) {
     __shared__ bool last;
-    block_sums(v);
+    block_sums<BLOCK>(v);
     if (threadIdx.x == 0) {
 #pragma unroll
         for (int k = 0; k < K; ++k) partials[k * gridDim.x + blockIdx.x] = v[k];
@@ -86,7 +62,7 @@ __device__ void sum_partials(const double* partials, double (&v)[K]) {
         v[k] = 0.0;
         for (int i = threadIdx.x; i < gridDim.x; i += BLOCK) v[k] += p[k * gridDim.x + i];
     }
-    block_sums(v);
+    block_sums<BLOCK>(v);
 }
 
 // Sum val * v(col) over the entries of rows a and b; every lane of a row gets its sum.
@@ -146,56 +122,6 @@ __device__ __forceinline__ void for_each_row_product(const int* __restrict__ row
             if (active_b) finish(row_b, sb);
         }
     }
-}
-
-// Grid totals for the persistent kernels (cooperative launch: every block is resident at once).
-// Each block publishes its sums in its own slot with a release store of the reduction's tag; every
-// block then polls all slots with acquire loads and adds them in sum_partials' fixed order, so all
-// blocks hold the same totals and take the same decisions. The acquire/release pairs also order
-// every block's earlier writes of the vectors before every block's later reads (and drop stale L1
-// lines). Slots alternate between two buffers from one tag to the next: a block that has gone ahead
-// never overwrites a slot a slower block still has to read. Tags count reductions since set-up, so
-// they never repeat within a buffer; the kernel's first tag comes from *epoch (see end_epoch).
-struct Slot {
-    double v[3];
-    unsigned int tag, pad;
-};
-
-__device__ __forceinline__ void store_release(unsigned int* p, unsigned int v) {
-    asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
-
-__device__ __forceinline__ unsigned int load_acquire(const unsigned int* p) {
-    unsigned int v;
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
-
-// Sums of K <= 3 values over the grid, in thread 0 of every block; `tag` is this block's reduction counter.
-template <int K>
-__device__ void grid_sums(Slot* slots, double (&v)[K], unsigned int& tag) {
-    block_sums(v);
-    ++tag;
-    Slot* buf = slots + (tag & 1u) * gridDim.x;
-    if (threadIdx.x == 0) {
-#pragma unroll
-        for (int k = 0; k < K; ++k) buf[blockIdx.x].v[k] = v[k];
-        store_release(&buf[blockIdx.x].tag, tag);
-    }
-#pragma unroll
-    for (int k = 0; k < K; ++k) v[k] = 0.0;
-    for (int i = threadIdx.x; i < gridDim.x; i += BLOCK) {
-        while (load_acquire(&buf[i].tag) != tag) {}
-#pragma unroll
-        for (int k = 0; k < K; ++k) v[k] += buf[i].v[k];
-    }
-    block_sums(v);
-}
-
-// The tag the next launch starts from. Block 0 gets here only after every block has published its
-// last sums, hence after every block has read *epoch at its start.
-__device__ __forceinline__ void end_epoch(unsigned int* epoch, unsigned int tag) {
-    if (blockIdx.x == 0 && threadIdx.x == 0) *epoch = tag;
 }
 
 // Vectors that other blocks write during a persistent kernel are read through plain pointers (no
@@ -368,7 +294,7 @@ pcg_run(const int* __restrict__ rowptr, const int* __restrict__ col, const real_
         if (!start) {
             double pq[1] = {direction_product(rowptr, col, val, z, s.parity ? p1 : p0, p_new, q,
                                               (real_t)s.beta, n)};
-            grid_sums(slots, pq, tag);
+            grid_sums<BLOCK>(slots, pq, tag);
             if (threadIdx.x == 0) {
                 direction_decision(&s, pq[0]);
                 if (s.status != RUNNING) settle(s, st, s.iteration, s.rnorm, s.status, history, progress, handle);
@@ -378,7 +304,7 @@ pcg_run(const int* __restrict__ rowptr, const int* __restrict__ col, const real_
         }
         double sums[2] = {0.0, 0.0};  // r.z, r.r
         update_rows(start, x, r, q, p_new, dinv, z, (real_t)s.alpha, n, sums[0], sums[1]);
-        grid_sums(slots, sums, tag);
+        grid_sums<BLOCK>(slots, sums, tag);
         if (threadIdx.x == 0) {
             const int it = s.iteration + 1;
             const double rnorm = sqrt(sums[1]);
@@ -439,7 +365,7 @@ pcg1_run(const int* __restrict__ rowptr, const int* __restrict__ col, const real
     for (int c = 0; c < count && !finished(s, handle); ++c) {
         double sums[3] = {0.0, 0.0, 0.0};  // r.r, r.u, w.u
         single_reduction_rows(rowptr, col, val, dinv, x, p, r0, r1, s0, s1, w0, w1, s, n, sums);
-        grid_sums(slots, sums, tag);
+        grid_sums<BLOCK>(slots, sums, tag);
         if (threadIdx.x == 0) {
             const int it = s.iteration + 1;
             const double rnorm = sqrt(sums[0]);

@@ -149,3 +149,20 @@ def test_list_built_in_cell_order_is_the_same(tpp):
     assert out[0][2] == out[1][2] > 5
     for a, b in zip(out[0][1], out[1][1]):  # thermo sums are added in another order
         np.testing.assert_allclose([a[k] for k in REFERENCE_KEYS], [b[k] for k in REFERENCE_KEYS], rtol=1e-12)
+
+
+@pytest.mark.parametrize("tpp", [1, 8])
+def test_both_list_walks_build_the_same_lists(monkeypatch, tpp):
+    import solvers.md.gpu as md_gpu
+
+    def run():
+        sim = Simulation(lattice_state(cells=(8, 8, 8)), LennardJones(), Langevin(0.005, 1.0, 0.5, seed=4),
+                         device="gpu", mode="while", threads_per_particle=tpp, cell_order=True)
+        sim.run(120, thermo_every=60)
+        return host(sim.positions), sim.thermo_log, sim.neighbor_builds
+
+    flat = run()  # a small system: the flat walk
+    monkeypatch.setattr(md_gpu, "_SMALL_SYSTEM_MAX", 0)
+    nested = run()
+    np.testing.assert_array_equal(flat[0], nested[0])  # same lists, same order: the same run, bit for bit
+    assert flat[1] == nested[1] and flat[2] == nested[2] > 5

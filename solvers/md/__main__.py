@@ -9,7 +9,7 @@ from ..errors import DeviceError, InputError
 from .forcefield import LennardJones
 from .integrators import Langevin, VelocityVerlet
 from .io import DumpWriter
-from .simulation import PRECISIONS, Simulation
+from .simulation import PRECISIONS, STEPS_PER_LAUNCH, Simulation
 from .state import lattice_state, read_dump
 from .thermo import UnstableRunError, format_row, header
 
@@ -51,7 +51,7 @@ def build_parser():
     run.add_argument("--mode", choices=("auto", "eager", "graph", "while"), default="auto",
                      help="GPU driver (default: while where CUDA supports it)")
     run.add_argument("--precision", choices=PRECISIONS, help="default: mixed on the GPU, double on the CPU")
-    run.add_argument("--unroll", type=int, default=8, help="steps per launch in graph mode")
+    run.add_argument("--unroll", type=int, default=STEPS_PER_LAUNCH, help="steps per kernel launch (per graph launch or WHILE pass)")
     return p
 
 

@@ -1,16 +1,18 @@
 """CUDA backend: one timestep as a graph body, driven by :class:`solvers.engine.GraphEngine`.
 
-The body is ``md_integrate1`` (kick, drift, wrap, displacement check; its
-last block counts the step and sets the IF node), the rebuild kernels inside
-``loop.if_then``, and ``md_force`` (forces, Langevin, second kick; its last
-block stops the chunk and reduces the thermo sums on the device). A chunk of
-steps between outputs is one launch in ``while`` mode. Neighbour-list or cell
+The body is ``md_run``, a persistent kernel that takes up to ``unroll`` whole
+steps (kick, drift, displacement check, forces, Langevin, second kick) with
+grid barriers between the phases and stops early when a drift asks for a list
+rebuild; the rebuild kernels inside ``loop.if_then``; and ``md_force``, which
+finishes a step cut short by a rebuild. Whichever kernel reaches the chunk's
+end stops it and reduces the thermo sums on the device. A chunk of steps
+between outputs is one launch in ``while`` mode. Neighbour-list or cell
 overflow is detected on the device: the host then enlarges the buffers,
 restores the state saved at the chunk start, recaptures and redoes the chunk.
 """
 import numpy as np
 
-from kernels import module
+from kernels import cooperative, module
 from ..backend import require_cupy
 from ..engine import GraphEngine
 from .thermo import UnstableRunError
@@ -20,23 +22,28 @@ C_STEP, C_TARGET, C_REQ, C_REBUILD, C_BUILDS, C_STATUS, C_NBMAX, C_CELLMAX, C_BA
 CTL_SIZE = 16
 ST_RUNNING, ST_DONE, ST_OVERFLOW, ST_UNSTABLE = range(4)
 BLOCK = 128
-# Force and list kernels use several lanes per particle: on small systems enough for about
-# _THREADS_WANTED threads in all (to hide memory latency), on large ones 2 (twice the list
-# build's loads in flight). Both choices, and cell order from _CELL_ORDER_MIN particles on,
-# come from the H200 sweep in scripts/results/md_2026-11-30_NVIDIA-H200.md.
-_THREADS_WANTED = 120_000
+RUN_BLOCK = 256  # md_run's threads per block (kernels/md.cu)
+# Below this many particles a step is latency bound: more lanes per particle, and the list build's
+# flat candidate walk (md_neigh_build_flat); above, 2 lanes and the nested walk (throughput bound).
+# From H200 measurements (MEASUREMENTS.md): lanes 16 at 4,000 and 8 at 32,000 particles; the flat
+# walk 13.5 against 14.8 us a step at 4,000 but 1,075 against 924 us at 1,048,576; cell order from
+# _CELL_ORDER_MIN particles on.
+_SMALL_SYSTEM_MAX = 100_000
 _CELL_ORDER_MIN = 20_000
-_KERNELS = ("md_integrate1", "md_cell_clear", "md_cell_bin", "md_cell_scan", "md_cell_sort", "md_neigh_build",
+_KERNELS = ("md_cell_clear", "md_cell_bin", "md_cell_scan", "md_cell_sort", "md_neigh_build", "md_neigh_build_flat",
             "md_force")
 SCAN_THREADS = 1024
 
 
 def threads_per_particle(n):
-    """Lanes per particle in the force and list kernels: a power of 2 from 2 to 32."""
-    tpp = 2
-    while tpp < 32 and n * tpp < _THREADS_WANTED:
-        tpp *= 2
-    return tpp
+    """Lanes per particle in the force and list kernels: a power of 2 from 2 to 32.
+
+    Small systems: about 16 (4,000 / n)^(1/3), so that 4,000 particles get 16 lanes and
+    32,000 get 8; large systems: 2.
+    """
+    if n >= _SMALL_SYSTEM_MAX:
+        return 2
+    return int(min(32, max(2, 2 ** round(np.log2(16 * (4000 / max(n, 1)) ** (1 / 3))))))
 
 
 class _StepBody:
@@ -59,7 +66,9 @@ class GpuBackend:
     mode : {"auto", "eager", "graph", "while"}
     precision : {"double", "mixed"}
     unroll : int
-        Steps per launch in ``graph`` mode (and per host check in ``eager`` mode).
+        Steps per launch of ``md_run``, hence per graph launch (``graph``), per
+        WHILE pass (``while``) and per host check (``eager``); fewer when a
+        list rebuild cuts a launch short.
     restart : dict, optional
         Saved ``positions``, ``velocities``, ``images``, ``forces``, ``hold``,
         ``builds``: the list is rebuilt from ``hold`` and the forces restored.
@@ -77,13 +86,16 @@ class GpuBackend:
 
     device = "gpu"
 
-    def __init__(self, state, forcefield, integrator, skin, *, mode="auto", precision="mixed", unroll=8,
+    def __init__(self, state, forcefield, integrator, skin, *, mode="auto", precision="mixed", unroll,
                  restart=None, neighbor_capacity=None, tpp=None, cell_order=None):
         cp = self._cp = require_cupy()
         self.real = np.float64 if precision == "double" else np.float32
         mod = module("md", real="double" if precision == "double" else "float", defines=(("MD_BLOCK", str(BLOCK)),))
         self._k = {name: mod.get_function(name) for name in _KERNELS}
-        self.engine = GraphEngine(_StepBody(self), mode, unroll)
+        self._run, run_capacity = cooperative(mod.get_function("md_run"), RUN_BLOCK)
+        # md_run takes `unroll` steps a launch: the engine launches the body once a pass.
+        self.unroll = int(unroll)
+        self.engine = GraphEngine(_StepBody(self), mode, 1)
         self.mode, self.stream = self.engine.mode, self.engine.stream
         self.ff, self.integ, self.mass, self.n = forcefield, integrator, state.mass, state.n
         self.step, self.regrows = state.step, 0
@@ -95,6 +107,7 @@ class GpuBackend:
             raise ValueError(f"tpp must be a power of 2 from 1 to 32, got {tpp}")
         self._grid = (self.n + BLOCK - 1) // BLOCK
         self._grid_tpp = (self.n * self.tpp + BLOCK - 1) // BLOCK
+        self._grid_run = min(-(-self.n * self.tpp // RUN_BLOCK), run_capacity)  # all resident: grid barriers
         # Lane groups of the list and force kernels take particles in cell order (neighbouring
         # groups share neighbours) or in index order; the results are the same.
         # Fixed here: the list built at setup is laid out in this order.
@@ -107,6 +120,7 @@ class GpuBackend:
             "positions": state.positions, "velocities": state.velocities, "images": state.images}
         with self.stream:
             self.x = self._vec4(src["positions"], self.real)
+            self.x_alt = self._cp.empty_like(self.x)  # md_run's second position buffer
             self.v = self._vec4(src["velocities"], self.real)
             self.img = self._vec4(src["images"], np.int32)
             self.f = cp.zeros((self.n, 4), self.real)
@@ -189,7 +203,7 @@ class GpuBackend:
         k["md_cell_sort"](((int(ncells) * self.cellcap + BLOCK - 1) // BLOCK,), (BLOCK,),
                           (self.cell_count, self.cell_atoms, self.cell_sorted, self.cell_pos, self.cell_start,
                            self.order, by_cell, self.hold, np.int32(self.cellcap), ncells, self.ctl))
-        k["md_neigh_build"]((self._grid_tpp,), (BLOCK,),
+        k["md_neigh_build_flat" if self.n < _SMALL_SYSTEM_MAX else "md_neigh_build"]((self._grid_tpp,), (BLOCK,),
                             (self.hold, self.cell_count, self.cell_sorted, self.cell_pos, np.int32(self.cellcap),
                              self.order, by_cell, self.nlist, self.ncount, np.int32(self.maxnb), self.ctl, n,
                              np.int32(self.tpp), *self._ncell, *self._per_len, *self._box, self._rlist_sq))
@@ -203,11 +217,12 @@ class GpuBackend:
                              np.uint64(while_handle)))
 
     def _launch_step(self, stream, loop):
-        with stream:
-            self._k["md_integrate1"]((self._grid,), (BLOCK,),
-                                     (self.x, self.v, self.f, self.img, self.hold, self.ctl, np.int32(self.n),
-                                      self._dt, self._half_dt_m, *self._box, self._trigger_sq, self._max_move_sq,
-                                      loop.condition("rebuild"), loop.handle))
+        self._run(self._grid_run,
+                  (self.x, self.x_alt, self.v, self.f, self.img, self.hold, self.pe, self.vir, self.partial, self.thermo,
+                   self.nlist, self.ncount, self.order, np.int32(self.build_by_cell), self.ids, self.ctl,
+                   np.int32(self.n), np.int32(self.tpp), self._dt, self._half_dt_m, *self._box, self._trigger_sq,
+                   self._max_move_sq, *self._lj, np.float64(self.mass), *self._langevin,
+                   loop.condition("rebuild"), loop.handle, np.int32(self.unroll)), stream=stream)
         with loop.if_then("rebuild", stream) as branch, branch:
             self._launch_rebuild(self.x, copy=True)
         with stream:
@@ -243,7 +258,7 @@ class GpuBackend:
             while True:
                 self.ctl[C_TARGET] = self.step + nsteps
                 self.ctl[C_STATUS] = ST_RUNNING
-                self.engine.run(self._done, nsteps, check_every=self.engine.unroll)
+                self.engine.run(self._done, nsteps)  # each launch takes at least one step
                 ctl = self.ctl.get()
                 if ctl[C_STATUS] == ST_DONE:
                     break
