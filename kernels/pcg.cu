@@ -110,7 +110,7 @@ __device__ __forceinline__ void row_dot2(const int* __restrict__ rowptr, const i
 template <typename V, typename F>
 __device__ __forceinline__ void for_each_row_product(const int* __restrict__ rowptr, const int* __restrict__ col,
                                                      const real_t* __restrict__ val, int n, V v, F finish) {
-    const int rows_per_block = BLOCK / SUBWARP;
+    const int rows_per_block = blockDim.x / SUBWARP;
     const int stride = gridDim.x * rows_per_block;
     for (int base = blockIdx.x * rows_per_block; base < n; base += 2 * stride) {
         const int row_a = base + threadIdx.x / SUBWARP, row_b = row_a + stride;
@@ -179,7 +179,7 @@ __device__ __forceinline__ int stop_reason(double rnorm, double tol, int it, int
 __device__ __forceinline__ void update_rows(bool start, real_t* x, real_t* r, const real_t* q, const real_t* p,
                                             const real_t* __restrict__ dinv, real_t* z, real_t alpha, int n,
                                             double& rz, double& rr) {
-    for (int i = blockIdx.x * BLOCK + threadIdx.x; i < n; i += gridDim.x * BLOCK) {
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
         real_t ri = r[i];
         if (!start) {
             x[i] = fma(alpha, p[i], x[i]);
@@ -260,9 +260,12 @@ __device__ int single_reduction_decision(State* st, bool start, int it, double r
 // run the same kernel, so they produce the same bits. The set-up pass is an iteration taken while
 // st->iteration is -1.
 
-// At least this many blocks of a persistent kernel fit on one SM (caps its registers): more blocks
-// resident means more rows in flight at once.
-#define RUN_BLOCKS_PER_SM 2
+// Threads per block of the persistent kernels (the loader may set it); at least RUN_MIN_BLOCKS of
+// them fit on one SM (caps the registers): more threads resident, more rows in flight at once.
+#ifndef RUN_BLOCK
+#define RUN_BLOCK 256
+#endif
+#define RUN_MIN_BLOCKS (RUN_BLOCK >= 512 ? 1 : 512 / RUN_BLOCK)
 
 // Settle the decision of iteration `it` in the block's copy `s` (thread 0); block 0 publishes it.
 __device__ void settle(State& s, State* st, int it, double rnorm, int status, double* history,
@@ -279,7 +282,7 @@ __device__ void settle(State& s, State* st, int it, double rnorm, int status, do
 //   p_new = z + beta p_old ; q = A p_new ; alpha = rz / p_new.q ;
 //   x += alpha p_new ; r -= alpha q ; z = M^-1 r ; r.z, r.r ; decide ; beta = rz_new / rz.
 // The set-up pass computes z = M^-1 r, r.z and r.r only.
-extern "C" __global__ void __launch_bounds__(BLOCK, RUN_BLOCKS_PER_SM)
+extern "C" __global__ void __launch_bounds__(RUN_BLOCK, RUN_MIN_BLOCKS)
 pcg_run(const int* __restrict__ rowptr, const int* __restrict__ col, const real_t* __restrict__ val,
         const real_t* __restrict__ dinv, real_t* x, real_t* r, real_t* z, real_t* q, real_t* p0, real_t* p1,
         State* st, Slot* slots, unsigned int* epoch, double* history, Progress* progress,
@@ -294,7 +297,7 @@ pcg_run(const int* __restrict__ rowptr, const int* __restrict__ col, const real_
         if (!start) {
             double pq[1] = {direction_product(rowptr, col, val, z, s.parity ? p1 : p0, p_new, q,
                                               (real_t)s.beta, n)};
-            grid_sums<BLOCK>(slots, pq, tag);
+            grid_sums<RUN_BLOCK>(slots, pq, tag);
             if (threadIdx.x == 0) {
                 direction_decision(&s, pq[0]);
                 if (s.status != RUNNING) settle(s, st, s.iteration, s.rnorm, s.status, history, progress, handle);
@@ -304,7 +307,7 @@ pcg_run(const int* __restrict__ rowptr, const int* __restrict__ col, const real_
         }
         double sums[2] = {0.0, 0.0};  // r.z, r.r
         update_rows(start, x, r, q, p_new, dinv, z, (real_t)s.alpha, n, sums[0], sums[1]);
-        grid_sums<BLOCK>(slots, sums, tag);
+        grid_sums<RUN_BLOCK>(slots, sums, tag);
         if (threadIdx.x == 0) {
             const int it = s.iteration + 1;
             const double rnorm = sqrt(sums[1]);
@@ -353,7 +356,7 @@ __device__ void single_reduction_rows(const int* __restrict__ rowptr, const int*
     });
 }
 
-extern "C" __global__ void __launch_bounds__(BLOCK, RUN_BLOCKS_PER_SM)
+extern "C" __global__ void __launch_bounds__(RUN_BLOCK, RUN_MIN_BLOCKS)
 pcg1_run(const int* __restrict__ rowptr, const int* __restrict__ col, const real_t* __restrict__ val,
          const real_t* __restrict__ dinv, real_t* x, real_t* p, real_t* r0, real_t* r1, real_t* s0, real_t* s1,
          real_t* w0, real_t* w1, State* st, Slot* slots, unsigned int* epoch, double* history,
@@ -365,7 +368,7 @@ pcg1_run(const int* __restrict__ rowptr, const int* __restrict__ col, const real
     for (int c = 0; c < count && !finished(s, handle); ++c) {
         double sums[3] = {0.0, 0.0, 0.0};  // r.r, r.u, w.u
         single_reduction_rows(rowptr, col, val, dinv, x, p, r0, r1, s0, s1, w0, w1, s, n, sums);
-        grid_sums<BLOCK>(slots, sums, tag);
+        grid_sums<RUN_BLOCK>(slots, sums, tag);
         if (threadIdx.x == 0) {
             const int it = s.iteration + 1;
             const double rnorm = sqrt(sums[0]);

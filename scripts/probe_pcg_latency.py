@@ -12,6 +12,7 @@ import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 import solvers  # noqa: E402
+import solvers.pcg.gpu as pcg_gpu  # noqa: E402
 from solvers.gallery import poisson  # noqa: E402
 
 
@@ -31,16 +32,23 @@ def main(argv=None):
     ap.add_argument("--unroll", default="4,8")
     ap.add_argument("--blocks", default="0", help="grid sizes to try (0: the default)")
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--run-block", type=int, nargs="+", default=[0],
+                    help="threads per block of the persistent kernels (0: the solver's choice)")
+    ap.add_argument("--variants", nargs="+", default=["classic", "single-reduction"])
     args = ap.parse_args(argv)
+    solver_choice = pcg_gpu.run_block
     for shape in args.shapes.split(","):
         A = poisson(tuple(int(v) for v in shape.split("x")))
         b = A @ np.ones(A.shape[0])
-        for variant in ("classic", "single-reduction"):
-            for unroll in map(int, args.unroll.split(",")):
-                for blocks in map(int, args.blocks.split(",")):
-                    its, t, grid = time_per_iteration(A, b, variant, unroll, blocks, args.reps)
-                    print(f"{shape:>10} {variant:>16} unroll {unroll:2d} blocks {grid:4d} iters {its:5d} "
-                          f"{t * 1e6:7.2f} us/it", flush=True)
+        for variant in args.variants:
+            for run_block in args.run_block:
+                pcg_gpu.run_block = (lambda n, fixed=run_block: fixed) if run_block else solver_choice
+                run_block = pcg_gpu.run_block(A.shape[0])
+                for unroll in map(int, args.unroll.split(",")):
+                    for blocks in map(int, args.blocks.split(",")):
+                        its, t, grid = time_per_iteration(A, b, variant, unroll, blocks, args.reps)
+                        print(f"{shape:>10} {variant:>16} unroll {unroll:2d} blocks {grid:4d}x{run_block:<4d} "
+                              f"iters {its:5d} {t * 1e6:7.2f} us/it", flush=True)
     return 0
 
 

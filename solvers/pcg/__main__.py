@@ -30,7 +30,7 @@ def build_parser():
     p.add_argument("--device", choices=("auto", "cpu", "gpu"), default="auto")
     p.add_argument("--mode", choices=("auto", "eager", "graph", "while"), default="auto",
                    help="GPU driver (graph and while need a GPU)")
-    p.add_argument("--unroll", type=int, default=8,
+    p.add_argument("--unroll", type=int, default=32,
                    help="iterations per graph launch (graph) or per WHILE pass (while)")
     p.add_argument("--dtype", choices=("float64", "float32"), default="float64")
     p.add_argument("--output", help="write the solution (.mtx or .npy)")

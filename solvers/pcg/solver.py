@@ -86,7 +86,7 @@ class PCG:
     """
 
     def __init__(self, A, *, preconditioner="jacobi", M=None, rtol=1e-5, atol=0.0, maxiter=None,
-                 device="auto", mode="auto", dtype="float64", unroll=8, record_history=False,
+                 device="auto", mode="auto", dtype="float64", unroll=32, record_history=False,
                  variant="auto"):
         t0 = time.perf_counter()
         if str(np.dtype(dtype)) not in DTYPES:
