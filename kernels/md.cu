@@ -117,7 +117,7 @@ struct Langevin {
 // than skin/2 since the last build (a list rebuild is due); records an unstable run in ctl when it
 // moved more than half the list cutoff in this one step (or is not finite).
 __device__ __forceinline__ bool kick_drift(int i, const vec4 *pos, vec4 *pos_next, vec4 *vel, const vec4 *frc,
-                                           int4 *img, const vec4 *__restrict__ hold, u64 *ctl, int n, real_t dt,
+                                           int4 *img, const vec4 *hold, u64 *ctl, int n, real_t dt,
                                            real_t half_dt_m, Box box, real_t trigger_sq, real_t max_move_sq) {
     vec4 v = vel[i], f = frc[i], x = pos[i];
     int4 im = img[i];
@@ -136,43 +136,43 @@ __device__ __forceinline__ bool kick_drift(int i, const vec4 *pos, vec4 *pos_nex
     return hx * hx + hy * hy + hz * hz > trigger_sq;
 }
 
-extern "C" __global__ void md_cell_clear(int *cell_count, int ncells, const u64 *ctl) {
-    if (!ctl[C_REBUILD]) return;
-    for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < ncells; c += gridDim.x * blockDim.x)
-        cell_count[c] = 0;
+// The cell grid of the list build: nx*ny*nz cells of capacity cap, s* = cells per unit length.
+struct Cells {
+    int nx, ny, nz, cap;
+    real_t sx, sy, sz;
+};
+
+__device__ __forceinline__ int cell_of(const vec4 &p, const Cells &cl) {
+    return (cell_coord(p.x, cl.sx, cl.nx) * cl.ny + cell_coord(p.y, cl.sy, cl.ny)) * cl.nz + cell_coord(p.z, cl.sz, cl.nz);
 }
 
-// Bin particles (src) into cells of capacity cap; with copy != 0 also record src as the
-// positions of this build (hold), against which later displacements are measured.
-extern "C" __global__ void md_cell_bin(const vec4 *__restrict__ src, vec4 *__restrict__ hold,
-                                       int *cell_count, int *cell_atoms, int cap, u64 *ctl, int n,
-                                       int nx, int ny, int nz, real_t sx, real_t sy, real_t sz, int copy) {
-    if (!ctl[C_REBUILD]) return;
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n) return;
+// The list build's phases (bin, scan, sort, neighbour lists) are device functions over one item;
+// the md_cell_* / md_neigh_build* kernels run them between launches, md_run within its own.
+
+// Bin particle i (at src[i]) into its cell; with copy != 0 also record src as the positions of this
+// build (hold), against which later displacements are measured.
+__device__ __forceinline__ void bin_particle(int i, const vec4 *src, vec4 *hold, int *cell_count, int *cell_atoms,
+                                             const Cells &cl, u64 *ctl, int copy) {
     vec4 p = src[i];
     if (copy) hold[i] = p;
-    int c = (cell_coord(p.x, sx, nx) * ny + cell_coord(p.y, sy, ny)) * nz + cell_coord(p.z, sz, nz);
+    int c = cell_of(p, cl);
     int slot = atomicAdd(&cell_count[c], 1);
-    if (slot < cap) cell_atoms[(long long)c * cap + slot] = i;
+    if (slot < cl.cap) cell_atoms[(long long)c * cl.cap + slot] = i;
     else atomicMax(&ctl[C_CELLMAX], (u64)slot + 1);
 }
 
-// One block: cell_start[c] = particles in cells before c (exclusive prefix sum), so that
-// md_cell_sort can lay all particles out in cell order without gaps.
-#define SCAN_THREADS 1024
-extern "C" __global__ void __launch_bounds__(SCAN_THREADS)
-md_cell_scan(const int *__restrict__ cell_count, int *__restrict__ cell_start, int cap, int ncells,
-             const u64 *ctl) {
-    __shared__ int part[SCAN_THREADS];
-    if (!ctl[C_REBUILD]) return;
-    int per = (ncells + SCAN_THREADS - 1) / SCAN_THREADS;
+// One block of B threads: cell_start[c] = particles in cells before c (exclusive prefix sum), so
+// that the sort can lay all particles out in cell order without gaps.
+template <int B>
+__device__ void scan_cells(const int *cell_count, int *cell_start, int cap, int ncells) {
+    __shared__ int part[B];
+    int per = (ncells + B - 1) / B;
     int lo = min((int)threadIdx.x * per, ncells), hi = min(lo + per, ncells);
     int sum = 0;
     for (int c = lo; c < hi; ++c) sum += min(cell_count[c], cap);
     part[threadIdx.x] = sum;
     __syncthreads();
-    for (int off = 1; off < SCAN_THREADS; off <<= 1) {  // inclusive scan (Hillis-Steele)
+    for (int off = 1; off < B; off <<= 1) {  // inclusive scan (Hillis-Steele)
         int v = threadIdx.x >= off ? part[threadIdx.x - off] : 0;
         __syncthreads();
         part[threadIdx.x] += v;
@@ -185,18 +185,13 @@ md_cell_scan(const int *__restrict__ cell_count, int *__restrict__ cell_start, i
     }
 }
 
-// One thread per (cell, slot): put each particle at its rank by index within its cell,
-// with a copy of its build position next to it, and (by_cell) at cell_start + rank in
-// order. Atomics fill cells in a racy order; a deterministic list order makes force sums,
-// hence whole runs, reproducible bit for bit.
-extern "C" __global__ void md_cell_sort(const int *__restrict__ cell_count, const int *__restrict__ cell_atoms,
-                                        int *__restrict__ cell_sorted, vec4 *__restrict__ cell_pos,
-                                        const int *__restrict__ cell_start, int *__restrict__ order, int by_cell,
-                                        const vec4 *__restrict__ hold, int cap, int ncells, const u64 *ctl) {
-    if (!ctl[C_REBUILD]) return;
-    long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+// Slot t = (cell, s): put the particle there at its rank by index within its cell, with a copy of
+// its build position next to it, and (by_cell) at cell_start + rank in order. Atomics fill cells in
+// a racy order; a deterministic list order makes force sums, hence whole runs, reproducible bit for bit.
+__device__ __forceinline__ void sort_slot(long long t, const int *cell_count, const int *cell_atoms, int *cell_sorted,
+                                          vec4 *cell_pos, const int *cell_start, int *order, int by_cell,
+                                          const vec4 *hold, int cap) {
     int c = (int)(t / cap), s = (int)(t % cap);
-    if (c >= ncells) return;
     int m = min(cell_count[c], cap);
     if (s >= m) return;
     const int *a = cell_atoms + (long long)c * cap;
@@ -205,6 +200,38 @@ extern "C" __global__ void md_cell_sort(const int *__restrict__ cell_count, cons
     cell_sorted[(long long)c * cap + rank] = v;
     cell_pos[(long long)c * cap + rank] = hold[v];
     if (by_cell) order[cell_start[c] + rank] = v;
+}
+
+extern "C" __global__ void md_cell_clear(int *cell_count, int ncells, const u64 *ctl) {
+    if (!ctl[C_REBUILD]) return;
+    for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < ncells; c += gridDim.x * blockDim.x)
+        cell_count[c] = 0;
+}
+
+extern "C" __global__ void md_cell_bin(const vec4 *__restrict__ src, vec4 *__restrict__ hold,
+                                       int *cell_count, int *cell_atoms, int cap, u64 *ctl, int n,
+                                       int nx, int ny, int nz, real_t sx, real_t sy, real_t sz, int copy) {
+    if (!ctl[C_REBUILD]) return;
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) bin_particle(i, src, hold, cell_count, cell_atoms, Cells{nx, ny, nz, cap, sx, sy, sz}, ctl, copy);
+}
+
+#define SCAN_THREADS 1024
+extern "C" __global__ void __launch_bounds__(SCAN_THREADS)
+md_cell_scan(const int *__restrict__ cell_count, int *__restrict__ cell_start, int cap, int ncells,
+             const u64 *ctl) {
+    if (!ctl[C_REBUILD]) return;
+    scan_cells<SCAN_THREADS>(cell_count, cell_start, cap, ncells);
+}
+
+extern "C" __global__ void md_cell_sort(const int *__restrict__ cell_count, const int *__restrict__ cell_atoms,
+                                        int *__restrict__ cell_sorted, vec4 *__restrict__ cell_pos,
+                                        const int *__restrict__ cell_start, int *__restrict__ order, int by_cell,
+                                        const vec4 *__restrict__ hold, int cap, int ncells, const u64 *ctl) {
+    if (!ctl[C_REBUILD]) return;
+    long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t < (long long)ncells * cap)
+        sort_slot(t, cell_count, cell_atoms, cell_sorted, cell_pos, cell_start, order, by_cell, hold, cap);
 }
 
 // Slot s of group g's neighbour list. Lanes of a group read consecutive slots and
@@ -243,31 +270,23 @@ struct ListAppender {
     }
 };
 
+// Group g's list (all its lanes call this). FLAT needs this group's rows `cells` (STENCIL ints) and
+// `first` (STENCIL + 1) of shared memory.
 template <bool FLAT>
-__device__ __forceinline__ void neigh_build(const vec4 *__restrict__ hold, const int *__restrict__ cell_count,
-                                            const int *__restrict__ cell_sorted, const vec4 *__restrict__ cell_pos,
-                                            int cap, const int *__restrict__ order, int by_cell,
-                                            int *__restrict__ nlist, int *__restrict__ ncount, int maxnb, u64 *ctl,
-                                            int n, int tpp, int nx, int ny, int nz, real_t sx, real_t sy, real_t sz,
-                                            real_t lx, real_t ly, real_t lz, real_t rlist_sq) {
-    if (!ctl[C_REBUILD]) return;
-    int t = blockIdx.x * blockDim.x + threadIdx.x;
-    int g = t / tpp, lane = t & (tpp - 1);
-    if (g >= n) return;  // whole groups of lanes leave together
-    if (ctl[C_CELLMAX]) {  // cells overflowed (order is incomplete): the host redoes the chunk
-        if (lane == 0) ncount[g] = 0;
-        return;
-    }
+__device__ __forceinline__ void build_list(int g, int lane, int base, int *cells, int *first, const vec4 *hold,
+                                           const int *cell_count, const int *cell_sorted, const vec4 *cell_pos,
+                                           const Cells &cl, const int *order, int by_cell, int *nlist, int *ncount,
+                                           int maxnb, u64 *ctl, int n, int tpp, Box box, real_t rlist_sq) {
+    const int cap = cl.cap, nx = cl.nx, ny = cl.ny, nz = cl.nz;
     int i = by_cell ? order[g] : g;
-    int base = (threadIdx.x & 31) & ~(tpp - 1);
     ListAppender list{nlist, g, n, tpp, lane, base, maxnb, 0, group_mask(tpp, base)};
     vec4 p = hold[i];
-    int cx = cell_coord(p.x, sx, nx), cy = cell_coord(p.y, sy, ny), cz = cell_coord(p.z, sz, nz);
-    real_t ix = (real_t)1 / lx, iy = (real_t)1 / ly, iz = (real_t)1 / lz;
+    int cx = cell_coord(p.x, cl.sx, nx), cy = cell_coord(p.y, cl.sy, ny), cz = cell_coord(p.z, cl.sz, nz);
+    real_t ix = (real_t)1 / box.lx, iy = (real_t)1 / box.ly, iz = (real_t)1 / box.lz;
     auto near = [&](int j, const vec4 &q) {
-        real_t dx = min_image(q.x - p.x, lx, ix);
-        real_t dy = min_image(q.y - p.y, ly, iy);
-        real_t dz = min_image(q.z - p.z, lz, iz);
+        real_t dx = min_image(q.x - p.x, box.lx, ix);
+        real_t dy = min_image(q.y - p.y, box.ly, iy);
+        real_t dz = min_image(q.z - p.z, box.lz, iz);
         return j >= 0 && j != i && dx * dx + dy * dy + dz * dz < rlist_sq;
     };
     // With fewer than 3 cells along an edge, -1 and +1 are the same cell: visit each once.
@@ -292,9 +311,7 @@ __device__ __forceinline__ void neigh_build(const vec4 *__restrict__ hold, const
             }
         }
     } else {
-        __shared__ int stencil[MD_BLOCK][STENCIL];        // per group of the block: its stencil cells
-        __shared__ int first_of[MD_BLOCK][STENCIL + 1];   // and the candidates before each
-        int *cells = stencil[threadIdx.x / tpp], *first = first_of[threadIdx.x / tpp];
+        __syncwarp(list.gmask);  // the rows may still hold the group's previous particle (grid-stride callers)
         for (int s = lane; s < ns; s += tpp) {
             cells[s] = stencil_cell(s);
             first[s + 1] = min(cell_count[cells[s]], cap);
@@ -337,6 +354,29 @@ __device__ __forceinline__ void neigh_build(const vec4 *__restrict__ hold, const
     }
 }
 
+// One lane group a particle. FLAT: shared rows for the block's groups.
+template <bool FLAT>
+__device__ __forceinline__ void neigh_build(const vec4 *hold, const int *cell_count, const int *cell_sorted,
+                                            const vec4 *cell_pos, int cap, const int *order, int by_cell, int *nlist,
+                                            int *ncount, int maxnb, u64 *ctl, int n, int tpp, int nx, int ny, int nz,
+                                            real_t sx, real_t sy, real_t sz, real_t lx, real_t ly, real_t lz,
+                                            real_t rlist_sq) {
+    __shared__ int stencil[FLAT ? MD_BLOCK : 1][STENCIL];       // per group of the block: its stencil cells
+    __shared__ int first_of[FLAT ? MD_BLOCK : 1][STENCIL + 1];  // and the candidates before each
+    if (!ctl[C_REBUILD]) return;
+    int t = blockIdx.x * blockDim.x + threadIdx.x;
+    int g = t / tpp, lane = t & (tpp - 1);
+    if (g >= n) return;  // whole groups of lanes leave together
+    if (ctl[C_CELLMAX]) {  // cells overflowed (order is incomplete): the host redoes the chunk
+        if (lane == 0) ncount[g] = 0;
+        return;
+    }
+    int here = FLAT ? threadIdx.x / tpp : 0;
+    build_list<FLAT>(g, lane, (threadIdx.x & 31) & ~(tpp - 1), stencil[here], first_of[here], hold, cell_count,
+                     cell_sorted, cell_pos, Cells{nx, ny, nz, cap, sx, sy, sz}, order, by_cell, nlist, ncount, maxnb,
+                     ctl, n, tpp, Box{lx, ly, lz}, rlist_sq);
+}
+
 #define NEIGH_BUILD_KERNEL(NAME, FLAT)                                                                        \
     extern "C" __global__ void __launch_bounds__(MD_BLOCK)                                                   \
     NAME(const vec4 *__restrict__ hold, const int *__restrict__ cell_count, const int *__restrict__ cell_sorted, \
@@ -353,11 +393,10 @@ NEIGH_BUILD_KERNEL(md_neigh_build_flat, true)
 // g: every lane of the group calls this, active or not (the shuffles need them all). Then in lane 0:
 // the Langevin force, frc[i], the second half kick (unless setup) and, at a reduce step, the
 // per-atom halves of energy and virial, with the particle's (v^2, e/2, w/2) added to acc.
-// Positions are read through plain pointers: in md_run other blocks have just written them.
+// Positions and lists are read through plain pointers: in md_run other blocks may just have written them.
 __device__ __forceinline__ void force_group(int g, int lane, unsigned gmask, bool active, const vec4 *pos,
-                                            vec4 *vel, vec4 *frc, double *pe, double *vir,
-                                            const int *__restrict__ nlist, const int *__restrict__ ncount,
-                                            const int *__restrict__ order, int by_cell,
+                                            vec4 *vel, vec4 *frc, double *pe, double *vir, const int *nlist,
+                                            const int *ncount, const int *order, int by_cell,
                                             const long long *__restrict__ ids, int n, int tpp, Box box,
                                             PairLJ lj, Langevin bath, real_t half_dt_m, bool setup, bool reduce,
                                             u64 step, double (&acc)[3]) {
@@ -492,25 +531,38 @@ md_force(const vec4 *pos, vec4 *vel, vec4 *frc, double *pe, double *vir, double 
 // kicks and drifts it, and the drift writes the other of two position buffers (pos, pos_alt), so the
 // next step needs no barrier before its drift: no one reads a particle's force or velocity but its
 // own lane, and the positions being read are not the ones being written. Positions end in pos.
+// A rebuild request ends the launch (md_run: the IF node rebuilds between launches) or is served in
+// place (md_run_rebuilding, for small systems; its registers would slow the large ones' steps): clear | bin | (scan) | sort | lists, a barrier after each; an overflow ends the
+// launch with ST_OVERFLOW (the host grows the buffers and redoes the chunk).
 // Blocks of RUN_BLOCK threads: fewer, larger blocks than the other kernels' make the barriers cheaper.
 #define RUN_BLOCK 256
-extern "C" __global__ void __launch_bounds__(RUN_BLOCK)
-md_run(vec4 *pos, vec4 *pos_alt, vec4 *vel, vec4 *frc, int4 *img, const vec4 *__restrict__ hold, double *pe,
-       double *vir, double *partial, double *thermo, const int *__restrict__ nlist, const int *__restrict__ ncount,
-       const int *__restrict__ order, int by_cell, const long long *__restrict__ ids, u64 *ctl, int n, int tpp,
-       real_t dt, real_t half_dt_m, real_t lx, real_t ly, real_t lz, real_t trigger_sq, real_t max_move_sq,
-       real_t rc_sq, real_t sigma_sq, real_t eps4, real_t eps24, double eshift, double mass, int langevin,
-       double gamma_m, double noise, unsigned seed_lo, unsigned seed_hi, u64 if_handle, u64 while_handle,
-       int count) {
+#define RUN_PARAMS                                                                                              \
+    vec4 *pos, vec4 *pos_alt, vec4 *vel, vec4 *frc, int4 *img, vec4 *hold, double *pe, double *vir, double *partial, \
+        double *thermo, int *nlist, int *ncount, int *order, int by_cell, const long long *__restrict__ ids,       \
+        u64 *ctl, int n, int tpp, real_t dt, real_t half_dt_m, real_t lx, real_t ly, real_t lz, real_t trigger_sq, \
+        real_t max_move_sq, real_t rc_sq, real_t sigma_sq, real_t eps4, real_t eps24, double eshift, double mass,   \
+        int langevin, double gamma_m, double noise, unsigned seed_lo, unsigned seed_hi, int *cell_count,           \
+        int *cell_atoms, int *cell_sorted, vec4 *cell_pos, int *cell_start, int cap, int ncells, int nx, int ny,    \
+        int nz, real_t sx, real_t sy, real_t sz, int maxnb, real_t rlist_sq, u64 if_handle, u64 while_handle,       \
+        int count
+#define RUN_ARGS                                                                                               \
+    pos, pos_alt, vel, frc, img, hold, pe, vir, partial, thermo, nlist, ncount, order, by_cell, ids, ctl, n, tpp, dt, \
+        half_dt_m, lx, ly, lz, trigger_sq, max_move_sq, rc_sq, sigma_sq, eps4, eps24, eshift, mass, langevin,       \
+        gamma_m, noise, seed_lo, seed_hi, cell_count, cell_atoms, cell_sorted, cell_pos, cell_start, cap, ncells,    \
+        nx, ny, nz, sx, sy, sz, maxnb, rlist_sq, if_handle, while_handle, count
+template <bool REBUILD_HERE>
+__device__ __forceinline__ void run_steps(RUN_PARAMS) {
     __shared__ u64 sync_target;
-    __shared__ int verdict;  // 0: go on, 1: rebuild, 2: unstable
+    __shared__ int verdict;  // 0: go on, 1: rebuild, 2: unstable / overflow
     const Box box{lx, ly, lz};
     const PairLJ lj{rc_sq, sigma_sq, eps4, eps24, eshift};
     const Langevin bath{langevin, gamma_m, noise, seed_lo, seed_hi};
+    const Cells cl{nx, ny, nz, cap, sx, sy, sz};
     u64 step = ctl[C_STEP], forced = ctl[C_FORCED], status = ctl[C_STATUS];
     const u64 target = ctl[C_TARGET];
     if (threadIdx.x == 0) sync_target = sync_base(&ctl[C_SYNC]);
-    const int threads = gridDim.x * RUN_BLOCK, lane = threadIdx.x & (tpp - 1);
+    const int threads = gridDim.x * RUN_BLOCK, t0 = blockIdx.x * RUN_BLOCK + threadIdx.x;
+    const int lane = threadIdx.x & (tpp - 1);
     const int base = (threadIdx.x & 31) & ~(tpp - 1);
     const unsigned gmask = group_mask(tpp, base);
     vec4 *const buffers[2] = {pos, pos_alt};
@@ -522,7 +574,15 @@ md_run(vec4 *pos, vec4 *pos_alt, vec4 *vel, vec4 *frc, int4 *img, const vec4 *__
             body(g, g < n);
         }
     };
-    int verdict_here = 0;
+    auto sync = [&]() { grid_sync(&ctl[C_SYNC], sync_target); };
+    // After a barrier: what ctl says (thread 0 reads it past L1, every thread gets it).
+    auto agree = [&](auto read) {
+        __syncthreads();
+        if (threadIdx.x == 0) verdict = read();
+        __syncthreads();
+        return verdict;
+    };
+    int verdict_here = 0, builds = 0;
     for (int c = 0; c < count && status == ST_RUNNING && step < target; ++c) {
         bool req = false;
         for_each_group([&](int g, bool active) {
@@ -533,13 +593,54 @@ md_run(vec4 *pos, vec4 *pos_alt, vec4 *vel, vec4 *frc, int4 *img, const vec4 *__
         cur ^= 1;
         // One atomic per warp at most: the flag only needs to become non-zero.
         if (__any_sync(0xffffffffu, req) && (threadIdx.x & 31) == 0) atomicOr(&ctl[C_REQ], 1ull);
-        grid_sync(&ctl[C_SYNC], sync_target);
+        sync();
         ++step;
-        if (threadIdx.x == 0) verdict = ld_l2(&ctl[C_BAD]) ? 2 : (ld_l2(&ctl[C_REQ]) ? 1 : 0);
-        __syncthreads();
-        verdict_here = verdict;
+        verdict_here = agree([&] { return ld_l2(&ctl[C_BAD]) ? 2 : (ld_l2(&ctl[C_REQ]) ? 1 : 0); });
         if (verdict_here == 2) status = ST_UNSTABLE;
-        if (verdict_here) break;
+        if (verdict_here == 2 || (verdict_here == 1 && !REBUILD_HERE)) break;
+        if constexpr (REBUILD_HERE) {
+            if (verdict_here == 1) {
+                __shared__ int stencil[RUN_BLOCK / 2][STENCIL];  // flat walk (tpp >= 2): the block's groups' rows
+                __shared__ int first_of[RUN_BLOCK / 2][STENCIL + 1];
+                for (int k = t0; k < ncells; k += threads) cell_count[k] = 0;
+                sync();
+                if (blockIdx.x == 0 && threadIdx.x == 0) ctl[C_REQ] = 0;  // every block has read it by now
+                for (int i = t0; i < n; i += threads)
+                    bin_particle(i, buffers[cur], hold, cell_count, cell_atoms, cl, ctl, 1);
+                sync();
+                if (by_cell) {
+                    if (blockIdx.x == 0) scan_cells<RUN_BLOCK>(cell_count, cell_start, cap, ncells);
+                    sync();
+                }
+                for (long long k = t0; k < (long long)ncells * cap; k += threads)
+                    sort_slot(k, cell_count, cell_atoms, cell_sorted, cell_pos, cell_start, order, by_cell, hold, cap);
+                sync();
+                ++builds;
+                if (agree([&] { return ld_l2(&ctl[C_CELLMAX]) ? 2 : 0; })) {
+                    verdict_here = 0;
+                    status = ST_OVERFLOW;
+                    break;
+                }
+                for_each_group([&](int g, bool active) {
+                    if (!active) return;
+                    int here = threadIdx.x / tpp;
+                    if (tpp >= 2)
+                        build_list<true>(g, lane, base, stencil[here], first_of[here], hold, cell_count,
+                                         cell_sorted, cell_pos, cl, order, by_cell, nlist, ncount, maxnb, ctl, n,
+                                         tpp, box, rlist_sq);
+                    else
+                        build_list<false>(g, lane, base, nullptr, nullptr, hold, cell_count, cell_sorted, cell_pos, cl,
+                                          order, by_cell, nlist, ncount, maxnb, ctl, n, tpp, box, rlist_sq);
+                });
+                sync();
+                if (agree([&] { return ld_l2(&ctl[C_NBMAX]) ? 2 : 0; })) {
+                    verdict_here = 0;
+                    status = ST_OVERFLOW;
+                    break;
+                }
+                verdict_here = 0;
+            }
+        }
         const bool reduce = step >= target;
         double acc[3] = {0.0, 0.0, 0.0};
         for_each_group([&](int g, bool active) {
@@ -550,7 +651,7 @@ md_run(vec4 *pos, vec4 *pos_alt, vec4 *vel, vec4 *frc, int4 *img, const vec4 *__
         if (reduce) {
             publish_block_sums<RUN_BLOCK>(acc, partial);
             status = ST_DONE;
-            grid_sync(&ctl[C_SYNC], sync_target);
+            sync();
         }
     }
     if (cur) {  // each lane group's own particle, as in the phases above: no barrier needed
@@ -570,10 +671,11 @@ md_run(vec4 *pos, vec4 *pos_alt, vec4 *vel, vec4 *frc, int4 *img, const vec4 *__
     ctl[C_STEP] = step;
     ctl[C_FORCED] = forced;
     ctl[C_STATUS] = status;
-    if (verdict_here == 1) {
-        ctl[C_REBUILD] = 1;
-        ctl[C_BUILDS] += 1;
-    }
+    ctl[C_BUILDS] += builds + (verdict_here == 1);
+    if (verdict_here == 1) ctl[C_REBUILD] = 1;
     if (if_handle) cudaGraphSetConditional(if_handle, verdict_here == 1 ? 1u : 0u);
     if (while_handle && status != ST_RUNNING) cudaGraphSetConditional(while_handle, 0u);
 }
+
+extern "C" __global__ void __launch_bounds__(RUN_BLOCK) md_run(RUN_PARAMS) { run_steps<false>(RUN_ARGS); }
+extern "C" __global__ void __launch_bounds__(RUN_BLOCK) md_run_rebuilding(RUN_PARAMS) { run_steps<true>(RUN_ARGS); }
