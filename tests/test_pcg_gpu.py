@@ -25,6 +25,20 @@ def cases(matrices_dir):
     return out
 
 
+def assert_run_matches_reference(g, pairs, host, ref):
+    """The device vectors (``pairs``: name, array) and state equal the reference's after a launch."""
+    from kernels import pcg_ref
+    from solvers.pcg.gpu import STATE_DTYPE
+
+    dev = g.state.get().view(STATE_DTYPE)[0]
+    for name, got in pairs:
+        np.testing.assert_allclose(got.get(), host[name], rtol=1e-11, atol=1e-11, err_msg=name)
+    assert dev["status"] == ref["status"] == pcg_ref.RUNNING
+    assert dev["iteration"] == ref["iteration"] and dev["parity"] == ref["parity"]
+    for key in ("alpha", "beta", "rz", "pq", "rnorm"):
+        assert dev[key] == pytest.approx(ref[key], rel=1e-10), key
+
+
 def test_classic_kernel_matches_numpy_reference(cupy):
     from kernels import pcg_ref
     from solvers.pcg.gpu import STATE_DTYPE, GPUPCG
@@ -53,14 +67,8 @@ def test_classic_kernel_matches_numpy_reference(cupy):
         for _ in range(count):
             q = reference_iteration()
         g.launch_run(count, np.uint64(0))
-        dev = g.state.get().view(STATE_DTYPE)[0]
         np.testing.assert_allclose(g.q.get(), q, rtol=1e-11, atol=1e-11)
-        for name, got in pairs:
-            np.testing.assert_allclose(got.get(), host[name], rtol=1e-11, atol=1e-11, err_msg=name)
-        assert dev["status"] == ref["status"] == pcg_ref.RUNNING
-        assert dev["iteration"] == ref["iteration"] and dev["parity"] == ref["parity"]
-        for key in ("alpha", "beta", "rz", "pq", "rnorm"):
-            assert dev[key] == pytest.approx(ref[key], rel=1e-10), key
+        assert_run_matches_reference(g, pairs, host, ref)
         assert int(g.epoch.get()[0]) == 2 * ref["iteration"] - 8  # two grid reductions an iteration
     assert ref["iteration"] == 7
 
@@ -102,13 +110,7 @@ def test_single_reduction_kernel_matches_numpy_reference(cupy, csr):
         for _ in range(count):
             pcg_ref.pcg1_step(A, dinv, host["x"], host["p"], r, s_, w, ref)
         g.launch_run(count, np.uint64(0))
-        dev = g.state.get().view(STATE_DTYPE)[0]
-        for name, got in pairs:
-            np.testing.assert_allclose(got.get(), host[name], rtol=1e-11, atol=1e-11, err_msg=name)
-        assert dev["status"] == ref["status"] == pcg_ref.RUNNING
-        assert dev["iteration"] == ref["iteration"] and dev["parity"] == ref["parity"]
-        for key in ("alpha", "beta", "rz", "pq", "rnorm"):
-            assert dev[key] == pytest.approx(ref[key], rel=1e-10), key
+        assert_run_matches_reference(g, pairs, host, ref)
         assert int(g.epoch.get()[0]) == ref["iteration"] + 1  # one grid reduction an iteration
     assert ref["iteration"] == 2 and ref["parity"] == 1
 
