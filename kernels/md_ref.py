@@ -3,17 +3,20 @@
 The CPU backend of :mod:`solvers.md` is built from these functions, so the GPU
 kernels and the CPU reference share one definition of each formula:
 
-=====================  ===============================================
-kernel                 reference
-=====================  ===============================================
-``philox4x32_10``      :func:`philox4x32` (Philox4x32-10, Random123)
-``md_integrate1``      :func:`half_kick`, :func:`drift_wrap`,
-                       :func:`displacement_sq`
-``md_neigh_build``     ``solvers.md.neighbor_cpu.build_pairs`` (same
-                       pairs, half list)
-``md_force``           :func:`lj_pair`, :func:`langevin_force`,
-                       :func:`half_kick`, :func:`thermo_sums`
-=====================  ===============================================
+======================  ===============================================
+kernel code             reference
+======================  ===============================================
+``philox4x32_10``       :func:`philox4x32` (Philox4x32-10, Random123)
+``kick_drift``          :func:`half_kick`, :func:`drift_wrap`,
+                        :func:`displacement_sq`
+``build_list``          ``solvers.md.neighbor_cpu.build_pairs`` (same
+                        pairs, half list)
+``force_group``         :func:`lj_pair`, :func:`langevin_force`,
+                        :func:`half_kick`, :func:`thermo_sums`
+======================  ===============================================
+
+``md_run`` / ``md_run_rebuilding`` take whole steps from these pieces;
+``md_force`` and ``md_neigh_build*`` run them between launches.
 """
 import numpy as np
 

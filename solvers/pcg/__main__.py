@@ -40,7 +40,7 @@ def build_parser():
                    help="show iteration and residual live on stderr while solving")
     p.add_argument("--variant", choices=("auto", "classic", "single-reduction"), default="auto",
                    help="classic PCG, or the single-reduction (Chronopoulos-Gear) form: one grid-wide "
-                        "reduction per iteration (one kernel on the GPU; one allreduce under mpiexec); "
+                        "reduction per iteration (one allreduce under mpiexec); "
                         "auto: single-reduction for small systems on one GPU, else classic")
     g = p.add_mutually_exclusive_group()
     g.add_argument("-q", "--quiet", action="store_true", help="print one summary line")

@@ -16,8 +16,8 @@ from .result import Reason
 
 VARIANTS = ("classic", "single-reduction")
 # Single-reduction is the GPU's choice up to this many rows, where an iteration is latency bound
-# (one kernel instead of two); above it, its extra neighbour reads make it slower than classic.
-# Measured on an H200 (MEASUREMENTS.md): 64^2 and 256^2 ~15% faster, 64^3 ~20% slower.
+# (one grid reduction instead of two); above it, its extra neighbour reads make it slower than
+# classic. Measured on an H200 (MEASUREMENTS.md): 64^2 and 256^2 6-14% faster, 64^3 14% slower.
 SINGLE_REDUCTION_MAX_ROWS = 1 << 17
 
 
