@@ -14,7 +14,7 @@
 // The control block ctl (unsigned long long[CTL_SIZE]) carries everything the host and
 // the kernels share. Whichever kernel ends the chunk (its last step, an overflow, an unstable
 // particle) records why, stops the WHILE node and, at the chunk's last step, reduces the thermo
-// sums. Launches past the stop (graph mode unrolls k launches) find ctl says so and change nothing.
+// sums. Launches past the stop (the host checks only after each launch) find ctl says so and change nothing.
 // kernels/md_ref.py states the same formulas in NumPy.
 
 #define C_STEP 0      // last completed step

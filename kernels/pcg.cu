@@ -227,7 +227,7 @@ __device__ void record_decision(State* st, int it, double rnorm, int status, dou
     if (handle && status != RUNNING) cudaGraphSetConditional(handle, 0);
 }
 
-// A finished solve leaves the WHILE loop (its remaining unrolled copies return at once).
+// A finished solve leaves the WHILE loop; a launch after the stop (graph and eager modes) does nothing.
 __device__ __forceinline__ bool finished(const State& s, unsigned long long handle) {
     if (s.status == RUNNING) return false;
     if (handle && blockIdx.x == 0 && threadIdx.x == 0) cudaGraphSetConditional(handle, 0);
