@@ -65,6 +65,26 @@ def module(name, real="double", defines=(), extra=()):
     return mod
 
 
+def resident_blocks(kernel, block):
+    """How many blocks of ``block`` threads of ``kernel`` the device holds at once.
+
+    A grid of this size runs in one wave: a grid-stride kernel given more blocks
+    than fit leaves a second, partly empty wave that finishes late.
+
+    Parameters
+    ----------
+    kernel : cupy.RawKernel
+        A function fetched from a :func:`module`.
+    block : int
+        Threads per block.
+    """
+    import cupy
+
+    function = kernel.kernel  # the cupy.cuda.function.Function behind the RawKernel
+    per_sm = cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(function.ptr, block, 0)
+    return int(per_sm) * int(cupy.cuda.Device().attributes["MultiProcessorCount"])
+
+
 def cooperative(kernel, block):
     """Launcher and grid limit for a kernel whose blocks wait for each other (grid barriers).
 
@@ -82,15 +102,11 @@ def cooperative(kernel, block):
         guarantees (and checks) that all ``grid`` blocks are resident at once; it can be
         captured into a graph like any launch.
     max_blocks : int
-        How many blocks of ``block`` threads the device holds at once.
+        :func:`resident_blocks`.
     """
-    import cupy
-
-    function = kernel.kernel  # the cupy.cuda.function.Function behind the RawKernel
-    per_sm = cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(function.ptr, block, 0)
-    sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
+    function = kernel.kernel
 
     def launch(grid, args, stream=None):
         function((grid,), (block,), args, stream=stream, enable_cooperative_groups=True)
 
-    return launch, int(per_sm) * int(sms)
+    return launch, resident_blocks(kernel, block)

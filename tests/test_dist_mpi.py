@@ -171,7 +171,7 @@ class _Array(np.ndarray):
 
 
 class _Stream:
-    def __init__(self, non_blocking=False):
+    def __init__(self):
         self.captured = None
 
     def __enter__(self):
@@ -303,8 +303,11 @@ def _host_driver():
             assert set(KERNELS) == set(table)
             return table
 
-        def _multiprocessors(self):
+        def _resident_blocks(self, kernel):
             return 2
+
+        def _streams(self):
+            return _Stream(), _Stream()
 
     return HostDriver
 

@@ -127,8 +127,15 @@ class DistGPUPCG:
         mod = kernels.module("pcg", kernels.ctype(self.dtype), defines, extra=("dist",))
         return {name: mod.get_function(name) for name in KERNELS}
 
-    def _multiprocessors(self):
-        return self.cupy.cuda.Device().attributes["MultiProcessorCount"]
+    def _resident_blocks(self, kernel):
+        return kernels.resident_blocks(kernel, BLOCK)
+
+    def _streams(self):
+        """(main, communication) streams; NCCL's kernels get the higher priority, so the
+        halo exchange starts at once instead of queueing behind the interior product's blocks."""
+        cuda = self.cupy.cuda
+        highest = cuda.runtime.deviceGetStreamPriorityRange()[1]
+        return cuda.Stream(non_blocking=True), cuda.Stream(non_blocking=True, priority=highest)
 
     # -- set-up ---------------------------------------------------------------
     def _allocate(self, inverse_diagonal):
@@ -154,11 +161,14 @@ class DistGPUPCG:
         self.halo = cupy.zeros(m.plan.halo_size, dtype=dt)
 
         self.k = self._kernels(defines)
-        sms = self._multiprocessors()
         rows_per_block = BLOCK // int(dict(defines).get("SUBWARP", 1))
-        grid = lambda items, per_block: int(max(1, min(-(-items // per_block), sms * 8)))  # noqa: E731
-        self.grid_spmv, self.grid_vec = grid(n, rows_per_block), grid(n, BLOCK)
-        self.grid_halo, self.grid_pack = grid(self.nb, BLOCK), grid(self.nsend, BLOCK)
+
+        def grid(kernel, items, per_block):  # one wave of grid-stride blocks
+            return int(max(1, min(-(-items // per_block), self._resident_blocks(self.k[kernel]))))
+
+        update = "dist_update" if self.variant == "classic" else "dist_cg1_update"
+        self.grid_spmv, self.grid_vec = grid("pcg_spmv_dot", n, rows_per_block), grid(update, n, BLOCK)
+        self.grid_halo, self.grid_pack = grid("dist_halo_spmv", self.nb, BLOCK), grid("dist_pack", self.nsend, BLOCK)
 
         zeros = lambda: cupy.zeros(n, dtype=dt)  # noqa: E731
         # classic: z, q = A p, p0/p1 the double-buffered direction; single-reduction: z holds
@@ -177,8 +187,7 @@ class DistGPUPCG:
         self.history = None
         self.history_arg = np.uint64(0)
 
-        self.stream = cupy.cuda.Stream(non_blocking=True)
-        self.comm_stream = cupy.cuda.Stream(non_blocking=True)
+        self.stream, self.comm_stream = self._streams()
         self.ev_packed = cupy.cuda.Event(disable_timing=True)
         self.ev_halo = cupy.cuda.Event(disable_timing=True)
         # The uploads above ran on the legacy stream, which non-blocking streams do not wait for.

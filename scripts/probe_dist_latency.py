@@ -1,0 +1,92 @@
+"""Latency probe for the distributed GPU PCG: where a small-grid iteration's time goes.
+
+Run under MPI on a multi-GPU machine, one rank per GPU::
+
+    mpiexec -n 2 python scripts/probe_dist_latency.py --sizes 64 128
+
+Rank 0 prints, per grid and variant, the time per iteration, the host's time to
+enqueue one (Python and driver calls: when it exceeds the iteration time the
+GPU waits for the host) and the compute / communication split; then the floor
+NCCL sets on the GPU: one allreduce of three doubles and one halo exchange,
+each enqueued many times back to back, with their host cost per call.
+"""
+import argparse
+import pathlib
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
+from solvers.dist import DistributedPCG  # noqa: E402
+from solvers.dist.comm import abort_on_error, world  # noqa: E402
+from solvers.dist.problem import poisson_distributed  # noqa: E402
+
+
+def enqueue_timer(impl):
+    """Wrap ``impl._run_steps`` so it adds its host seconds to the returned list."""
+    spent = [0.0]
+    run = impl._run_steps
+
+    def timed(steps, events=None):
+        t0 = time.perf_counter()
+        used = run(steps, events)
+        spent[0] += time.perf_counter() - t0
+        return used
+
+    impl._run_steps = timed
+    return spent
+
+
+def per_call(enqueue, stream, count):
+    """(GPU-bound us per call, host us per call) of ``count`` back-to-back ``enqueue()``."""
+    stream.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(count):
+        enqueue()
+    host = time.perf_counter() - t0
+    stream.synchronize()
+    return (time.perf_counter() - t0) / count * 1e6, host / count * 1e6
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", type=int, nargs="+", default=[64])
+    ap.add_argument("--iterations", type=int, default=640)
+    ap.add_argument("--check-every", type=int, default=32)
+    ap.add_argument("--calls", type=int, default=2000, help="back-to-back NCCL calls timed")
+    args = ap.parse_args(argv)
+    comm = world()
+    say = print if comm.Get_rank() == 0 else (lambda *a, **k: None)
+    with abort_on_error(comm):
+        for size in args.sizes:
+            p = poisson_distributed(comm, (size,) * 3)
+            for variant in ("classic", "single-reduction"):
+                solver = DistributedPCG(p.rows, p.bounds, comm, device="gpu", variant=variant, rtol=0.0,
+                                        check_every=args.check_every)
+                impl = solver._impl
+                solver.solve(p.b, maxiter=64)
+                spent = enqueue_timer(impl)
+                res = solver.solve(p.b, maxiter=args.iterations)
+                its = res.iterations
+                say(f"{size}^3 ranks {comm.Get_size()} {variant:>16}: {res.loop_time / its * 1e6:7.1f} us/it, "
+                    f"host enqueue {spent[0] / its * 1e6:6.1f} us/it, compute {res.compute_time / its * 1e6:6.1f}, "
+                    f"comm {res.communication_time / its * 1e6:6.1f}", flush=True)
+            s, c = impl.stream, impl.comm_stream
+            reduce = lambda: impl.nccl.allreduce(impl.sums, impl.reduced, 3, s)  # noqa: E731
+            gpu, host = per_call(reduce, s, args.calls)
+            say(f"{size}^3 NCCL allreduce (3 doubles): {gpu:6.1f} us/call on the GPU, host {host:5.1f} us/call")
+            exchange = lambda: impl.nccl.exchange(impl._transfers, c)  # noqa: E731
+            gpu, host = per_call(exchange, c, args.calls)
+            halo = int(np.sum(comm.allgather(impl.nsend)))
+            say(f"{size}^3 NCCL halo exchange ({halo:,} values over all ranks): {gpu:6.1f} us/call on the GPU, "
+                f"host {host:5.1f} us/call", flush=True)
+            gpu, host = per_call(lambda: impl._graphs[2].launch(s), s, args.calls)
+            say(f"{size}^3 graph launch (one small kernel): {gpu:6.1f} us/call on the GPU, host {host:5.1f} us/call",
+                flush=True)
+            del solver, impl
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
