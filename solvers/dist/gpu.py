@@ -134,8 +134,8 @@ class DistGPUPCG:
         """(main, communication) streams; NCCL's kernels get the higher priority, so the
         halo exchange starts at once instead of queueing behind the interior product's blocks."""
         cuda = self.cupy.cuda
-        highest = cuda.runtime.deviceGetStreamPriorityRange()[1]
-        return cuda.Stream(non_blocking=True), cuda.Stream(non_blocking=True, priority=highest)
+        # CUDA clamps a priority beyond the device's range to its greatest priority.
+        return cuda.Stream(non_blocking=True), cuda.Stream(non_blocking=True, priority=-(2**30))
 
     # -- set-up ---------------------------------------------------------------
     def _allocate(self, inverse_diagonal):
