@@ -18,6 +18,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
+import solvers.dist.gpu as gpu  # noqa: E402
 from solvers.dist import DistributedPCG  # noqa: E402
 from solvers.dist.comm import abort_on_error, world  # noqa: E402
 from solvers.dist.problem import poisson_distributed  # noqa: E402
@@ -55,13 +56,22 @@ def main(argv=None):
     ap.add_argument("--iterations", type=int, default=640)
     ap.add_argument("--check-every", type=int, default=32)
     ap.add_argument("--calls", type=int, default=2000, help="back-to-back NCCL calls timed")
+    ap.add_argument("--overlap", nargs="+", default=["auto"], choices=("auto", "on", "off"),
+                    help="halo exchange overlapped with the interior product (auto: the solver's rule)")
+    ap.add_argument("--product-waves", type=int, nargs="+", default=[gpu.PRODUCT_WAVES],
+                    help="one-wave grids per interior product")
     args = ap.parse_args(argv)
+    rule = gpu.overlaps_halo
     comm = world()
     say = print if comm.Get_rank() == 0 else (lambda *a, **k: None)
     with abort_on_error(comm):
         for size in args.sizes:
             p = poisson_distributed(comm, (size,) * 3)
-            for variant in ("classic", "single-reduction"):
+            settings = [(v, o, w) for v in ("classic", "single-reduction") for o in args.overlap
+                        for w in args.product_waves]
+            for variant, overlap, waves in settings:
+                gpu.overlaps_halo = rule if overlap == "auto" else (lambda rows, on=overlap == "on": on)
+                gpu.PRODUCT_WAVES = waves
                 solver = DistributedPCG(p.rows, p.bounds, comm, device="gpu", variant=variant, rtol=0.0,
                                         check_every=args.check_every)
                 impl = solver._impl
@@ -69,9 +79,10 @@ def main(argv=None):
                 spent = enqueue_timer(impl)
                 res = solver.solve(p.b, maxiter=args.iterations)
                 its = res.iterations
-                say(f"{size}^3 ranks {comm.Get_size()} {variant:>16}: {res.loop_time / its * 1e6:7.1f} us/it, "
-                    f"host enqueue {spent[0] / its * 1e6:6.1f} us/it, compute {res.compute_time / its * 1e6:6.1f}, "
-                    f"comm {res.communication_time / its * 1e6:6.1f}", flush=True)
+                say(f"{size}^3 ranks {comm.Get_size()} {variant:>16} overlap {impl.overlap:d} waves {waves:2d}: "
+                    f"{res.loop_time / its * 1e6:7.1f} us/it, host enqueue {spent[0] / its * 1e6:6.1f} us/it, "
+                    f"compute {res.compute_time / its * 1e6:6.1f}, comm {res.communication_time / its * 1e6:6.1f}",
+                    flush=True)
             s, c = impl.stream, impl.comm_stream
             reduce = lambda: impl.nccl.allreduce(impl.sums, impl.reduced, 3, s)  # noqa: E731
             gpu, host = per_call(reduce, s, args.calls)

@@ -79,6 +79,13 @@ def test_poisson_rows_match_the_global_matrix(shape, lo, hi):
     assert (rows != expected).nnz == 0
 
 
+def test_auto_variant_follows_rows_per_rank():
+    from solvers.dist.solver import CLASSIC_MIN_ROWS_PER_RANK, auto_variant
+    assert auto_variant(CLASSIC_MIN_ROWS_PER_RANK * 2 - 1, 2) == "single-reduction"
+    assert auto_variant(CLASSIC_MIN_ROWS_PER_RANK * 2, 2) == "classic"
+    assert auto_variant(CLASSIC_MIN_ROWS_PER_RANK * 2, 3) == "single-reduction"
+
+
 # -- single-reduction recurrences against the reference iteration -----------------------------
 def _pair(A, b, tol=1e-8, maxiter=1000, x0=None):
     d = 1.0 / A.diagonal()

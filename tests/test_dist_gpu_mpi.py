@@ -33,9 +33,12 @@ def split(A):
     return A[bounds[r]:bounds[r + 1]], bounds, slice(bounds[r], bounds[r + 1])
 
 
+@pytest.mark.parametrize("overlap", [False, True], ids=["in-line halo", "overlapped halo"])
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("matrix", ["lap2D", "poisson3d"])
-def test_same_iterations_and_solution_as_one_process(variant, matrix):
+def test_same_iterations_and_solution_as_one_process(monkeypatch, variant, matrix, overlap):
+    import solvers.dist.gpu as gpu
+    monkeypatch.setattr(gpu, "overlaps_halo", lambda rows: overlap)
     p, A, b = problem_pair(matrix, (40, 36, 32))
     ref = PCG(A, rtol=1e-9, device="cpu", record_history=True).solve(b)
     one_gpu = PCG(A, rtol=1e-9, device="gpu").solve(b)
@@ -55,6 +58,21 @@ def test_same_iterations_and_solution_as_one_process(variant, matrix):
     gathered = solver.gather(res.x)
     if COMM.rank == 0:
         np.testing.assert_allclose(gathered, ref.x, rtol=1e-8)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_overlapping_the_halo_changes_no_bit(monkeypatch, variant):
+    import solvers.dist.gpu as gpu
+    p = poisson_distributed(COMM, (36, 30, 28))
+    x = {}
+    for overlap in (False, True):
+        monkeypatch.setattr(gpu, "overlaps_halo", lambda rows: overlap)
+        solver = DistributedPCG(p.rows, p.bounds, COMM, rtol=1e-10, device="gpu", variant=variant)
+        assert solver._impl.overlap is overlap
+        res = solver.solve(p.b)
+        x[overlap] = (res.iterations, res.x.get())
+    assert x[False][0] == x[True][0]
+    assert global_max(np.abs(x[False][1] - x[True][1]).max()) == 0
 
 
 @pytest.mark.parametrize("variant", VARIANTS)

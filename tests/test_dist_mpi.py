@@ -143,6 +143,7 @@ def test_bad_options_and_vectors():
     with pytest.raises(InputError, match="variant"):
         DistributedPCG(rows, bounds, COMM, device="cpu", variant="pipelined")
     solver = DistributedPCG(rows, bounds, COMM, device="cpu")
+    assert solver.variant == "single-reduction"  # auto on a small system: fewer allreduces win
     with pytest.raises(InputError, match="expected"):
         solver.solve(np.ones(3 if COMM.rank == 0 else bounds[COMM.rank + 1] - bounds[COMM.rank]))
 
@@ -312,10 +313,12 @@ def _host_driver():
     return HostDriver
 
 
+@pytest.mark.parametrize("overlap", [False, True], ids=["in-line halo", "overlapped halo"])
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("matrix", ["poisson3d", "lap2D"])
-def test_gpu_driver_logic_on_host(monkeypatch, variant, matrix):
+def test_gpu_driver_logic_on_host(monkeypatch, variant, matrix, overlap):
     import solvers.dist.gpu as gpu
+    monkeypatch.setattr(gpu, "overlaps_halo", lambda rows: overlap)
     driver = _host_driver()
     monkeypatch.setattr(gpu, "DistGPUPCG", driver)
     monkeypatch.setattr(DistributedPCG, "_choose_device", lambda self, device: ("gpu", None))

@@ -2,9 +2,9 @@
 
 NCCL calls cannot live in a graph with a conditional node, so an iteration is
 a short list of *steps*: plain captured graphs (local kernels on fixed
-buffers), the halo exchange (grouped NCCL send/recv on a second stream, so it
-overlaps the product with the locally owned columns) and allreduces of the
-partial inner products. The host enqueues ``check_every`` iterations, then
+buffers), the halo exchange (grouped NCCL send/recv; for ranks with enough rows
+on a second stream, so it overlaps the product with the locally owned columns)
+and allreduces of the partial inner products. The host enqueues ``check_every`` iterations, then
 reads the device status once: no host synchronisation per iteration. Each
 rank's decide kernel works on the same allreduced numbers, so all ranks stop
 at the same iteration and leave the host loop together.
@@ -29,7 +29,19 @@ from ..pcg.result import Reason
 from .comm import DeviceComm, agree
 
 # Step kinds of an iteration (see DistGPUPCG._run_steps).
-GRAPH, HALO_START, HALO_WAIT, ALLREDUCE = range(4)
+GRAPH, HALO, HALO_START, HALO_WAIT, ALLREDUCE = range(5)
+# The interior product runs in blocks of this many one-wave grids: when it overlaps the halo
+# exchange, NCCL's kernel then finds a free slot as soon as the first small blocks finish
+# instead of queueing behind a grid that holds every slot until the product ends.
+PRODUCT_WAVES = 16
+# Below this many owned rows the interior product is shorter than the cross-stream hand-off that
+# would hide the exchange behind it: the exchange then runs in line on the main stream.
+OVERLAP_MIN_ROWS = 1 << 18
+
+
+def overlaps_halo(rows):
+    """Whether a rank owning ``rows`` rows overlaps the halo exchange with its interior product."""
+    return rows >= OVERLAP_MIN_ROWS
 KERNELS = ("pcg_spmv_dot", "matrix_residual", "dist_pack", "dist_halo_spmv", "dist_update", "dist_start",
            "dist_decide", "dist_cg1_update", "dist_cg1_start", "dist_cg1_decide")
 
@@ -167,7 +179,9 @@ class DistGPUPCG:
             return int(max(1, min(-(-items // per_block), self._resident_blocks(self.k[kernel]))))
 
         update = "dist_update" if self.variant == "classic" else "dist_cg1_update"
-        self.grid_spmv, self.grid_vec = grid("pcg_spmv_dot", n, rows_per_block), grid(update, n, BLOCK)
+        self.overlap = overlaps_halo(n)
+        self.grid_spmv = min(-(-n // rows_per_block), PRODUCT_WAVES * grid("pcg_spmv_dot", n, rows_per_block))
+        self.grid_vec = grid(update, n, BLOCK)
         self.grid_halo, self.grid_pack = grid("dist_halo_spmv", self.nb, BLOCK), grid("dist_pack", self.nsend, BLOCK)
 
         zeros = lambda: cupy.zeros(n, dtype=dt)  # noqa: E731
@@ -242,21 +256,27 @@ class DistGPUPCG:
         """Step summing sums[lo:hi] over ranks into reduced[lo:hi] (views made once)."""
         return ALLREDUCE, self.sums[lo:hi], self.reduced[lo:hi], hi - lo
 
+    def _product_steps(self, dot_out):
+        """Steps of q = A (z + beta p_old): halo exchange, owned-column and halo-column products."""
+        cap = self._capture
+        local = lambda s: self._local_product(s, self.z)  # noqa: E731
+        boundary = lambda s: self._halo_product(s, self.q, 1, dot_out)  # noqa: E731
+        if self.overlap:
+            return [(HALO_START,), (GRAPH, cap(local)), (HALO_WAIT,), (GRAPH, cap(boundary))]
+        return [(HALO,), (GRAPH, cap(lambda s: (local(s), boundary(s))))]
+
     def _build_steps(self):
         """Capture the graph segments; return (start steps, iteration steps, decide graph)."""
         cap = self._capture
         decide = cap(self._decide)
-        local = cap(lambda s: self._local_product(s, self.z))
         if self.variant == "classic":
-            boundary = cap(lambda s: self._halo_product(s, self.q, 1, self.sums[0:]))
             start = [(GRAPH, cap(lambda s: self._classic_update(s, True))), self._allreduce_step(1, 3)]
             head = cap(lambda s: (self._decide(s), self._pack(s, self.z, 1)))
-            iteration = [(GRAPH, head), (HALO_START,), (GRAPH, local), (HALO_WAIT,), (GRAPH, boundary),
-                         self._allreduce_step(0, 1), (GRAPH, cap(lambda s: self._classic_update(s, False))),
-                         self._allreduce_step(1, 3)]
+            iteration = ([(GRAPH, head)] + self._product_steps(self.sums[0:])
+                         + [self._allreduce_step(0, 1), (GRAPH, cap(lambda s: self._classic_update(s, False))),
+                            self._allreduce_step(1, 3)])
         else:
-            boundary = cap(lambda s: self._halo_product(s, self.q, 1, self.sums[2:]))
-            product = [(HALO_START,), (GRAPH, local), (HALO_WAIT,), (GRAPH, boundary), self._allreduce_step(0, 3)]
+            product = self._product_steps(self.sums[2:]) + [self._allreduce_step(0, 3)]
             start = [(GRAPH, cap(lambda s: (self._cg1_update(s, True), self._pack(s, self.z, 0))))] + product
             head = cap(lambda s: (self._decide(s), self._cg1_update(s, False), self._pack(s, self.z, 0)))
             iteration = [(GRAPH, head)] + product
@@ -286,7 +306,9 @@ class DistGPUPCG:
                 continue
             if events is not None:
                 events[used].record(s)
-            if kind == HALO_WAIT:
+            if kind == HALO:
+                self.nccl.exchange(self._transfers, s)
+            elif kind == HALO_WAIT:
                 s.wait_event(self.ev_halo)
             else:
                 self.nccl.allreduce(step[1], step[2], step[3], s)
@@ -303,7 +325,7 @@ class DistGPUPCG:
         """Halo of ``v`` into self.halo (outside the iteration: residuals)."""
         s = self.stream
         self._pack(s, v, 0)
-        self._run_steps([(HALO_START,), (HALO_WAIT,)])
+        self._run_steps([(HALO,)])
 
     def _residual(self, x, out):
         """out = b - A x over the owned rows."""
