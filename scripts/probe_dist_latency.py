@@ -50,6 +50,18 @@ def per_call(enqueue, stream, count):
     return (time.perf_counter() - t0) / count * 1e6, host / count * 1e6
 
 
+def report_floor(impl, comm, size, calls, say):
+    """Print what one NCCL allreduce, one halo exchange and one graph launch cost (rank 0)."""
+    s, c = impl.stream, impl.comm_stream
+    floors = [("NCCL allreduce (3 doubles)", lambda: impl.nccl.allreduce(impl.sums, impl.reduced, 3, s), s),
+              (f"NCCL halo exchange ({int(np.sum(comm.allgather(impl.nsend))):,} values over all ranks)",
+               lambda: impl.nccl.exchange(impl._transfers, c), c),
+              ("graph launch (one small kernel)", lambda: impl._graphs[2].launch(s), s)]
+    for name, enqueue, stream in floors:
+        device_us, host_us = per_call(enqueue, stream, calls)
+        say(f"{size}^3 {name}: {device_us:6.1f} us/call on the GPU, host {host_us:5.1f} us/call", flush=True)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", type=int, nargs="+", default=[64])
@@ -83,19 +95,7 @@ def main(argv=None):
                     f"{res.loop_time / its * 1e6:7.1f} us/it, host enqueue {spent[0] / its * 1e6:6.1f} us/it, "
                     f"compute {res.compute_time / its * 1e6:6.1f}, comm {res.communication_time / its * 1e6:6.1f}",
                     flush=True)
-            s, c = impl.stream, impl.comm_stream
-            reduce = lambda: impl.nccl.allreduce(impl.sums, impl.reduced, 3, s)  # noqa: E731
-            gpu, host = per_call(reduce, s, args.calls)
-            say(f"{size}^3 NCCL allreduce (3 doubles): {gpu:6.1f} us/call on the GPU, host {host:5.1f} us/call")
-            exchange = lambda: impl.nccl.exchange(impl._transfers, c)  # noqa: E731
-            gpu, host = per_call(exchange, c, args.calls)
-            halo = int(np.sum(comm.allgather(impl.nsend)))
-            say(f"{size}^3 NCCL halo exchange ({halo:,} values over all ranks): {gpu:6.1f} us/call on the GPU, "
-                f"host {host:5.1f} us/call", flush=True)
-            gpu, host = per_call(lambda: impl._graphs[2].launch(s), s, args.calls)
-            say(f"{size}^3 graph launch (one small kernel): {gpu:6.1f} us/call on the GPU, host {host:5.1f} us/call",
-                flush=True)
-            del solver, impl
+            report_floor(impl, comm, size, args.calls, say)
     return 0
 
 
