@@ -6,28 +6,36 @@
 // allreduced values, identical on every rank, so every rank stops at the same iteration.
 //
 // pcg_spmv_dot decides on its own from the local p.Ap it computes; it therefore runs on a *shadow*
-// State (`sh`) that dist_pack refreshes from the global one (`st`) before every product, and its
-// local decision is ignored. `pending` is set when new partial sums have been produced and cleared by
+// State (`sh`) that dist_pack or dist_halo_direction refreshes from the global one (`st`) before
+// every product, and its local decision is ignored. `pending` is set when new partial sums have been produced and cleared by
 // the decide kernel, so a decide launched twice on the same sums (once at the end of a block of
 // iterations, once at the head of the next) acts once.
 
-// out[k] = z[idx[k]] + beta p_old[idx[k]] (the entries of the next direction neighbours need; just
-// z[idx[k]] when `direction` is 0); the shadow state takes st's status and the direction's beta and
-// parity (0 and 0 without direction: pcg_spmv_dot then multiplies z itself, writing a copy to p1).
+// out[k] = v[idx[k]]: the entries of v that neighbours need. The shadow state takes st's status with
+// beta 0 and parity 0, so a pcg_spmv_dot that follows multiplies v itself (writing a copy to p1).
 extern "C" __global__ void __launch_bounds__(BLOCK)
-dist_pack(const real_t* __restrict__ z, const real_t* p0, const real_t* p1, const int* __restrict__ idx,
-          real_t* __restrict__ out, const State* st, State* sh, int direction, int m) {
-    const double beta = direction ? st->beta : 0.0;
-    const int parity = direction ? st->parity : 0;
-    const real_t* p_old = parity ? p1 : p0;
-    for (int k = blockIdx.x * BLOCK + threadIdx.x; k < m; k += gridDim.x * BLOCK) {
-        const int j = idx[k];
-        out[k] = direction ? fma((real_t)beta, p_old[j], z[j]) : z[j];
-    }
+dist_pack(const real_t* __restrict__ v, const int* __restrict__ idx, real_t* __restrict__ out, const State* st,
+          State* sh, int m) {
+    for (int k = blockIdx.x * BLOCK + threadIdx.x; k < m; k += gridDim.x * BLOCK) out[k] = v[idx[k]];
     if (blockIdx.x == 0 && threadIdx.x == 0) {
         sh->status = st->status;
-        sh->beta = beta;
-        sh->parity = parity;
+        sh->beta = 0.0;
+        sh->parity = 0;
+    }
+}
+
+// Classic PCG's direction on the halo: hp = hz + beta hp with the decided beta, the same fma by which
+// the owning rank forms its p (direction_product), so hp holds the owner's new p bit for bit and
+// only z crosses the network (sent in the same NCCL group as the r.z allreduce). The shadow state
+// takes st's status, beta and parity for the pcg_spmv_dot that follows.
+extern "C" __global__ void __launch_bounds__(BLOCK)
+dist_halo_direction(const real_t* __restrict__ hz, real_t* __restrict__ hp, const State* st, State* sh, int m) {
+    const real_t beta = (real_t)st->beta;
+    for (int k = blockIdx.x * BLOCK + threadIdx.x; k < m; k += gridDim.x * BLOCK) hp[k] = fma(beta, hp[k], hz[k]);
+    if (blockIdx.x == 0 && threadIdx.x == 0) {
+        sh->status = st->status;
+        sh->beta = st->beta;
+        sh->parity = st->parity;
     }
 }
 

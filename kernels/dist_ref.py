@@ -21,15 +21,19 @@ def _ptr(a):
     return a if isinstance(a, np.ndarray) else None
 
 
-def dist_pack(z, p0, p1, idx, out, st, sh, direction, m):
-    """out = z[idx] + beta p_old[idx] (or z[idx] without direction); sh takes st's status and the
-    direction's beta and parity."""
+def dist_pack(v, idx, out, st, sh, m):
+    """out = v[idx]; sh takes st's status with beta 0 and parity 0."""
     st, sh = state(st), state(sh)
-    beta = float(st["beta"][0]) if direction else 0.0
-    parity = int(st["parity"][0]) if direction else 0
-    p_old = p1 if parity else p0
-    out[:m] = z[idx[:m]] + beta * p_old[idx[:m]] if direction else z[idx[:m]]
-    sh["status"], sh["beta"], sh["parity"] = st["status"], beta, parity
+    out[:m] = v[idx[:m]]
+    sh["status"], sh["beta"], sh["parity"] = st["status"], 0.0, 0
+
+
+def dist_halo_direction(hz, hp, st, sh, m):
+    """hp = hz + beta hp (classic direction on the halo); sh takes st's status, beta and parity."""
+    st, sh = state(st), state(sh)
+    beta = float(st["beta"][0])
+    hp[:m] = hz[:m] + beta * hp[:m]
+    sh["status"], sh["beta"], sh["parity"] = st["status"], beta, st["parity"]
 
 
 def dist_halo_spmv(hptr, hcol, hval, rows, h, y, sign, p0, p1, st, sh, partials, out, nb):

@@ -68,24 +68,22 @@ def main(argv=None):
     ap.add_argument("--iterations", type=int, default=640)
     ap.add_argument("--check-every", type=int, default=32)
     ap.add_argument("--calls", type=int, default=2000, help="back-to-back NCCL calls timed")
-    ap.add_argument("--overlap", nargs="+", default=["auto"], choices=("auto", "on", "off"),
-                    help="halo exchange overlapped with the interior product (auto: the solver's rule)")
+    ap.add_argument("--overlap", nargs="+", default=["off"], choices=("on", "off"),
+                    help="single-reduction: halo exchange overlapped with the interior product")
     ap.add_argument("--product-waves", type=int, nargs="+", default=[gpu.PRODUCT_WAVES],
-                    help="one-wave grids per interior product")
+                    help="one-wave grids per interior product, when overlapped")
     args = ap.parse_args(argv)
-    rule = gpu.overlaps_halo
     comm = world()
     say = print if comm.Get_rank() == 0 else (lambda *a, **k: None)
     with abort_on_error(comm):
         for size in args.sizes:
             p = poisson_distributed(comm, (size,) * 3)
-            settings = [(v, o, w) for v in ("classic", "single-reduction") for o in args.overlap
-                        for w in args.product_waves]
+            settings = [("classic", False, 1)] + [("single-reduction", o == "on", w) for o in args.overlap
+                                                  for w in (args.product_waves if o == "on" else [1])]
             for variant, overlap, waves in settings:
-                gpu.overlaps_halo = rule if overlap == "auto" else (lambda rows, on=overlap == "on": on)
                 gpu.PRODUCT_WAVES = waves
                 solver = DistributedPCG(p.rows, p.bounds, comm, device="gpu", variant=variant, rtol=0.0,
-                                        check_every=args.check_every)
+                                        check_every=args.check_every, overlap_halo=overlap)
                 impl = solver._impl
                 solver.solve(p.b, maxiter=64)
                 spent = enqueue_timer(impl)

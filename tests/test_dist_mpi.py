@@ -230,6 +230,10 @@ class _HostNccl:
     def transfers(self, plan, sendbuf, halo):
         return plan, sendbuf, halo
 
+    def allreduce_and_exchange(self, send, recv, count, transfers, stream):
+        self.allreduce(send, recv, count, stream)
+        self.exchange(transfers, stream)
+
     def exchange(self, transfers, stream):
         from solvers.dist.comm import HostComm
         plan, sendbuf, halo = transfers
@@ -266,9 +270,9 @@ def _host_kernels(defines):
     def residual(rowptr, col, val, x, b, out, n):
         out[:n] = pcg_ref.matrix_residual(_product(rowptr, col, val, n, defines), x[:n], b[:n])
 
-    table = {name: getattr(ref, name, None) for name in ("dist_pack", "dist_halo_spmv", "dist_update", "dist_start",
-                                                         "dist_decide", "dist_cg1_update", "dist_cg1_start",
-                                                         "dist_cg1_decide")}
+    table = {name: getattr(ref, name) for name in ("dist_pack", "dist_halo_direction", "dist_halo_spmv", "dist_update",
+                                                   "dist_start", "dist_decide", "dist_cg1_update", "dist_cg1_start",
+                                                   "dist_cg1_decide")}
     table.update(pcg_spmv_dot=spmv_dot, matrix_residual=residual)
 
     def launcher(fn):
@@ -313,19 +317,19 @@ def _host_driver():
     return HostDriver
 
 
-@pytest.mark.parametrize("overlap", [False, True], ids=["in-line halo", "overlapped halo"])
-@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("variant, overlap", [("classic", False), ("single-reduction", False),
+                                              ("single-reduction", True)])
 @pytest.mark.parametrize("matrix", ["poisson3d", "lap2D"])
 def test_gpu_driver_logic_on_host(monkeypatch, variant, matrix, overlap):
     import solvers.dist.gpu as gpu
-    monkeypatch.setattr(gpu, "overlaps_halo", lambda rows: overlap)
     driver = _host_driver()
     monkeypatch.setattr(gpu, "DistGPUPCG", driver)
     monkeypatch.setattr(DistributedPCG, "_choose_device", lambda self, device: ("gpu", None))
     p, A, b = problem_pair(matrix, (9, 8, 7))
     ref = PCG(A, rtol=1e-9, device="cpu", record_history=True).solve(b)
     solver = DistributedPCG(p.rows, p.bounds, COMM, rtol=1e-9, device="gpu", variant=variant,
-                            record_history=True, check_every=5)
+                            record_history=True, check_every=5, overlap_halo=overlap)
+    assert solver._impl.overlap is overlap
     res = solver.solve(p.b)
     assert res.device == "gpu" and res.converged and res.iterations == ref.iterations
     lo, hi = p.bounds[COMM.rank], p.bounds[COMM.rank + 1]

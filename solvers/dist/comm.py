@@ -183,9 +183,16 @@ class DeviceComm:
 
     def exchange(self, transfers, stream):
         """Grouped NCCL send/receive of the ``transfers`` on ``stream``."""
+        self.allreduce_and_exchange(None, None, 0, transfers, stream)
+
+    def allreduce_and_exchange(self, send, recv, count, transfers, stream):
+        """:meth:`allreduce` (skipped when ``count`` is 0) and the ``transfers`` in one NCCL group:
+        one launch, so the two latencies overlap instead of adding up."""
         sends, receives = transfers
         self._nccl.groupStart()
         try:
+            if count:
+                self.allreduce(send, recv, count, stream)
             for ptr, count, dtype, peer in sends:
                 self.comm.send(ptr, count, dtype, peer, stream.ptr)
             for ptr, count, dtype, peer in receives:

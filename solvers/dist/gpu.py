@@ -29,21 +29,13 @@ from ..pcg.result import Reason
 from .comm import DeviceComm, agree
 
 # Step kinds of an iteration (see DistGPUPCG._run_steps).
-GRAPH, HALO, HALO_START, HALO_WAIT, ALLREDUCE = range(5)
-# The interior product runs in blocks of this many one-wave grids: when it overlaps the halo
-# exchange, NCCL's kernel then finds a free slot as soon as the first small blocks finish
-# instead of queueing behind a grid that holds every slot until the product ends.
+GRAPH, HALO, HALO_START, HALO_WAIT, ALLREDUCE, ALLREDUCE_HALO = range(6)
+# With the overlapped exchange, the interior product runs in this many one-wave grids' worth of
+# blocks, so NCCL's kernel finds a free slot as soon as the first small blocks finish instead of
+# queueing behind a grid that holds every slot until the product ends.
 PRODUCT_WAVES = 16
-# Below this many owned rows the interior product is shorter than the cross-stream hand-off that
-# would hide the exchange behind it: the exchange then runs in line on the main stream.
-OVERLAP_MIN_ROWS = 1 << 18
-
-
-def overlaps_halo(rows):
-    """Whether a rank owning ``rows`` rows overlaps the halo exchange with its interior product."""
-    return rows >= OVERLAP_MIN_ROWS
-KERNELS = ("pcg_spmv_dot", "matrix_residual", "dist_pack", "dist_halo_spmv", "dist_update", "dist_start",
-           "dist_decide", "dist_cg1_update", "dist_cg1_start", "dist_cg1_decide")
+KERNELS = ("pcg_spmv_dot", "matrix_residual", "dist_pack", "dist_halo_direction", "dist_halo_spmv", "dist_update",
+           "dist_start", "dist_decide", "dist_cg1_update", "dist_cg1_start", "dist_cg1_decide")
 
 
 def _local_layout(M):
@@ -104,17 +96,22 @@ class DistGPUPCG:
     dtype : dtype
     check_every : int
         Iterations enqueued between two reads of the device status.
+    overlap_halo : bool
+        Single-reduction only: exchange the halo on a second stream while the
+        interior product runs (the classic variant sends its halo in the NCCL
+        group of its r.z allreduce instead).
     """
 
     device = "gpu"
     mode = "graph segments + NCCL"
     loop_time = 0.0  # seconds of the last solve's iterations (first launch to last status read)
 
-    def __init__(self, matrix, inverse_diagonal, comm, variant, dtype, check_every):
+    def __init__(self, matrix, inverse_diagonal, comm, variant, dtype, check_every, overlap_halo=False):
         self.cupy = self._backend()
         self.comm = comm
         self.matrix = matrix
         self.variant = variant
+        self.overlap = bool(overlap_halo) and variant == "single-reduction"
         self.dtype = np.dtype(dtype)
         self.check_every = int(check_every)
         self.communication_time = 0.0
@@ -171,6 +168,8 @@ class DistGPUPCG:
         self.nb, self.nsend = int(m.boundary_rows.size), m.plan.send_size
         self.sendbuf = cupy.zeros(self.nsend, dtype=dt)
         self.halo = cupy.zeros(m.plan.halo_size, dtype=dt)
+        # classic: the halo's copy of the direction p, updated from the received z (dist_halo_direction)
+        self.halo_p = cupy.zeros(m.plan.halo_size, dtype=dt) if self.variant == "classic" else None
 
         self.k = self._kernels(defines)
         rows_per_block = BLOCK // int(dict(defines).get("SUBWARP", 1))
@@ -179,10 +178,11 @@ class DistGPUPCG:
             return int(max(1, min(-(-items // per_block), self._resident_blocks(self.k[kernel]))))
 
         update = "dist_update" if self.variant == "classic" else "dist_cg1_update"
-        self.overlap = overlaps_halo(n)
-        self.grid_spmv = min(-(-n // rows_per_block), PRODUCT_WAVES * grid("pcg_spmv_dot", n, rows_per_block))
+        waves = PRODUCT_WAVES if self.overlap else 1
+        self.grid_spmv = min(-(-n // rows_per_block), waves * grid("pcg_spmv_dot", n, rows_per_block))
         self.grid_vec = grid(update, n, BLOCK)
         self.grid_halo, self.grid_pack = grid("dist_halo_spmv", self.nb, BLOCK), grid("dist_pack", self.nsend, BLOCK)
+        self.grid_halo_p = grid("dist_halo_direction", m.plan.halo_size, BLOCK)
 
         zeros = lambda: cupy.zeros(n, dtype=dt)  # noqa: E731
         # classic: z, q = A p, p0/p1 the double-buffered direction; single-reduction: z holds
@@ -208,10 +208,15 @@ class DistGPUPCG:
         cupy.cuda.Device().synchronize()
 
     # -- kernels ----------------------------------------------------------------
-    def _pack(self, s, v, direction):
+    def _pack(self, s, v):
         self.k["dist_pack"]((self.grid_pack,), (BLOCK,),
-                            (v, self.p0, self.p1, self.send_index, self.sendbuf, self.state, self.shadow,
-                             np.int32(direction), np.int32(self.nsend)), stream=s)
+                            (v, self.send_index, self.sendbuf, self.state, self.shadow, np.int32(self.nsend)),
+                            stream=s)
+
+    def _halo_direction(self, s):
+        self.k["dist_halo_direction"]((self.grid_halo_p,), (BLOCK,),
+                                      (self.halo, self.halo_p, self.state, self.shadow,
+                                       np.int32(self.halo.size)), stream=s)
 
     def _local_product(self, s, v):
         """q = A_local (v + beta p_old) with its dot into the shadow state (pcg.cu's kernel)."""
@@ -219,9 +224,9 @@ class DistGPUPCG:
                                (self.rowptr, self.col, self.val, v, self.p0, self.p1, self.q, self.shadow,
                                 self.partials, np.int32(self.n)), stream=s)
 
-    def _halo_product(self, s, y, sign, out):
+    def _halo_product(self, s, h, y, sign, out):
         self.k["dist_halo_spmv"]((self.grid_halo,), (BLOCK,),
-                                 (self.hptr, self.hcol, self.hval, self.brows, self.halo, y,
+                                 (self.hptr, self.hcol, self.hval, self.brows, h, y,
                                   self.dtype.type(sign), self.p0, self.p1, self.state, self.shadow,
                                   self.partials, out, np.int32(self.nb)), stream=s)
 
@@ -252,35 +257,35 @@ class DistGPUPCG:
             graph = s.end_capture()
         return graph
 
-    def _allreduce_step(self, lo, hi):
-        """Step summing sums[lo:hi] over ranks into reduced[lo:hi] (views made once)."""
-        return ALLREDUCE, self.sums[lo:hi], self.reduced[lo:hi], hi - lo
-
-    def _product_steps(self, dot_out):
-        """Steps of q = A (z + beta p_old): halo exchange, owned-column and halo-column products."""
-        cap = self._capture
-        local = lambda s: self._local_product(s, self.z)  # noqa: E731
-        boundary = lambda s: self._halo_product(s, self.q, 1, dot_out)  # noqa: E731
-        if self.overlap:
-            return [(HALO_START,), (GRAPH, cap(local)), (HALO_WAIT,), (GRAPH, cap(boundary))]
-        return [(HALO,), (GRAPH, cap(lambda s: (local(s), boundary(s))))]
-
     def _build_steps(self):
-        """Capture the graph segments; return (start steps, iteration steps, decide graph)."""
+        """Capture the graph segments; return (start steps, iteration steps, decide graph).
+
+        Classic: ``[decide, halo direction, product] allreduce(p.q) [update, pack z]
+        allreduce(r.z, r.r) + halo of z`` (two NCCL launches an iteration).
+        Single-reduction: ``[decide, update, pack u] halo of u [product] allreduce(r.r, r.u, w.u)``,
+        the exchange in line or overlapping the interior product.
+        """
         cap = self._capture
         decide = cap(self._decide)
+        local = lambda s: self._local_product(s, self.z)  # noqa: E731
         if self.variant == "classic":
-            start = [(GRAPH, cap(lambda s: self._classic_update(s, True))), self._allreduce_step(1, 3)]
-            head = cap(lambda s: (self._decide(s), self._pack(s, self.z, 1)))
-            iteration = ([(GRAPH, head)] + self._product_steps(self.sums[0:])
-                         + [self._allreduce_step(0, 1), (GRAPH, cap(lambda s: self._classic_update(s, False))),
-                            self._allreduce_step(1, 3)])
+            reduce_rz = (ALLREDUCE_HALO, self.sums[1:3], self.reduced[1:3], 2)
+            start = [(GRAPH, cap(lambda s: (self._classic_update(s, True), self._pack(s, self.z)))), reduce_rz]
+            product = cap(lambda s: (self._decide(s), self._halo_direction(s), local(s),
+                                     self._halo_product(s, self.halo_p, self.q, 1, self.sums[0:])))
+            update = cap(lambda s: (self._classic_update(s, False), self._pack(s, self.z)))
+            iteration = [(GRAPH, product), (ALLREDUCE, self.sums[0:1], self.reduced[0:1], 1), (GRAPH, update),
+                         reduce_rz]
+            return start, iteration, decide
+        boundary = lambda s: self._halo_product(s, self.halo, self.q, 1, self.sums[2:])  # noqa: E731
+        if self.overlap:
+            product = [(HALO_START,), (GRAPH, cap(local)), (HALO_WAIT,), (GRAPH, cap(boundary))]
         else:
-            product = self._product_steps(self.sums[2:]) + [self._allreduce_step(0, 3)]
-            start = [(GRAPH, cap(lambda s: (self._cg1_update(s, True), self._pack(s, self.z, 0))))] + product
-            head = cap(lambda s: (self._decide(s), self._cg1_update(s, False), self._pack(s, self.z, 0)))
-            iteration = [(GRAPH, head)] + product
-        return start, iteration, decide
+            product = [(HALO,), (GRAPH, cap(lambda s: (local(s), boundary(s))))]
+        product.append((ALLREDUCE, self.sums, self.reduced, 3))
+        start = [(GRAPH, cap(lambda s: (self._cg1_update(s, True), self._pack(s, self.z))))] + product
+        head = cap(lambda s: (self._decide(s), self._cg1_update(s, False), self._pack(s, self.z)))
+        return start, [(GRAPH, head)] + product, decide
 
     def _run_steps(self, steps, events=None):
         """Enqueue ``steps``; with ``events``, time each communication step on the main stream.
@@ -310,8 +315,10 @@ class DistGPUPCG:
                 self.nccl.exchange(self._transfers, s)
             elif kind == HALO_WAIT:
                 s.wait_event(self.ev_halo)
+            elif kind == ALLREDUCE:
+                self.nccl.allreduce(*step[1:], s)
             else:
-                self.nccl.allreduce(step[1], step[2], step[3], s)
+                self.nccl.allreduce_and_exchange(*step[1:], self._transfers, s)
             if events is not None:
                 events[used + 1].record(s)
                 used += 2
@@ -324,7 +331,7 @@ class DistGPUPCG:
     def _exchange(self, v):
         """Halo of ``v`` into self.halo (outside the iteration: residuals)."""
         s = self.stream
-        self._pack(s, v, 0)
+        self._pack(s, v)
         self._run_steps([(HALO,)])
 
     def _residual(self, x, out):
@@ -333,7 +340,7 @@ class DistGPUPCG:
         self.k["matrix_residual"]((self.grid_spmv,), (BLOCK,),
                                (self.rowptr, self.col, self.val, x, self.b, out, np.int32(self.n)),
                                stream=self.stream)
-        self._halo_product(self.stream, out, -1, np.uint64(0))
+        self._halo_product(self.stream, self.halo, out, -1, np.uint64(0))
 
     def _global_dot(self, u, v):
         with self.stream:
@@ -351,8 +358,9 @@ class DistGPUPCG:
         self.state.set(st.view(np.uint8), stream=self.stream)
         self.shadow.fill(0)
         self.pending.fill(0)
-        for v in (self.p0, self.p1) + ((self.p, self.s) if self.p is not None else ()):
-            v.fill(0)
+        for v in (self.p0, self.p1, self.p, self.s, self.halo_p):
+            if v is not None:
+                v.fill(0)
 
     def _ensure_history(self, maxiter, record_history):
         wanted = record_history and (self.history is None or self.history.size < maxiter + 1)
