@@ -164,7 +164,7 @@ def main():
     stamp = datetime.datetime.now(datetime.timezone.utc)
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    name = f"bench_dist_{stamp:%Y-%m-%d}_{'weak' if args.weak else 'strong'}_{'-'.join(map(str, args.gpus))}gpu"
+    name = f"bench_dist_{stamp:%Y-%m-%d_%H%M}_{'weak' if args.weak else 'strong'}_{'-'.join(map(str, args.gpus))}gpu"
     rows = []
     for gpus, size in jobs:
         rows += run_job(gpus, size, args)
