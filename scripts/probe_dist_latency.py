@@ -93,6 +93,8 @@ def main(argv=None):
                     f"{res.loop_time / its * 1e6:7.1f} us/it, host enqueue {spent[0] / its * 1e6:6.1f} us/it, "
                     f"compute {res.compute_time / its * 1e6:6.1f}, comm {res.communication_time / its * 1e6:6.1f}",
                     flush=True)
+                say("    last timed iteration, us per step (compute, communication, ...): "
+                    + " ".join(f"{ms * 1e3:.1f}" for ms in impl.step_times), flush=True)
             report_floor(impl, comm, size, args.calls, say)
     return 0
 

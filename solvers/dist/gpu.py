@@ -105,6 +105,8 @@ class DistGPUPCG:
     device = "gpu"
     mode = "graph segments + NCCL"
     loop_time = 0.0  # seconds of the last solve's iterations (first launch to last status read)
+    # ms of the last timed iteration, step by step: compute, communication, compute, ...
+    step_times = ()
 
     def __init__(self, matrix, inverse_diagonal, comm, variant, dtype, check_every, overlap_halo=False):
         self.cupy = self._backend()
@@ -408,6 +410,7 @@ class DistGPUPCG:
             decide.launch(self.stream)
             st = self._status()  # synchronises: one host read per check_every iterations
             ms = [cupy.cuda.get_elapsed_time(events[j], events[j + 1]) for j in range(used - 1)]
+            self.step_times = ms
             sampled_total += sum(ms)
             sampled_comm += sum(ms[1::2])
             if int(st["status"]) != RUNNING:
