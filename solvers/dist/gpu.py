@@ -105,7 +105,7 @@ class DistGPUPCG:
     device = "gpu"
     mode = "graph segments + NCCL"
     loop_time = 0.0  # seconds of the last solve's iterations (first launch to last status read)
-    # ms of the last timed iteration, step by step: compute, communication, compute, ...
+    # ms of the last timed iteration that ran in full, step by step: compute, communication, ...
     step_times = ()
 
     def __init__(self, matrix, inverse_diagonal, comm, variant, dtype, check_every, overlap_halo=False):
@@ -410,11 +410,11 @@ class DistGPUPCG:
             decide.launch(self.stream)
             st = self._status()  # synchronises: one host read per check_every iterations
             ms = [cupy.cuda.get_elapsed_time(events[j], events[j + 1]) for j in range(used - 1)]
-            self.step_times = ms
             sampled_total += sum(ms)
             sampled_comm += sum(ms[1::2])
             if int(st["status"]) != RUNNING:
                 break
+            self.step_times = ms  # a full iteration: the solve was still running after it
         self.loop_time = time.perf_counter() - t0
         if sampled_total > 0:
             self.communication_time += self.loop_time * sampled_comm / sampled_total
