@@ -2,10 +2,12 @@
 
 NCCL calls cannot live in a graph with a conditional node, so an iteration is
 a short list of *steps*: plain captured graphs (local kernels on fixed
-buffers), the halo exchange (grouped NCCL send/recv; for ranks with enough rows
-on a second stream, so it overlaps the product with the locally owned columns)
-and allreduces of the partial inner products. The host enqueues ``check_every`` iterations, then
-reads the device status once: no host synchronisation per iteration. Each
+buffers), the halo exchange (grouped NCCL send/recv: for classic PCG in the same
+group as an allreduce; for single-reduction in line, or on a second stream
+overlapping the product with the owned columns) and allreduces of the partial
+inner products (see ``_build_steps``). The host enqueues ``check_every``
+iterations, then reads the device status once: no host synchronisation per
+iteration. Each
 rank's decide kernel works on the same allreduced numbers, so all ranks stop
 at the same iteration and leave the host loop together.
 
