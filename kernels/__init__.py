@@ -88,12 +88,7 @@ def resident_blocks(kernel, block):
 def cooperative(kernel, block):
     """Launcher and grid limit for a kernel whose blocks wait for each other (grid barriers).
 
-    Parameters
-    ----------
-    kernel : cupy.RawKernel
-        A function fetched from a :func:`module`.
-    block : int
-        Threads per block.
+    ``kernel`` and ``block`` are as for :func:`resident_blocks`.
 
     Returns
     -------
