@@ -13,9 +13,10 @@ from .cpu import VARIANTS
 from .partition import split_rows
 
 
-# Rows per rank from which the classic variant is the faster one. On two H200s (3D Poisson):
-# single-reduction wins at 131k and 1M rows per rank (one NCCL allreduce fewer on the critical
-# path), classic at 8.4M (single-reduction streams more vectors, which then costs more).
+# Rows per rank from which the classic variant is the faster one. On two H200s (3D Poisson, us per
+# iteration): single-reduction won at 131k rows per rank (42.1 against 44.8) and at 1M (114 against
+# 116, measured before classic sent its halo with an allreduce); classic at 8.4M (450 against 516:
+# single-reduction streams more vectors, which costs more than its shorter NCCL steps save).
 CLASSIC_MIN_ROWS_PER_RANK = 1 << 22
 
 
