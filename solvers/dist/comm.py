@@ -193,9 +193,9 @@ class DeviceComm:
         try:
             if count:
                 self.allreduce(send, recv, count, stream)
-            for ptr, count, dtype, peer in sends:
-                self.comm.send(ptr, count, dtype, peer, stream.ptr)
-            for ptr, count, dtype, peer in receives:
-                self.comm.recv(ptr, count, dtype, peer, stream.ptr)
+            for ptr, size, dtype, peer in sends:
+                self.comm.send(ptr, size, dtype, peer, stream.ptr)
+            for ptr, size, dtype, peer in receives:
+                self.comm.recv(ptr, size, dtype, peer, stream.ptr)
         finally:
             self._nccl.groupEnd()
