@@ -6,8 +6,8 @@
 // allreduced values, identical on every rank, so every rank stops at the same iteration.
 //
 // pcg_spmv_dot decides on its own from the local p.Ap it computes; it therefore runs on a *shadow*
-// State (`sh`) that dist_pack or dist_halo_direction refreshes from the global one (`st`) before
-// every product, and its local decision is ignored. `pending` is set when new partial sums have been produced and cleared by
+// State (`sh`) that dist_pack or dist_decide refreshes from the global one (`st`) before every
+// product, and its local decision is ignored. `pending` is set when new partial sums have been produced and cleared by
 // the decide kernel, so a decide launched twice on the same sums (once at the end of a block of
 // iterations, once at the head of the next) acts once.
 
@@ -26,17 +26,11 @@ dist_pack(const real_t* __restrict__ v, const int* __restrict__ idx, real_t* __r
 
 // Classic PCG's direction on the halo: hp = hz + beta hp with the decided beta, the same fma by which
 // the owning rank forms its p (direction_product), so hp holds the owner's new p bit for bit and
-// only z crosses the network (sent in the same NCCL group as the r.z allreduce). The shadow state
-// takes st's status, beta and parity for the pcg_spmv_dot that follows.
+// only z crosses the network (its exchange overlaps the r.z allreduce).
 extern "C" __global__ void __launch_bounds__(BLOCK)
-dist_halo_direction(const real_t* __restrict__ hz, real_t* __restrict__ hp, const State* st, State* sh, int m) {
+dist_halo_direction(const real_t* __restrict__ hz, real_t* __restrict__ hp, const State* st, int m) {
     const real_t beta = (real_t)st->beta;
     for (int k = blockIdx.x * BLOCK + threadIdx.x; k < m; k += gridDim.x * BLOCK) hp[k] = fma(beta, hp[k], hz[k]);
-    if (blockIdx.x == 0 && threadIdx.x == 0) {
-        sh->status = st->status;
-        sh->beta = st->beta;
-        sh->parity = st->parity;
-    }
 }
 
 // y[rows[i]] += sign * (H h)_i over the boundary rows (H: their halo columns in CSR, h: the halo
@@ -116,14 +110,20 @@ dist_start(real_t* x, real_t* r, const real_t* q, const real_t* p0, const real_t
 }
 
 // Classic PCG decision from reduced = [pq, rz_new, rr]; the first call after a reset
-// (st->iteration == -1) is the set-up pass; pcg.cu's update_decision, as on one GPU.
-extern "C" __global__ void dist_decide(State* st, const double* reduced, int* pending, double* history) {
-    if (threadIdx.x || blockIdx.x || st->status != RUNNING || !*pending) return;
-    *pending = 0;
-    const bool start = st->iteration < 0;
-    const int it = st->iteration + 1;
-    const double rnorm = sqrt(reduced[2]);
-    record_decision(st, it, rnorm, update_decision(st, start, it, reduced[1], rnorm), history, nullptr, 0);
+// (st->iteration == -1) is the set-up pass; pcg.cu's update_decision, as on one GPU. The shadow
+// state then takes st's status, beta and parity for the pcg_spmv_dot that follows.
+extern "C" __global__ void dist_decide(State* st, State* sh, const double* reduced, int* pending, double* history) {
+    if (threadIdx.x || blockIdx.x) return;
+    if (st->status == RUNNING && *pending) {
+        *pending = 0;
+        const bool start = st->iteration < 0;
+        const int it = st->iteration + 1;
+        const double rnorm = sqrt(reduced[2]);
+        record_decision(st, it, rnorm, update_decision(st, start, it, reduced[1], rnorm), history, nullptr, 0);
+    }
+    sh->status = st->status;
+    sh->beta = st->beta;
+    sh->parity = st->parity;
 }
 
 // Chronopoulos-Gear PCG. START: u = M^-1 r. Otherwise, with alpha and beta from st:

@@ -28,12 +28,9 @@ def dist_pack(v, idx, out, st, sh, m):
     sh["status"], sh["beta"], sh["parity"] = st["status"], 0.0, 0
 
 
-def dist_halo_direction(hz, hp, st, sh, m):
-    """hp = hz + beta hp (classic direction on the halo); sh takes st's status, beta and parity."""
-    st, sh = state(st), state(sh)
-    beta = float(st["beta"][0])
-    hp[:m] = hz[:m] + beta * hp[:m]
-    sh["status"], sh["beta"], sh["parity"] = st["status"], beta, st["parity"]
+def dist_halo_direction(hz, hp, st, m):
+    """hp = hz + beta hp (classic direction on the halo)."""
+    hp[:m] = hz[:m] + float(state(st)["beta"][0]) * hp[:m]
 
 
 def dist_halo_spmv(hptr, hcol, hval, rows, h, y, sign, p0, p1, st, sh, partials, out, nb):
@@ -86,11 +83,16 @@ def _decide(st, history, it, rnorm, status):
         history[it] = rnorm
 
 
-def dist_decide(st, reduced, pending, history):
-    """Classic decision from reduced = [pq, rz_new, rr] (iteration -1: the set-up pass)."""
-    st = state(st)
-    if st["status"][0] != RUNNING or not pending[0]:
-        return
+def dist_decide(st, sh, reduced, pending, history):
+    """Classic decision from reduced = [pq, rz_new, rr] (iteration -1: the set-up pass);
+    then sh takes st's status, beta and parity."""
+    st, sh = state(st), state(sh)
+    if st["status"][0] == RUNNING and pending[0]:
+        _classic_decision(st, reduced, pending, history)
+    sh["status"], sh["beta"], sh["parity"] = st["status"], st["beta"], st["parity"]
+
+
+def _classic_decision(st, reduced, pending, history):
     pending[0] = 0
     start, it = st["iteration"][0] < 0, int(st["iteration"][0]) + 1
     rz_new, rnorm = float(reduced[1]), float(np.sqrt(reduced[2]))

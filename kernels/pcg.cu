@@ -151,7 +151,9 @@ __device__ void direction_decision(State* st, double pq) {
 }
 
 // The classic product on its own, with the last-block reduction (the distributed solver's local part).
-extern "C" __global__ void __launch_bounds__(BLOCK)
+// At least 4 blocks an SM caps it at 64 registers (124 without, 2 blocks an SM): enough rows in
+// flight to stream at bandwidth, as pcg_run's direction_product does at the same cap.
+extern "C" __global__ void __launch_bounds__(BLOCK, 4)
 pcg_spmv_dot(const int* __restrict__ rowptr, const int* __restrict__ col, const real_t* __restrict__ val,
              const real_t* z, real_t* p0, real_t* p1, real_t* q, State* st, double* partials, int n) {
     const State s = *st;  // every field in one round trip, before the branch that needs one

@@ -230,10 +230,6 @@ class _HostNccl:
     def transfers(self, plan, sendbuf, halo):
         return plan, sendbuf, halo
 
-    def allreduce_and_exchange(self, send, recv, count, transfers, stream):
-        self.allreduce(send, recv, count, stream)
-        self.exchange(transfers, stream)
-
     def exchange(self, transfers, stream):
         from solvers.dist.comm import HostComm
         plan, sendbuf, halo = transfers

@@ -154,15 +154,20 @@ class HostComm:
 class DeviceComm:
     """NCCL on device buffers: allreduce of float64 sums and the grouped halo exchange.
 
-    Every call only enqueues work on the given CuPy stream. Created
-    collectively: rank 0 makes the NCCL id and MPI broadcasts it.
+    Every call only enqueues work on the given CuPy stream. Two NCCL
+    communicators join the same ranks, one for the allreduces and one for the
+    halo exchange: operations of one communicator run one after the other, so
+    with two an exchange on one stream runs while an allreduce runs on
+    another. Created collectively: rank 0 makes the NCCL ids and MPI
+    broadcasts them.
     """
 
     def __init__(self, comm):
         from cupy.cuda import nccl
         self._nccl = nccl
-        uid = comm.bcast(nccl.get_unique_id() if comm.Get_rank() == 0 else None, root=0)
-        self.comm = nccl.NcclCommunicator(comm.Get_size(), uid, comm.Get_rank())
+        rank, size = comm.Get_rank(), comm.Get_size()
+        ids = comm.bcast([nccl.get_unique_id() for _ in range(2)] if rank == 0 else None, root=0)
+        self.comm, self.halo_comm = (nccl.NcclCommunicator(size, uid, rank) for uid in ids)
 
     def allreduce(self, send, recv, count, stream):
         """``recv[:count] = sum over ranks of send[:count]`` (CuPy float64 arrays)."""
@@ -182,20 +187,13 @@ class DeviceComm:
                 calls(halo.data.ptr, plan.recv_ranks, plan.recv_offsets))
 
     def exchange(self, transfers, stream):
-        """Grouped NCCL send/receive of the ``transfers`` on ``stream``."""
-        self.allreduce_and_exchange(None, None, 0, transfers, stream)
-
-    def allreduce_and_exchange(self, send, recv, count, transfers, stream):
-        """:meth:`allreduce` (skipped when ``count`` is 0) and the ``transfers`` in one NCCL group:
-        one launch, so the two latencies overlap instead of adding up."""
+        """The ``transfers`` as one NCCL group of sends and receives on ``stream``."""
         sends, receives = transfers
         self._nccl.groupStart()
         try:
-            if count:
-                self.allreduce(send, recv, count, stream)
             for ptr, size, dtype, peer in sends:
-                self.comm.send(ptr, size, dtype, peer, stream.ptr)
+                self.halo_comm.send(ptr, size, dtype, peer, stream.ptr)
             for ptr, size, dtype, peer in receives:
-                self.comm.recv(ptr, size, dtype, peer, stream.ptr)
+                self.halo_comm.recv(ptr, size, dtype, peer, stream.ptr)
         finally:
             self._nccl.groupEnd()

@@ -2,10 +2,10 @@
 
 NCCL calls cannot live in a graph with a conditional node, so an iteration is
 a short list of *steps*: plain captured graphs (local kernels on fixed
-buffers), the halo exchange (grouped NCCL send/recv: for classic PCG in the same
-group as an allreduce; for single-reduction in line, or on a second stream
-overlapping the product with the owned columns) and allreduces of the partial
-inner products (see ``_build_steps``). The host enqueues ``check_every``
+buffers), the halo exchange (grouped NCCL send/recv; for classic PCG on a second
+stream, overlapping its r.z allreduce and the product with the owned columns;
+for single-reduction in line, or optionally overlapping that product) and
+allreduces of the partial inner products (see ``_build_steps``). The host enqueues ``check_every``
 iterations, then reads the device status once: no host synchronisation per
 iteration. Each
 rank's decide kernel works on the same allreduced numbers, so all ranks stop
@@ -31,7 +31,7 @@ from ..pcg.result import Reason
 from .comm import DeviceComm, agree
 
 # Step kinds of an iteration (see DistGPUPCG._run_steps).
-GRAPH, HALO, HALO_START, HALO_WAIT, ALLREDUCE, ALLREDUCE_HALO = range(6)
+GRAPH, HALO, HALO_START, HALO_WAIT, ALLREDUCE = range(5)
 # With the overlapped exchange, the interior product runs in this many one-wave grids' worth of
 # blocks, so NCCL's kernel finds a free slot as soon as the first small blocks finish instead of
 # queueing behind a grid that holds every slot until the product ends.
@@ -100,8 +100,8 @@ class DistGPUPCG:
         Iterations enqueued between two reads of the device status.
     overlap_halo : bool
         Single-reduction only: exchange the halo on a second stream while the
-        interior product runs (the classic variant sends its halo in the NCCL
-        group of its r.z allreduce instead).
+        interior product runs (the classic variant always does, and its
+        exchange also overlaps its r.z allreduce).
     """
 
     device = "gpu"
@@ -219,8 +219,7 @@ class DistGPUPCG:
 
     def _halo_direction(self, s):
         self.k["dist_halo_direction"]((self.grid_halo_p,), (BLOCK,),
-                                      (self.halo, self.halo_p, self.state, self.shadow,
-                                       np.int32(self.halo.size)), stream=s)
+                                      (self.halo, self.halo_p, self.state, np.int32(self.halo.size)), stream=s)
 
     def _local_product(self, s, v):
         """q = A_local (v + beta p_old) with its dot into the shadow state (pcg.cu's kernel)."""
@@ -247,8 +246,12 @@ class DistGPUPCG:
              self.partials, self.sums, self.pending, np.int32(self.n)), stream=s)
 
     def _decide(self, s):
-        name = "dist_decide" if self.variant == "classic" else "dist_cg1_decide"
-        self.k[name]((1,), (32,), (self.state, self.reduced, self.pending, self.history_arg), stream=s)
+        if self.variant == "classic":  # also refreshes the shadow state for the product that follows
+            self.k["dist_decide"]((1,), (32,), (self.state, self.shadow, self.reduced, self.pending,
+                                                self.history_arg), stream=s)
+        else:
+            self.k["dist_cg1_decide"]((1,), (32,), (self.state, self.reduced, self.pending, self.history_arg),
+                                      stream=s)
 
     # -- steps ------------------------------------------------------------------
     def _capture(self, launch):
@@ -264,8 +267,9 @@ class DistGPUPCG:
     def _build_steps(self):
         """Capture the graph segments; return (start steps, iteration steps, decide graph).
 
-        Classic: ``[decide, halo direction, product] allreduce(p.q) [update, pack z]
-        allreduce(r.z, r.r) + halo of z`` (two NCCL launches an iteration).
+        Classic: ``[update, pack z]``, then the halo of z on the second stream while
+        ``allreduce(r.z, r.r) [decide, interior product]`` runs, then ``[halo direction,
+        boundary product] allreduce(p.q)``.
         Single-reduction: ``[decide, update, pack u] halo of u [product] allreduce(r.r, r.u, w.u)``,
         the exchange in line or overlapping the interior product.
         """
@@ -273,13 +277,13 @@ class DistGPUPCG:
         decide = cap(self._decide)
         local = lambda s: self._local_product(s, self.z)  # noqa: E731
         if self.variant == "classic":
-            reduce_rz = (ALLREDUCE_HALO, self.sums[1:3], self.reduced[1:3], 2)
-            start = [(GRAPH, cap(lambda s: (self._classic_update(s, True), self._pack(s, self.z)))), reduce_rz]
-            product = cap(lambda s: (self._decide(s), self._halo_direction(s), local(s),
-                                     self._halo_product(s, self.halo_p, self.q, 1, self.sums[0:])))
+            reduce_rz = [(HALO_START,), (ALLREDUCE, self.sums[1:3], self.reduced[1:3], 2)]
+            start = [(GRAPH, cap(lambda s: (self._classic_update(s, True), self._pack(s, self.z))))] + reduce_rz
+            boundary = cap(lambda s: (self._halo_direction(s),
+                                      self._halo_product(s, self.halo_p, self.q, 1, self.sums[0:])))
             update = cap(lambda s: (self._classic_update(s, False), self._pack(s, self.z)))
-            iteration = [(GRAPH, product), (ALLREDUCE, self.sums[0:1], self.reduced[0:1], 1), (GRAPH, update),
-                         reduce_rz]
+            iteration = [(GRAPH, cap(lambda s: (self._decide(s), local(s)))), (HALO_WAIT,), (GRAPH, boundary),
+                         (ALLREDUCE, self.sums[0:1], self.reduced[0:1], 1), (GRAPH, update)] + reduce_rz
             return start, iteration, decide
         boundary = lambda s: self._halo_product(s, self.halo, self.q, 1, self.sums[2:])  # noqa: E731
         if self.overlap:
@@ -307,7 +311,7 @@ class DistGPUPCG:
             if kind == GRAPH:
                 step[1].launch(s)
                 continue
-            if kind == HALO_START:  # off the main stream: overlaps the local product
+            if kind == HALO_START:  # off the main stream: overlaps what the main stream does next
                 self.ev_packed.record(s)
                 c.wait_event(self.ev_packed)
                 self.nccl.exchange(self._transfers, c)
@@ -319,10 +323,8 @@ class DistGPUPCG:
                 self.nccl.exchange(self._transfers, s)
             elif kind == HALO_WAIT:
                 s.wait_event(self.ev_halo)
-            elif kind == ALLREDUCE:
-                self.nccl.allreduce(*step[1:], s)
             else:
-                self.nccl.allreduce_and_exchange(*step[1:], self._transfers, s)
+                self.nccl.allreduce(*step[1:], s)
             if events is not None:
                 events[used + 1].record(s)
                 used += 2
