@@ -3,8 +3,9 @@
 Each function takes the kernel's arguments in order: arrays stand for device
 pointers (anything else, e.g. ``numpy.uint64(0)``, for a null pointer) and a
 ``State*`` is the raw bytes of ``struct State`` (a uint8 array, laid out as
-``solvers.pcg.gpu.STATE_DTYPE``). A test can therefore run them in place of
-the compiled kernels, under the same host driver.
+``solvers.pcg.gpu.STATE_DTYPE``); the two product kernels take the matrix block
+``A`` in place of their ``(rowptr, col, val)``. A test can therefore run them in
+place of the compiled kernels, under the same host driver.
 """
 import numpy as np
 
@@ -21,32 +22,27 @@ def _ptr(a):
     return a if isinstance(a, np.ndarray) else None
 
 
-def dist_pack(v, idx, out, st, sh, m):
-    """out = v[idx]; sh takes st's status with beta 0 and parity 0."""
-    st, sh = state(st), state(sh)
+def dist_pack(v0, v1, st, idx, out, m):
+    """out = v[idx] with v the buffer of (v0, v1) the last update wrote (v1 at parity 0, else v0)."""
+    v = v0 if state(st)["parity"][0] else v1
     out[:m] = v[idx[:m]]
-    sh["status"], sh["beta"], sh["parity"] = st["status"], 0.0, 0
 
 
-def dist_halo_direction(hz, hp, st, m):
-    """hp = hz + beta hp (classic direction on the halo)."""
-    hp[:m] = hz[:m] + float(state(st)["beta"][0]) * hp[:m]
+def dist_spmv_dot(A, z, p0, p1, q, st, partials, out, n, h):
+    """p_new = z + beta p_old (owned rows and halo entries); q = A p_new; *out = p_new . q.
 
-
-def dist_halo_spmv(hptr, hcol, hval, rows, h, y, sign, p0, p1, st, sh, partials, out, nb):
-    """y[rows] += sign * H h; with out, *out = sh.pq + v[rows] . (H h) (v the direction just multiplied)."""
-    st, sh, out = state(st), state(sh), _ptr(out)
-    if out is not None and st["status"][0] != RUNNING:
+    ``A`` stands for the kernel's (rowptr, col, val): the ``n x (n + h)`` block.
+    """
+    st = state(st)
+    if st["status"][0] != RUNNING:
         return
-    s = np.array([np.dot(hval[hptr[i]:hptr[i + 1]], h[hcol[hptr[i]:hptr[i + 1]]]) for i in range(nb)],
-                 dtype=y.dtype)
-    y[rows[:nb]] += sign * s
-    if out is not None:
-        v = p0 if sh["parity"][0] else p1
-        out[0] = sh["pq"][0] + float(np.dot(v[rows[:nb]].astype(np.float64), s))
+    p_old, p_new = (p1, p0) if st["parity"][0] else (p0, p1)
+    p_new[:n + h] = z[:n + h] + float(st["beta"][0]) * p_old[:n + h]
+    q[:n] = A @ p_new[:n + h]
+    out[0] = float(np.dot(p_new[:n], q[:n]))
 
 
-def _classic(start, x, r, q, p0, p1, dinv, z, st, sh, reduced, partials, sums, pending, n):
+def _classic(start, x, r, q, p0, p1, dinv, z, st, reduced, partials, sums, pending, n):
     st = state(st)
     if st["status"][0] != RUNNING:
         return
@@ -83,16 +79,11 @@ def _decide(st, history, it, rnorm, status):
         history[it] = rnorm
 
 
-def dist_decide(st, sh, reduced, pending, history):
-    """Classic decision from reduced = [pq, rz_new, rr] (iteration -1: the set-up pass);
-    then sh takes st's status, beta and parity."""
-    st, sh = state(st), state(sh)
-    if st["status"][0] == RUNNING and pending[0]:
-        _classic_decision(st, reduced, pending, history)
-    sh["status"], sh["beta"], sh["parity"] = st["status"], st["beta"], st["parity"]
-
-
-def _classic_decision(st, reduced, pending, history):
+def dist_decide(st, reduced, pending, history):
+    """Classic decision from reduced = [pq, rz_new, rr] (iteration -1: the set-up pass)."""
+    st = state(st)
+    if st["status"][0] != RUNNING or not pending[0]:
+        return
     pending[0] = 0
     start, it = st["iteration"][0] < 0, int(st["iteration"][0]) + 1
     rz_new, rnorm = float(reduced[1]), float(np.sqrt(reduced[2]))
@@ -105,35 +96,34 @@ def _classic_decision(st, reduced, pending, history):
     _decide(st, history, it, rnorm, status)
 
 
-def _cg1(start, x, r, u, w, p, s, dinv, st, sh, partials, sums, pending, n):
+def dist_cg1_step(A, dinv, x, p, r0, r1, s0, s1, w0, w1, w_halo, st, partials, sums, pending, n, h):
+    """One Chronopoulos-Gear iteration of ``pcg_ref.pcg1_step`` over the owned rows, with the
+    halo's copies of r and s (entries n .. n+h of r and s) advanced from ``w_halo``;
+    sums[0:3] = this rank's r.r, r.u, w.u; pending = 1. ``A`` as in :func:`dist_spmv_dot`."""
     st = state(st)
     if st["status"][0] != RUNNING:
         return
-    if not start:
-        alpha, beta = st["alpha"][0], st["beta"][0]
-        p[:n] = u[:n] + beta * p[:n]
-        s[:n] = w[:n] + beta * s[:n]
-        x[:n] += alpha * p[:n]
-        r[:n] -= alpha * s[:n]
+    old = int(st["parity"][0])
+    r, s, w = (r0, r1), (s0, s1), (w0, w1)
+    alpha, beta = float(st["alpha"][0]), float(st["beta"][0])
     dinv = _ptr(dinv)
-    u[:n] = r[:n] * dinv[:n] if dinv is not None else r[:n]
-    sums[0], sums[1] = np.dot(r[:n], r[:n]), np.dot(r[:n], u[:n])
+    precondition = (lambda v, k: dinv[:k] * v) if dinv is not None else (lambda v, k: v.copy())
+    m = n + h
+    w_old = np.concatenate([w[old][:n], w_halo[:h]])
+    s[1 - old][:m] = beta * s[old][:m] + w_old
+    p[:n] = beta * p[:n] + precondition(r[old][:n], n)
+    x[:n] += alpha * p[:n]
+    r[1 - old][:m] = r[old][:m] - alpha * s[1 - old][:m]
+    u = precondition(r[1 - old][:m], m)
+    w[1 - old][:n] = A @ u
+    rn, un = r[1 - old][:n], u[:n]
+    sums[0], sums[1], sums[2] = np.dot(rn, rn), np.dot(rn, un), np.dot(w[1 - old][:n], un)
     pending[0] = 1
 
 
-def dist_cg1_update(*args):
-    """p = u + beta p, s = w + beta s, x += alpha p, r -= alpha s, u = M^-1 r;
-    sums[0:2] = this rank's r.r, r.u; pending = 1."""
-    _cg1(False, *args)
-
-
-def dist_cg1_start(*args):
-    """u = M^-1 r; sums[0:2] = this rank's r.r, r.u; pending = 1."""
-    _cg1(True, *args)
-
-
 def dist_cg1_decide(st, reduced, pending, history):
-    """Chronopoulos-Gear decision from reduced = [r.r, gamma = r.u, delta = w.u]."""
+    """Chronopoulos-Gear decision from reduced = [r.r, gamma = r.u, delta = w.u]; the buffers swap
+    while running."""
     st = state(st)
     if st["status"][0] != RUNNING or not pending[0]:
         return
@@ -150,4 +140,5 @@ def dist_cg1_decide(st, reduced, pending, history):
             status = BREAKDOWN
         else:
             st["beta"], st["alpha"], st["rz"], st["pq"] = beta, gamma / pap, gamma, pap
+            st["parity"] ^= 1
     _decide(st, history, it, rnorm, status)

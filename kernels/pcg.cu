@@ -5,8 +5,9 @@
 // The direction update is folded into the SpMV by forming p_new on the fly for every column it
 // touches (p is double-buffered, `parity` says which buffer is current). Grid totals are the
 // per-block partials summed in a fixed order, so results do not depend on block scheduling and
-// every driver (eager, graph, while) produces the same bits. The distributed solver (dist.cu) uses
-// the pieces with kernel boundaries instead: pcg_spmv_dot and its last-block (ticket) reductions.
+// every driver (eager, graph, while) produces the same bits. The distributed solver (dist.cu) runs
+// the same pieces (direction_product, single_reduction_rows) with kernel boundaries instead, and
+// its last-block (ticket) reductions (publish_partials, sum_partials).
 //
 // Compiled with real_t (double or float) and SUBWARP (lanes per row) defined by the loader, and
 // ELL_WIDTH when the matrix is stored as ELL (regular row lengths, e.g. stencils) rather than CSR.
@@ -148,21 +149,6 @@ __device__ void direction_decision(State* st, double pq) {
     if (!isfinite(pq)) st->status = NOT_FINITE;
     else if (pq <= 0.0) st->status = BREAKDOWN;
     else st->alpha = st->rz / pq;
-}
-
-// The classic product on its own, with the last-block reduction (the distributed solver's local part).
-// At least 4 blocks an SM caps it at 64 registers (124 without, 2 blocks an SM): enough rows in
-// flight to stream at bandwidth, as pcg_run's direction_product does at the same cap.
-extern "C" __global__ void __launch_bounds__(BLOCK, 4)
-pcg_spmv_dot(const int* __restrict__ rowptr, const int* __restrict__ col, const real_t* __restrict__ val,
-             const real_t* z, real_t* p0, real_t* p1, real_t* q, State* st, double* partials, int n) {
-    const State s = *st;  // every field in one round trip, before the branch that needs one
-    if (s.status != RUNNING) return;
-    double sums[1] = {direction_product(rowptr, col, val, z, s.parity ? p1 : p0, s.parity ? p0 : p1, q,
-                                        (real_t)s.beta, n)};
-    if (!publish_partials(partials, sums, &st->ticket)) return;
-    sum_partials(partials, sums);
-    if (threadIdx.x == 0) direction_decision(st, sums[0]);
 }
 
 // The stopping rule of every PCG variant, in the order of solvers/pcg/cpu.py: `curvature` is r.z (or
@@ -328,10 +314,15 @@ pcg_run(const int* __restrict__ rowptr, const int* __restrict__ col, const real_
 // `parity` selects the old ones) with the same operations as their owners: the result is exactly A u,
 // with no barrier before the product. The set-up pass is the same iteration with alpha = beta = 0 on
 // zeroed p, s and w: it leaves x and r as they are and computes u = M^-1 r and w = A u.
+//
+// On one rank of the distributed solver the columns run past the n owned rows into h halo entries:
+// r, s and dinv hold the halo's copies at [n, n + h), the old w there comes from `w_halo` (received
+// from the owners), and the copies of r and s are advanced here by their owners' operations.
 __device__ void single_reduction_rows(const int* __restrict__ rowptr, const int* __restrict__ col,
                                       const real_t* __restrict__ val, const real_t* __restrict__ dinv,
                                       real_t* x, real_t* p, real_t* r0, real_t* r1, real_t* s0, real_t* s1,
-                                      real_t* w0, real_t* w1, const State& state, int n, double (&sums)[3]) {
+                                      real_t* w0, real_t* w1, const real_t* w_halo, const State& state,
+                                      int n, int h, double (&sums)[3]) {
     const int parity = state.parity;
     const real_t alpha = (real_t)state.alpha, beta = (real_t)state.beta;
     const real_t* r_old = parity ? r1 : r0;
@@ -341,7 +332,7 @@ __device__ void single_reduction_rows(const int* __restrict__ rowptr, const int*
     real_t* s_new = parity ? s0 : s1;
     real_t* w_new = parity ? w0 : w1;
     auto precondition = [&](int j, real_t v) { return dinv ? dinv[j] * v : v; };
-    auto next_s = [&](int j) { return fma(beta, s_old[j], w_old[j]); };
+    auto next_s = [&](int j) { return fma(beta, s_old[j], j < n ? w_old[j] : w_halo[j - n]); };
     auto next_r = [&](int j, real_t sj) { return fma(-alpha, sj, r_old[j]); };
     auto next_u = [&](int j) { return precondition(j, next_r(j, next_s(j))); };
     for_each_row_product(rowptr, col, val, n, next_u, [&](int i, real_t wi) {
@@ -356,6 +347,11 @@ __device__ void single_reduction_rows(const int* __restrict__ rowptr, const int*
         sums[1] += (double)ri * (double)ui;
         sums[2] += (double)wi * (double)ui;
     });
+    for (int j = n + blockIdx.x * blockDim.x + threadIdx.x; j < n + h; j += gridDim.x * blockDim.x) {
+        const real_t sj = next_s(j);
+        s_new[j] = sj;
+        r_new[j] = next_r(j, sj);
+    }
 }
 
 extern "C" __global__ void __launch_bounds__(RUN_BLOCK, RUN_MIN_BLOCKS)
@@ -369,7 +365,7 @@ pcg1_run(const int* __restrict__ rowptr, const int* __restrict__ col, const real
     unsigned int tag = *epoch;
     for (int c = 0; c < count && !finished(s, handle); ++c) {
         double sums[3] = {0.0, 0.0, 0.0};  // r.r, r.u, w.u
-        single_reduction_rows(rowptr, col, val, dinv, x, p, r0, r1, s0, s1, w0, w1, s, n, sums);
+        single_reduction_rows(rowptr, col, val, dinv, x, p, r0, r1, s0, s1, w0, w1, nullptr, s, n, 0, sums);
         grid_sums<RUN_BLOCK>(slots, sums, tag);
         if (threadIdx.x == 0) {
             const int it = s.iteration + 1;

@@ -8,8 +8,8 @@ Run on a multi-GPU machine::
 
 For every GPU count and grid size it starts one MPI job (``mpiexec -n G``, or
 ``--mpiexec``) whose ranks each generate their own rows of the Poisson
-matrix, so sizes beyond one GPU's memory work. Each job runs both variants (on
-GPUs also single-reduction with the overlapped halo exchange) for a fixed number of iterations (``rtol = 0``) and reports the time per iteration
+matrix, so sizes beyond one GPU's memory work. Each job runs both variants for
+a fixed number of iterations (``rtol = 0``) and reports the time per iteration
 and its compute / communication split; the 1-GPU jobs also time the
 single-process solver (``solvers.PCG``, while and graph modes) on the same matrix. The
 table is printed and saved under ``scripts/results/`` with the date.
@@ -27,9 +27,7 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 import provenance  # noqa: E402
 
-# (label, variant, overlap_halo) of the distributed runs
-CONFIGS = (("classic", "classic", False), ("single-reduction", "single-reduction", False),
-           ("single-reduction, overlapped halo", "single-reduction", True))
+VARIANTS = ("classic", "single-reduction")  # of the distributed runs
 SINGLE_MODES = ("while", "graph")  # the single-process references on one GPU
 TAG = "BENCH "
 
@@ -49,14 +47,14 @@ def worker(args):
         p = poisson_distributed(comm, shape)
         generate = comm.allreduce(time.perf_counter() - t0, op=_max())
         rows = []
-        for label, variant, overlap in CONFIGS if args.device == "gpu" else CONFIGS[:2]:
+        for variant in VARIANTS:
             solver = DistributedPCG(p.rows, p.bounds, comm, device=args.device, variant=variant, rtol=0.0,
-                                    check_every=args.check_every, overlap_halo=overlap)
+                                    check_every=args.check_every)
             solver.solve(p.b, maxiter=20)  # compile, capture, warm up NCCL
             runs = [solver.solve(p.b, maxiter=args.iterations) for _ in range(args.repeats)]
             best = min(runs, key=lambda r: r.loop_time)
             its = best.iterations
-            rows.append(dict(variant=label, us_per_it=best.loop_time / its * 1e6,
+            rows.append(dict(variant=variant, us_per_it=best.loop_time / its * 1e6,
                              compute_us=best.compute_time / its * 1e6,
                              comm_us=best.communication_time / its * 1e6, setup_s=solver.setup_time,
                              iterations=its, device=solver.device_name or "cpu"))

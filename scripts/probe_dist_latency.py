@@ -18,7 +18,6 @@ import time
 import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
-import solvers.dist.gpu as gpu  # noqa: E402
 from solvers.dist import DistributedPCG  # noqa: E402
 from solvers.dist.comm import abort_on_error, world  # noqa: E402
 from solvers.dist.problem import poisson_distributed  # noqa: E402
@@ -53,9 +52,10 @@ def per_call(enqueue, stream, count):
 def report_floor(impl, comm, size, calls, say):
     """Print what one NCCL allreduce, one halo exchange and one graph launch cost (rank 0)."""
     s, c = impl.stream, impl.comm_stream
+    transfers = impl.nccl.transfers(impl.matrix.plan, impl.sendbuf, impl.halo)
     floors = [("NCCL allreduce (3 doubles)", lambda: impl.nccl.allreduce(impl.sums, impl.reduced, 3, s), s),
               (f"NCCL halo exchange ({int(np.sum(comm.allgather(impl.nsend))):,} values over all ranks)",
-               lambda: impl.nccl.exchange(impl._transfers, c), c),
+               lambda: impl.nccl.exchange(transfers, c), c),
               ("graph launch (one small kernel)", lambda: impl._graphs[2].launch(s), s)]
     for name, enqueue, stream in floors:
         device_us, host_us = per_call(enqueue, stream, calls)
@@ -68,28 +68,22 @@ def main(argv=None):
     ap.add_argument("--iterations", type=int, default=640)
     ap.add_argument("--check-every", type=int, default=32)
     ap.add_argument("--calls", type=int, default=2000, help="back-to-back NCCL calls timed")
-    ap.add_argument("--overlap", nargs="+", default=["off"], choices=("on", "off"),
-                    help="single-reduction: halo exchange overlapped with the interior product")
-    ap.add_argument("--product-waves", type=int, nargs="+", default=[gpu.PRODUCT_WAVES],
-                    help="one-wave grids per interior product, when overlapped")
+    ap.add_argument("--variants", nargs="+", default=["classic", "single-reduction"])
     args = ap.parse_args(argv)
     comm = world()
     say = print if comm.Get_rank() == 0 else (lambda *a, **k: None)
     with abort_on_error(comm):
         for size in args.sizes:
             p = poisson_distributed(comm, (size,) * 3)
-            settings = [("classic", False, 1)] + [("single-reduction", o == "on", w) for o in args.overlap
-                                                  for w in (args.product_waves if o == "on" else [1])]
-            for variant, overlap, waves in settings:
-                gpu.PRODUCT_WAVES = waves
+            for variant in args.variants:
                 solver = DistributedPCG(p.rows, p.bounds, comm, device="gpu", variant=variant, rtol=0.0,
-                                        check_every=args.check_every, overlap_halo=overlap)
+                                        check_every=args.check_every)
                 impl = solver._impl
                 solver.solve(p.b, maxiter=64)
                 spent = enqueue_timer(impl)
                 res = solver.solve(p.b, maxiter=args.iterations)
                 its = res.iterations
-                say(f"{size}^3 ranks {comm.Get_size()} {variant:>16} overlap {impl.overlap:d} waves {waves:2d}: "
+                say(f"{size}^3 ranks {comm.Get_size()} {variant:>16}: "
                     f"{res.loop_time / its * 1e6:7.1f} us/it, host enqueue {spent[0] / its * 1e6:6.1f} us/it, "
                     f"compute {res.compute_time / its * 1e6:6.1f}, comm {res.communication_time / its * 1e6:6.1f}",
                     flush=True)

@@ -2,18 +2,19 @@
 
 NCCL calls cannot live in a graph with a conditional node, so an iteration is
 a short list of *steps*: plain captured graphs (local kernels on fixed
-buffers), the halo exchange (grouped NCCL send/recv; for classic PCG on a second
-stream, overlapping its r.z allreduce and the product with the owned columns;
-for single-reduction in line, or optionally overlapping that product) and
-allreduces of the partial inner products (see ``_build_steps``). The host enqueues ``check_every``
-iterations, then reads the device status once: no host synchronisation per
-iteration. Each
-rank's decide kernel works on the same allreduced numbers, so all ranks stop
-at the same iteration and leave the host loop together.
+buffers), the halo exchange (grouped NCCL send/recv, on a second stream and
+communicator, so it runs while the main stream's allreduce of the partial
+inner products does) and those allreduces (see ``_build_steps``). A rank
+multiplies whole rows of its extended block (owned and halo columns), against
+vectors that carry the halo's copy at their tail. The host enqueues
+``check_every`` iterations, then reads the device status once: no host
+synchronisation per iteration. Each rank's decide kernel works on the same
+allreduced numbers, so all ranks stop at the same iteration and leave the host
+loop together.
 
-Kernels: ``kernels/pcg.cu`` (``pcg_spmv_dot`` for the local block,
-``matrix_residual``) and ``kernels/dist.cu`` (packing, halo product, the
-updates and decisions that take reduced values).
+Kernels: ``kernels/dist.cu`` (products, updates, packing and the decisions
+that take reduced values, built on ``kernels/pcg.cu``'s row products) and
+``pcg.cu``'s ``matrix_residual``.
 """
 import socket
 import time
@@ -28,20 +29,16 @@ from ..errors import DeviceError, InputError
 from ..pcg.gpu import BLOCK, STATE_DTYPE
 from ..pcg.layout import MatrixLayout
 from ..pcg.result import Reason
-from .comm import DeviceComm, agree
+from .comm import DeviceComm, HostComm, agree
 
 # Step kinds of an iteration (see DistGPUPCG._run_steps).
 GRAPH, HALO, HALO_START, HALO_WAIT, ALLREDUCE = range(5)
-# With the overlapped exchange, the interior product runs in this many one-wave grids' worth of
-# blocks, so NCCL's kernel finds a free slot as soon as the first small blocks finish instead of
-# queueing behind a grid that holds every slot until the product ends.
-PRODUCT_WAVES = 16
-KERNELS = ("pcg_spmv_dot", "matrix_residual", "dist_pack", "dist_halo_direction", "dist_halo_spmv", "dist_update",
-           "dist_start", "dist_decide", "dist_cg1_update", "dist_cg1_start", "dist_cg1_decide")
+KERNELS = ("dist_spmv_dot", "dist_update", "dist_start", "dist_decide", "dist_cg1_step", "dist_cg1_decide",
+           "dist_pack", "matrix_residual")
 
 
-def _local_layout(M):
-    """The owned block in the layout pcg.cu's products read: ``(rowptr, col, val, defines)``.
+def _layout(M):
+    """A CSR block in the layout pcg.cu's products read: ``(rowptr, col, val, defines)``.
 
     The single-process solver's rule (:class:`~solvers.pcg.layout.MatrixLayout`),
     so both run the same product.
@@ -93,15 +90,12 @@ class DistGPUPCG:
     ----------
     matrix : LocalMatrix
     inverse_diagonal : ndarray or None
+        Of the owned rows.
     comm : mpi4py communicator
     variant : {"classic", "single-reduction"}
     dtype : dtype
     check_every : int
         Iterations enqueued between two reads of the device status.
-    overlap_halo : bool
-        Single-reduction only: exchange the halo on a second stream while the
-        interior product runs (the classic variant always does, and its
-        exchange also overlaps its r.z allreduce).
     """
 
     device = "gpu"
@@ -110,20 +104,24 @@ class DistGPUPCG:
     # ms of the last timed iteration that ran in full, step by step: compute, communication, ...
     step_times = ()
 
-    def __init__(self, matrix, inverse_diagonal, comm, variant, dtype, check_every, overlap_halo=False):
+    def __init__(self, matrix, inverse_diagonal, comm, variant, dtype, check_every):
         self.cupy = self._backend()
         self.comm = comm
         self.matrix = matrix
         self.variant = variant
-        self.overlap = bool(overlap_halo) and variant == "single-reduction"
         self.dtype = np.dtype(dtype)
         self.check_every = int(check_every)
         self.communication_time = 0.0
         self.device_name = self._bind(comm)
+        if inverse_diagonal is not None:  # the halo's entries too: the products precondition there
+            halo = np.empty(matrix.plan.halo_size, dtype=inverse_diagonal.dtype)
+            exchange = HostComm(comm, matrix.plan)
+            exchange.start_halo(inverse_diagonal, halo)
+            exchange.finish_halo()
+            inverse_diagonal = np.concatenate([inverse_diagonal, halo])
         agree(comm, self._allocate, inverse_diagonal)
         # NCCL set-up is collective and cannot be agreed on: a failure here aborts the job.
         self.nccl = self._communicator(comm)
-        self._transfers = self.nccl.transfers(matrix.plan, self.sendbuf, self.halo)
         self._graphs = None
 
     # The device layer, in methods a test can replace to run this driver's logic without a GPU.
@@ -144,8 +142,8 @@ class DistGPUPCG:
         return kernels.resident_blocks(kernel, BLOCK)
 
     def _streams(self):
-        """(main, communication) streams; NCCL's kernels get the higher priority, so the
-        halo exchange starts at once instead of queueing behind the interior product's blocks."""
+        """(main, communication) streams; NCCL's halo kernel gets the higher priority, so it
+        starts at once instead of queueing behind the product's blocks."""
         cuda = self.cupy.cuda
         # CUDA clamps a priority beyond the device's range to its greatest priority.
         return cuda.Stream(non_blocking=True), cuda.Stream(non_blocking=True, priority=-(2**30))
@@ -153,7 +151,7 @@ class DistGPUPCG:
     # -- set-up ---------------------------------------------------------------
     def _allocate(self, inverse_diagonal):
         cupy, m = self.cupy, self.matrix
-        if m.local.nnz >= 2**31 - 1:
+        if m.extended.nnz >= 2**31 - 1:
             raise InputError("more than 2^31 nonzeros on one rank: use more ranks (int32 indices)")
         try:
             self._allocate_buffers(inverse_diagonal)
@@ -162,18 +160,13 @@ class DistGPUPCG:
 
     def _allocate_buffers(self, inverse_diagonal):
         cupy, m, dt = self.cupy, self.matrix, self.dtype
-        n = self.n = m.rows
+        n, h = self.n, self.h = m.rows, m.plan.halo_size
+        rowptr, col, val, defines = _layout(m.extended)
         i32 = lambda a: cupy.asarray(np.ascontiguousarray(a, dtype=np.int32))  # noqa: E731
-        rowptr, col, val, defines = _local_layout(m.local)
         self.rowptr, self.col, self.val = i32(rowptr), i32(col), cupy.asarray(val.astype(dt))
-        self.hptr, self.hcol = i32(m.halo.indptr), i32(m.halo.indices)
-        self.hval = cupy.asarray(m.halo.data.astype(dt))
-        self.brows, self.send_index = i32(m.boundary_rows), i32(m.plan.send_index)
-        self.nb, self.nsend = int(m.boundary_rows.size), m.plan.send_size
+        self.send_index, self.nsend = i32(m.plan.send_index), m.plan.send_size
         self.sendbuf = cupy.zeros(self.nsend, dtype=dt)
-        self.halo = cupy.zeros(m.plan.halo_size, dtype=dt)
-        # classic: the halo's copy of the direction p, updated from the received z (dist_halo_direction)
-        self.halo_p = cupy.zeros(m.plan.halo_size, dtype=dt) if self.variant == "classic" else None
+        self.halo = cupy.zeros(h, dtype=dt)  # received entries outside the iteration
 
         self.k = self._kernels(defines)
         rows_per_block = BLOCK // int(dict(defines).get("SUBWARP", 1))
@@ -181,24 +174,27 @@ class DistGPUPCG:
         def grid(kernel, items, per_block):  # one wave of grid-stride blocks
             return int(max(1, min(-(-items // per_block), self._resident_blocks(self.k[kernel]))))
 
-        update = "dist_update" if self.variant == "classic" else "dist_cg1_update"
-        waves = PRODUCT_WAVES if self.overlap else 1
-        self.grid_spmv = min(-(-n // rows_per_block), waves * grid("pcg_spmv_dot", n, rows_per_block))
-        self.grid_vec = grid(update, n, BLOCK)
-        self.grid_halo, self.grid_pack = grid("dist_halo_spmv", self.nb, BLOCK), grid("dist_pack", self.nsend, BLOCK)
-        self.grid_halo_p = grid("dist_halo_direction", m.plan.halo_size, BLOCK)
+        classic = self.variant == "classic"
+        self.grid_spmv = grid("dist_spmv_dot" if classic else "dist_cg1_step", n, rows_per_block)
+        self.grid_vec, self.grid_pack = grid("dist_update", n, BLOCK), grid("dist_pack", self.nsend, BLOCK)
+        self.grid_residual = grid("matrix_residual", n, rows_per_block)
 
-        zeros = lambda: cupy.zeros(n, dtype=dt)  # noqa: E731
-        # classic: z, q = A p, p0/p1 the double-buffered direction; single-reduction: z holds
-        # u = M^-1 r, q holds w = A u, p and s = A p, p0 stays zero and p1 receives a copy of u.
-        self.x, self.b, self.r, self.z, self.q, self.p0, self.p1 = (zeros() for _ in range(7))
-        self.p, self.s = (zeros(), zeros()) if self.variant == "single-reduction" else (None, None)
-        self.scratch = zeros()  # true residual
+        zeros = lambda size=n: cupy.zeros(size, dtype=dt)  # noqa: E731
+        # Vectors read at neighbouring rows have n + h entries, the halo's copy at the tail.
+        # classic: z, q = A p, (p0, p1) the double-buffered direction; single-reduction: the pairs
+        # (r0, r1), (s0, s1) with s = A p, (w0, w1) with w = A u, and w_halo the neighbours' new w.
+        self.x, self.b, self.scratch = zeros(), zeros(), zeros()
+        self.x_ext = zeros(n + h)  # x with its halo, for residuals
+        if classic:
+            self.z, self.p0, self.p1, self.q, self.r = zeros(n + h), zeros(n + h), zeros(n + h), zeros(), zeros()
+        else:
+            self.r0, self.r1, self.s0, self.s1 = (zeros(n + h) for _ in range(4))
+            self.w0, self.w1, self.w_halo, self.p = zeros(), zeros(), zeros(h), zeros()
+            self.r = self.r0[:n]
         self.dinv = None if inverse_diagonal is None else cupy.asarray(inverse_diagonal.astype(dt))
         self.dinv_arg = self.dinv if self.dinv is not None else np.uint64(0)
-        self.partials = cupy.zeros(2 * max(self.grid_spmv, self.grid_vec, self.grid_halo), dtype=cupy.float64)
+        self.partials = cupy.zeros(3 * max(self.grid_spmv, self.grid_vec), dtype=cupy.float64)
         self.state = cupy.zeros(STATE_DTYPE.itemsize, dtype=cupy.uint8)
-        self.shadow = cupy.zeros(STATE_DTYPE.itemsize, dtype=cupy.uint8)
         self.sums = cupy.zeros(3, dtype=cupy.float64)     # this rank's partial inner products
         self.reduced = cupy.zeros(3, dtype=cupy.float64)  # their sums over ranks
         self.pending = cupy.zeros(1, dtype=cupy.int32)
@@ -212,46 +208,32 @@ class DistGPUPCG:
         cupy.cuda.Device().synchronize()
 
     # -- kernels ----------------------------------------------------------------
-    def _pack(self, s, v):
+    def _pack(self, s, v0, v1=None):
+        """The send buffer from ``v0`` (or from the pair (v0, v1) that the last update wrote)."""
         self.k["dist_pack"]((self.grid_pack,), (BLOCK,),
-                            (v, self.send_index, self.sendbuf, self.state, self.shadow, np.int32(self.nsend)),
-                            stream=s)
+                            (v0, v0 if v1 is None else v1, self.state, self.send_index, self.sendbuf,
+                             np.int32(self.nsend)), stream=s)
 
-    def _halo_direction(self, s):
-        self.k["dist_halo_direction"]((self.grid_halo_p,), (BLOCK,),
-                                      (self.halo, self.halo_p, self.state, np.int32(self.halo.size)), stream=s)
-
-    def _local_product(self, s, v):
-        """q = A_local (v + beta p_old) with its dot into the shadow state (pcg.cu's kernel)."""
-        self.k["pcg_spmv_dot"]((self.grid_spmv,), (BLOCK,),
-                               (self.rowptr, self.col, self.val, v, self.p0, self.p1, self.q, self.shadow,
-                                self.partials, np.int32(self.n)), stream=s)
-
-    def _halo_product(self, s, h, y, sign, out):
-        self.k["dist_halo_spmv"]((self.grid_halo,), (BLOCK,),
-                                 (self.hptr, self.hcol, self.hval, self.brows, h, y,
-                                  self.dtype.type(sign), self.p0, self.p1, self.state, self.shadow,
-                                  self.partials, out, np.int32(self.nb)), stream=s)
+    def _spmv_dot(self, s):
+        self.k["dist_spmv_dot"]((self.grid_spmv,), (BLOCK,),
+                                (self.rowptr, self.col, self.val, self.z, self.p0, self.p1, self.q, self.state,
+                                 self.partials, self.sums[0:], np.int32(self.n), np.int32(self.h)), stream=s)
 
     def _classic_update(self, s, start):
         self.k["dist_start" if start else "dist_update"](
             (self.grid_vec,), (BLOCK,),
-            (self.x, self.r, self.q, self.p0, self.p1, self.dinv_arg, self.z, self.state, self.shadow,
-             self.reduced, self.partials, self.sums[1:], self.pending, np.int32(self.n)), stream=s)
+            (self.x, self.r, self.q, self.p0, self.p1, self.dinv_arg, self.z, self.state, self.reduced,
+             self.partials, self.sums[1:], self.pending, np.int32(self.n)), stream=s)
 
-    def _cg1_update(self, s, start):
-        self.k["dist_cg1_start" if start else "dist_cg1_update"](
-            (self.grid_vec,), (BLOCK,),
-            (self.x, self.r, self.z, self.q, self.p, self.s, self.dinv_arg, self.state, self.shadow,
-             self.partials, self.sums, self.pending, np.int32(self.n)), stream=s)
+    def _cg1_step(self, s):
+        self.k["dist_cg1_step"]((self.grid_spmv,), (BLOCK,),
+                                (self.rowptr, self.col, self.val, self.dinv_arg, self.x, self.p, self.r0, self.r1,
+                                 self.s0, self.s1, self.w0, self.w1, self.w_halo, self.state, self.partials,
+                                 self.sums, self.pending, np.int32(self.n), np.int32(self.h)), stream=s)
 
     def _decide(self, s):
-        if self.variant == "classic":  # also refreshes the shadow state for the product that follows
-            self.k["dist_decide"]((1,), (32,), (self.state, self.shadow, self.reduced, self.pending,
-                                                self.history_arg), stream=s)
-        else:
-            self.k["dist_cg1_decide"]((1,), (32,), (self.state, self.reduced, self.pending, self.history_arg),
-                                      stream=s)
+        name = "dist_decide" if self.variant == "classic" else "dist_cg1_decide"
+        self.k[name]((1,), (32,), (self.state, self.reduced, self.pending, self.history_arg), stream=s)
 
     # -- steps ------------------------------------------------------------------
     def _capture(self, launch):
@@ -267,33 +249,27 @@ class DistGPUPCG:
     def _build_steps(self):
         """Capture the graph segments; return (start steps, iteration steps, decide graph).
 
-        Classic: ``[update, pack z]``, then the halo of z on the second stream while
-        ``allreduce(r.z, r.r) [decide, interior product]`` runs, then ``[halo direction,
-        boundary product] allreduce(p.q)``.
-        Single-reduction: ``[decide, update, pack u] halo of u [product] allreduce(r.r, r.u, w.u)``,
-        the exchange in line or overlapping the interior product.
+        Classic: ``[decide, product] allreduce(p.q) [update, pack z]``, then the halo of z
+        (into z's tail) on the second stream while ``allreduce(r.z, r.r)`` runs.
+        Single-reduction: ``[decide, step, pack w]``, then the halo of w (into w_halo) on the
+        second stream while ``allreduce(r.r, r.u, w.u)`` runs. Each iteration's first graph
+        waits for the exchange.
         """
-        cap = self._capture
+        cap, n = self._capture, self.n
         decide = cap(self._decide)
-        local = lambda s: self._local_product(s, self.z)  # noqa: E731
         if self.variant == "classic":
-            reduce_rz = [(HALO_START,), (ALLREDUCE, self.sums[1:3], self.reduced[1:3], 2)]
-            start = [(GRAPH, cap(lambda s: (self._classic_update(s, True), self._pack(s, self.z))))] + reduce_rz
-            boundary = cap(lambda s: (self._halo_direction(s),
-                                      self._halo_product(s, self.halo_p, self.q, 1, self.sums[0:])))
-            update = cap(lambda s: (self._classic_update(s, False), self._pack(s, self.z)))
-            iteration = [(GRAPH, cap(lambda s: (self._decide(s), local(s)))), (HALO_WAIT,), (GRAPH, boundary),
-                         (ALLREDUCE, self.sums[0:1], self.reduced[0:1], 1), (GRAPH, update)] + reduce_rz
-            return start, iteration, decide
-        boundary = lambda s: self._halo_product(s, self.halo, self.q, 1, self.sums[2:])  # noqa: E731
-        if self.overlap:
-            product = [(HALO_START,), (GRAPH, cap(local)), (HALO_WAIT,), (GRAPH, cap(boundary))]
-        else:
-            product = [(HALO,), (GRAPH, cap(lambda s: (local(s), boundary(s))))]
-        product.append((ALLREDUCE, self.sums, self.reduced, 3))
-        start = [(GRAPH, cap(lambda s: (self._cg1_update(s, True), self._pack(s, self.z))))] + product
-        head = cap(lambda s: (self._decide(s), self._cg1_update(s, False), self._pack(s, self.z)))
-        return start, [(GRAPH, head)] + product, decide
+            exchange = [(HALO_START, self.nccl.transfers(self.matrix.plan, self.sendbuf, self.z[n:])),
+                        (ALLREDUCE, self.sums[1:3], self.reduced[1:3], 2)]
+            start = [(GRAPH, cap(lambda s: (self._classic_update(s, True), self._pack(s, self.z))))] + exchange
+            iteration = [(HALO_WAIT,), (GRAPH, cap(lambda s: (self._decide(s), self._spmv_dot(s)))),
+                         (ALLREDUCE, self.sums[0:1], self.reduced[0:1], 1),
+                         (GRAPH, cap(lambda s: (self._classic_update(s, False), self._pack(s, self.z))))]
+            return start, iteration + exchange, decide
+        step = cap(lambda s: (self._decide(s), self._cg1_step(s), self._pack(s, self.w0, self.w1)))
+        iteration = [(HALO_WAIT,), (GRAPH, step),
+                     (HALO_START, self.nccl.transfers(self.matrix.plan, self.sendbuf, self.w_halo)),
+                     (ALLREDUCE, self.sums, self.reduced, 3)]
+        return [], iteration, decide
 
     def _run_steps(self, steps, events=None):
         """Enqueue ``steps``; with ``events``, time each communication step on the main stream.
@@ -314,13 +290,13 @@ class DistGPUPCG:
             if kind == HALO_START:  # off the main stream: overlaps what the main stream does next
                 self.ev_packed.record(s)
                 c.wait_event(self.ev_packed)
-                self.nccl.exchange(self._transfers, c)
+                self.nccl.exchange(step[1], c)
                 self.ev_halo.record(c)
                 continue
             if events is not None:
                 events[used].record(s)
             if kind == HALO:
-                self.nccl.exchange(self._transfers, s)
+                self.nccl.exchange(step[1], s)
             elif kind == HALO_WAIT:
                 s.wait_event(self.ev_halo)
             else:
@@ -334,19 +310,20 @@ class DistGPUPCG:
         return used
 
     # -- solving ------------------------------------------------------------------
-    def _exchange(self, v):
-        """Halo of ``v`` into self.halo (outside the iteration: residuals)."""
+    def _fill_halo(self, v):
+        """Entries [n, n + h) of ``v`` from their owners' [0, n) (outside the iteration)."""
         s = self.stream
         self._pack(s, v)
-        self._run_steps([(HALO,)])
+        self._run_steps([(HALO, self.nccl.transfers(self.matrix.plan, self.sendbuf, self.halo))])
+        v[self.n:] = self.halo
 
     def _residual(self, x, out):
         """out = b - A x over the owned rows."""
-        self._exchange(x)
-        self.k["matrix_residual"]((self.grid_spmv,), (BLOCK,),
-                               (self.rowptr, self.col, self.val, x, self.b, out, np.int32(self.n)),
-                               stream=self.stream)
-        self._halo_product(self.stream, self.halo, out, -1, np.uint64(0))
+        self.x_ext[:self.n] = x
+        self._fill_halo(self.x_ext)
+        self.k["matrix_residual"]((self.grid_residual,), (BLOCK,),
+                                  (self.rowptr, self.col, self.val, self.x_ext, self.b, out, np.int32(self.n)),
+                                  stream=self.stream)
 
     def _global_dot(self, u, v):
         with self.stream:
@@ -362,11 +339,14 @@ class DistGPUPCG:
         st = np.zeros(1, dtype=STATE_DTYPE)
         st["tol"], st["maxiter"], st["status"], st["iteration"] = tol, maxiter, RUNNING, -1
         self.state.set(st.view(np.uint8), stream=self.stream)
-        self.shadow.fill(0)
         self.pending.fill(0)
-        for v in (self.p0, self.p1, self.p, self.s, self.halo_p):
-            if v is not None:
-                v.fill(0)
+        if self.variant == "classic":
+            zeroed = (self.p0, self.p1)
+        else:  # r0 holds r with its halo (set by solve); the set-up pass reads s0, w0, w_halo and p
+            zeroed = (self.s0, self.w0, self.w_halo, self.p)
+            self._fill_halo(self.r0)
+        for v in zeroed:
+            v.fill(0)
 
     def _ensure_history(self, maxiter, record_history):
         wanted = record_history and (self.history is None or self.history.size < maxiter + 1)

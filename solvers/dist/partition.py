@@ -1,10 +1,11 @@
 """Row-block partition of a sparse matrix over MPI ranks.
 
 Rank ``q`` owns the contiguous rows ``bounds[q]:bounds[q+1]``, chosen so that
-every rank holds about the same number of nonzeros. Its rows are split by
-column into a *local* block (columns it owns, indexed from 0) and a *halo*
-block (columns owned by other ranks, indexed into a compact halo buffer that
-is ordered by owner). The :class:`HaloPlan` saying which entries travel
+every rank holds about the same number of nonzeros. Its columns are renumbered:
+the ones it owns from 0, then the others (the *halo*) in a compact buffer
+ordered by owner. The CPU path keeps the two parts as separate blocks (the
+local product runs while the halo travels); the GPU path multiplies whole rows
+of the *extended* block, against vectors that carry the halo at their tail. The :class:`HaloPlan` saying which entries travel
 between which ranks is built once, at set-up.
 """
 import dataclasses
@@ -111,6 +112,10 @@ class LocalMatrix:
     halo_columns : ndarray of int
         Global column of each halo-buffer entry.
     plan : HaloPlan
+    extended : scipy.sparse.csr_matrix
+        ``(hi - lo) x (hi - lo + halo_size)``: whole rows, halo entry k as
+        column ``hi - lo + k``, entries in the global column order (a row's
+        products then add up in the order of the single-process solver).
     """
 
     lo: int
@@ -120,6 +125,7 @@ class LocalMatrix:
     boundary_rows: np.ndarray
     halo_columns: np.ndarray
     plan: HaloPlan
+    extended: sp.csr_matrix
 
     @property
     def rows(self):
@@ -161,6 +167,10 @@ def split_rows(rows, bounds, comm):
     halo_ptr = np.concatenate([halo_before[boundary_rows], halo_before[-1:]])
     halo = sp.csr_matrix((rows.data[~own], halo_pos.ravel(), halo_ptr),
                          shape=(boundary_rows.size, halo_columns.size))
+    extended_cols = np.empty_like(cols)
+    extended_cols[own] = cols[own] - lo
+    extended_cols[~own] = hi - lo + halo_pos.ravel()
+    extended = sp.csr_matrix((rows.data, extended_cols, rows.indptr), shape=(hi - lo, hi - lo + halo_columns.size))
 
     # Halo columns are sorted, so each owner's entries form one segment of the buffer.
     owners = np.searchsorted(bounds, halo_columns, side="right") - 1
@@ -176,4 +186,4 @@ def split_rows(rows, bounds, comm):
         send_offsets=np.concatenate([[0], np.cumsum(send_counts[send_counts > 0])]),
         send_index=requested - lo,
     )
-    return LocalMatrix(lo, hi, local, halo, boundary_rows, halo_columns, plan)
+    return LocalMatrix(lo, hi, local, halo, boundary_rows, halo_columns, plan, extended)

@@ -66,18 +66,11 @@ class DistributedPCG:
         (:func:`auto_variant`).
     check_every : int
         GPU only: iterations enqueued between two host reads of the status.
-    overlap_halo : bool
-        GPU, single-reduction only: run the halo exchange on a second stream
-        while the product with the owned columns runs. Off by default: on two
-        NVLink-connected H200s the in-line exchange measured faster at every
-        size (the NCCL kernel competes with the product for the SMs); a slower
-        network may favour it. The classic variant sends its halo in the same
-        NCCL group as its r.z allreduce instead.
     """
 
     def __init__(self, rows, bounds, comm=None, *, preconditioner="jacobi", rtol=1e-5, atol=0.0,
                  maxiter=None, device="auto", variant="auto", dtype="float64",
-                 record_history=False, check_every=16, overlap_halo=False):
+                 record_history=False, check_every=16):
         t0 = time.perf_counter()
         if comm is None:
             from .comm import world
@@ -118,8 +111,7 @@ class DistributedPCG:
             self._impl = DistCPUPCG(self.matrix, inverse_diagonal, comm, variant, self.dtype)
         else:
             from .gpu import DistGPUPCG
-            self._impl = DistGPUPCG(self.matrix, inverse_diagonal, comm, variant, self.dtype, check_every,
-                                    overlap_halo)
+            self._impl = DistGPUPCG(self.matrix, inverse_diagonal, comm, variant, self.dtype, check_every)
             self.device_name = self._impl.device_name
         self.setup_time = time.perf_counter() - t0
 
