@@ -33,21 +33,22 @@ __device__ void publish_sums(double (&v)[K], State* st, double* partials, double
     }
 }
 
-// Classic PCG's product: p_new = z + beta p_old and q = A p_new over the owned rows, p_new also at
-// the halo entries (the owners' fma on the received z, so the copy matches the owner's p bit for
-// bit and only z crosses the network); *out = this rank's p_new . q. Skipped once st has stopped.
+// Classic PCG's product: the previous step x += alpha p_old (see dist_update), p_new = z + beta p_old
+// and q = A p_new over the owned rows, p_new also at the halo entries (the owners' fma on the
+// received z, so the copy matches the owner's p bit for bit and only z crosses the network);
+// *out = this rank's p_new . q. Skipped once st has stopped.
 // At least 4 blocks an SM cap it at 64 registers (124 without, 2 blocks an SM): enough rows in
 // flight to stream at bandwidth, as pcg_run's direction_product does at the same cap.
 extern "C" __global__ void __launch_bounds__(BLOCK, 4)
 dist_spmv_dot(const int* __restrict__ rowptr, const int* __restrict__ col, const real_t* __restrict__ val,
-              const real_t* z, real_t* p0, real_t* p1, real_t* q, State* st, double* partials, double* out,
-              int n, int h) {
+              const real_t* z, real_t* p0, real_t* p1, real_t* q, real_t* x, State* st, double* partials,
+              double* out, int n, int h) {
     const State s = *st;  // every field in one round trip, before the branch that needs one
     if (s.status != RUNNING) return;
     const real_t beta = (real_t)s.beta;
     const real_t* p_old = s.parity ? p1 : p0;
     real_t* p_new = s.parity ? p0 : p1;
-    double sums[1] = {direction_product(rowptr, col, val, z, p_old, p_new, q, beta, n)};
+    double sums[1] = {direction_product(rowptr, col, val, z, p_old, p_new, q, beta, n, x, (real_t)s.alpha)};
     for (int j = n + blockIdx.x * BLOCK + threadIdx.x; j < n + h; j += gridDim.x * BLOCK)
         p_new[j] = fma(beta, p_old[j], z[j]);
     if (!publish_partials(partials, sums, &st->ticket)) return;
@@ -56,40 +57,52 @@ dist_spmv_dot(const int* __restrict__ rowptr, const int* __restrict__ col, const
 }
 
 // Classic PCG. START: z = M^-1 r. Otherwise, with pq = reduced[0] (the allreduced p.Ap): stop on a bad
-// pq, else x += alpha p, r -= alpha q, z = M^-1 r with alpha = rz / pq. Partial r.z, r.r -> sums[0..1].
+// pq, else r -= alpha q, z = M^-1 r with alpha = rz / pq, kept in st for the step x += alpha p that
+// the next product (or dist_finish) takes. Partial r.z, r.r -> sums[0..1].
 template <bool START>
-__device__ void classic_update(real_t* __restrict__ x, real_t* __restrict__ r, const real_t* __restrict__ q,
-                               const real_t* p0, const real_t* p1, const real_t* __restrict__ dinv,
-                               real_t* __restrict__ z, State* st, const double* reduced, double* partials,
-                               double* sums, int* pending, int n) {
+__device__ void classic_update(real_t* __restrict__ r, const real_t* __restrict__ q,
+                               const real_t* __restrict__ dinv, real_t* __restrict__ z, State* st,
+                               const double* reduced, double* partials, double* sums, int* pending, int n) {
     if (st->status != RUNNING) return;
     real_t alpha = 0;
     if (!START) {
         const double pq = reduced[0];
-        if (!isfinite(pq) || pq <= 0.0) {  // every block sees the same pq and leaves
-            if (blockIdx.x == 0 && threadIdx.x == 0) {
+        const bool bad = !isfinite(pq) || pq <= 0.0;  // every block sees the same pq
+        if (blockIdx.x == 0 && threadIdx.x == 0) {  // no block reads st->alpha here
+            st->alpha = bad ? 0.0 : st->rz / pq;
+            if (bad) {
                 st->pq = pq;
                 st->status = isfinite(pq) ? BREAKDOWN : NOT_FINITE;
             }
-            return;
         }
+        if (bad) return;
         alpha = (real_t)(st->rz / pq);
     }
     double v[2] = {0.0, 0.0};  // r.z, r.r
-    update_rows(START, x, r, q, st->parity ? p0 : p1, dinv, z, alpha, n, v[0], v[1]);
+    update_rows(START, nullptr, r, q, nullptr, dinv, z, alpha, n, v[0], v[1]);
     publish_sums(v, st, partials, sums, pending);
 }
 
 extern "C" __global__ void __launch_bounds__(BLOCK)
-dist_update(real_t* x, real_t* r, const real_t* q, const real_t* p0, const real_t* p1, const real_t* dinv,
-            real_t* z, State* st, const double* reduced, double* partials, double* sums, int* pending, int n) {
-    classic_update<false>(x, r, q, p0, p1, dinv, z, st, reduced, partials, sums, pending, n);
+dist_update(real_t* r, const real_t* q, const real_t* dinv, real_t* z, State* st, const double* reduced,
+            double* partials, double* sums, int* pending, int n) {
+    classic_update<false>(r, q, dinv, z, st, reduced, partials, sums, pending, n);
 }
 
 extern "C" __global__ void __launch_bounds__(BLOCK)
-dist_start(real_t* x, real_t* r, const real_t* q, const real_t* p0, const real_t* p1, const real_t* dinv,
-           real_t* z, State* st, const double* reduced, double* partials, double* sums, int* pending, int n) {
-    classic_update<true>(x, r, q, p0, p1, dinv, z, st, reduced, partials, sums, pending, n);
+dist_start(real_t* r, const real_t* q, const real_t* dinv, real_t* z, State* st, const double* reduced,
+           double* partials, double* sums, int* pending, int n) {
+    classic_update<true>(r, q, dinv, z, st, reduced, partials, sums, pending, n);
+}
+
+// After a classic solve has stopped: the step x += alpha p of its last update, which no product
+// took (alpha is 0 when that update stopped on a bad p.Ap, or when there was none).
+extern "C" __global__ void __launch_bounds__(BLOCK)
+dist_finish(real_t* x, const real_t* p0, const real_t* p1, const State* st, int n) {
+    const real_t alpha = (real_t)st->alpha;
+    if (alpha == 0) return;
+    const real_t* p = st->parity ? p0 : p1;
+    for (int i = blockIdx.x * BLOCK + threadIdx.x; i < n; i += gridDim.x * BLOCK) x[i] = fma(alpha, p[i], x[i]);
 }
 
 // Classic PCG decision from reduced = [pq, rz_new, rr]; the first call after a reset

@@ -28,8 +28,9 @@ def dist_pack(v0, v1, st, idx, out, m):
     out[:m] = v[idx[:m]]
 
 
-def dist_spmv_dot(A, z, p0, p1, q, st, partials, out, n, h):
-    """p_new = z + beta p_old (owned rows and halo entries); q = A p_new; *out = p_new . q.
+def dist_spmv_dot(A, z, p0, p1, q, x, st, partials, out, n, h):
+    """x += alpha p_old; p_new = z + beta p_old (owned rows and halo entries); q = A p_new;
+    *out = p_new . q.
 
     ``A`` stands for the kernel's (rowptr, col, val): the ``n x (n + h)`` block.
     """
@@ -37,24 +38,24 @@ def dist_spmv_dot(A, z, p0, p1, q, st, partials, out, n, h):
     if st["status"][0] != RUNNING:
         return
     p_old, p_new = (p1, p0) if st["parity"][0] else (p0, p1)
+    x[:n] += float(st["alpha"][0]) * p_old[:n]
     p_new[:n + h] = z[:n + h] + float(st["beta"][0]) * p_old[:n + h]
     q[:n] = A @ p_new[:n + h]
     out[0] = float(np.dot(p_new[:n], q[:n]))
 
 
-def _classic(start, x, r, q, p0, p1, dinv, z, st, reduced, partials, sums, pending, n):
+def _classic(start, r, q, dinv, z, st, reduced, partials, sums, pending, n):
     st = state(st)
     if st["status"][0] != RUNNING:
         return
     if not start:
         pq = float(reduced[0])
-        if not np.isfinite(pq) or pq <= 0:
+        bad = not np.isfinite(pq) or pq <= 0
+        st["alpha"] = 0.0 if bad else st["rz"][0] / pq
+        if bad:
             st["pq"], st["status"] = pq, (BREAKDOWN if np.isfinite(pq) else NOT_FINITE)
             return
-        alpha = st["rz"][0] / pq
-        p = p0 if st["parity"][0] else p1
-        x[:n] += alpha * p[:n]
-        r[:n] -= alpha * q[:n]
+        r[:n] -= st["alpha"][0] * q[:n]
     dinv = _ptr(dinv)
     z[:n] = r[:n] * dinv[:n] if dinv is not None else r[:n]
     sums[0], sums[1] = np.dot(r[:n], z[:n]), np.dot(r[:n], r[:n])
@@ -62,14 +63,22 @@ def _classic(start, x, r, q, p0, p1, dinv, z, st, reduced, partials, sums, pendi
 
 
 def dist_update(*args):
-    """With pq = reduced[0]: stop on a bad pq, else x += alpha p, r -= alpha q, z = M^-1 r;
-    sums[0:2] = this rank's r.z, r.r; pending = 1."""
+    """With pq = reduced[0]: stop on a bad pq (alpha = 0), else alpha = rz / pq, r -= alpha q,
+    z = M^-1 r; sums[0:2] = this rank's r.z, r.r; pending = 1."""
     _classic(False, *args)
 
 
 def dist_start(*args):
     """z = M^-1 r; sums[0:2] = this rank's r.z, r.r; pending = 1."""
     _classic(True, *args)
+
+
+def dist_finish(x, p0, p1, st, n):
+    """x += alpha p (the current direction) unless alpha is 0."""
+    st = state(st)
+    alpha = float(st["alpha"][0])
+    if alpha != 0:
+        x[:n] += alpha * (p0 if st["parity"][0] else p1)[:n]
 
 
 def _decide(st, history, it, rnorm, status):

@@ -129,12 +129,16 @@ __device__ __forceinline__ void for_each_row_product(const int* __restrict__ row
 // const __restrict__): the read-only cache path is not coherent within a kernel.
 
 // p_new = z + beta p_old and q = A p_new over this thread's rows; returns its share of p_new . q.
+// With x, also takes the previous step x += alpha p_old (the distributed solver's update leaves it
+// to this pass, which reads p_old anyway: 8 bytes a row less in all).
 __device__ double direction_product(const int* __restrict__ rowptr, const int* __restrict__ col,
                                     const real_t* __restrict__ val, const real_t* z, const real_t* p_old,
-                                    real_t* p_new, real_t* q, real_t beta, int n) {
+                                    real_t* p_new, real_t* q, real_t beta, int n, real_t* x = nullptr,
+                                    real_t alpha = 0) {
     auto direction = [&](int j) { return fma(beta, p_old[j], z[j]); };
     double pq = 0.0;
     for_each_row_product(rowptr, col, val, n, direction, [&](int i, real_t qi) {
+        if (x) x[i] = fma(alpha, p_old[i], x[i]);
         const real_t pn = direction(i);
         p_new[i] = pn;
         q[i] = qi;
@@ -163,14 +167,15 @@ __device__ __forceinline__ int stop_reason(double rnorm, double tol, int it, int
     return RUNNING;
 }
 
-// x += alpha p, r -= alpha q (unless start), z = M^-1 r over this thread's rows; accumulates r.z, r.r.
+// x += alpha p (unless x is null), r -= alpha q (unless start), z = M^-1 r over this thread's rows;
+// accumulates r.z, r.r.
 __device__ __forceinline__ void update_rows(bool start, real_t* x, real_t* r, const real_t* q, const real_t* p,
                                             const real_t* __restrict__ dinv, real_t* z, real_t alpha, int n,
                                             double& rz, double& rr) {
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
         real_t ri = r[i];
         if (!start) {
-            x[i] = fma(alpha, p[i], x[i]);
+            if (x) x[i] = fma(alpha, p[i], x[i]);
             ri = fma(-alpha, q[i], ri);
             r[i] = ri;
         }

@@ -269,7 +269,7 @@ def _host_kernels(defines):
         out[:n] = pcg_ref.matrix_residual(A, x, b[:n])
 
     table = {name: getattr(ref, name) for name in ("dist_pack", "dist_update", "dist_start", "dist_decide",
-                                                   "dist_cg1_decide")}
+                                                   "dist_finish", "dist_cg1_decide")}
     table.update(dist_spmv_dot=on_block(ref.dist_spmv_dot, lambda a: (a[-2], a[-2] + a[-1])),
                  dist_cg1_step=on_block(ref.dist_cg1_step, lambda a: (a[-2], a[-2] + a[-1])),
                  matrix_residual=on_block(residual, lambda a: (a[-1], a[0].size)))

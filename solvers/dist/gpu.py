@@ -33,8 +33,8 @@ from .comm import DeviceComm, HostComm, agree
 
 # Step kinds of an iteration (see DistGPUPCG._run_steps).
 GRAPH, HALO, HALO_START, HALO_WAIT, ALLREDUCE = range(5)
-KERNELS = ("dist_spmv_dot", "dist_update", "dist_start", "dist_decide", "dist_cg1_step", "dist_cg1_decide",
-           "dist_pack", "matrix_residual")
+KERNELS = ("dist_spmv_dot", "dist_update", "dist_start", "dist_decide", "dist_finish", "dist_cg1_step",
+           "dist_cg1_decide", "dist_pack", "matrix_residual")
 
 
 def _layout(M):
@@ -216,14 +216,21 @@ class DistGPUPCG:
 
     def _spmv_dot(self, s):
         self.k["dist_spmv_dot"]((self.grid_spmv,), (BLOCK,),
-                                (self.rowptr, self.col, self.val, self.z, self.p0, self.p1, self.q, self.state,
-                                 self.partials, self.sums[0:], np.int32(self.n), np.int32(self.h)), stream=s)
+                                (self.rowptr, self.col, self.val, self.z, self.p0, self.p1, self.q, self.x,
+                                 self.state, self.partials, self.sums[0:], np.int32(self.n), np.int32(self.h)),
+                                stream=s)
 
     def _classic_update(self, s, start):
         self.k["dist_start" if start else "dist_update"](
             (self.grid_vec,), (BLOCK,),
-            (self.x, self.r, self.q, self.p0, self.p1, self.dinv_arg, self.z, self.state, self.reduced,
-             self.partials, self.sums[1:], self.pending, np.int32(self.n)), stream=s)
+            (self.r, self.q, self.dinv_arg, self.z, self.state, self.reduced, self.partials, self.sums[1:],
+             self.pending, np.int32(self.n)), stream=s)
+
+    def _finish(self):
+        """Classic: the last update's step x += alpha p, which the products leave to the next one."""
+        if self.variant == "classic":
+            self.k["dist_finish"]((self.grid_vec,), (BLOCK,), (self.x, self.p0, self.p1, self.state,
+                                                               np.int32(self.n)), stream=self.stream)
 
     def _cg1_step(self, s):
         self.k["dist_cg1_step"]((self.grid_spmv,), (BLOCK,),
@@ -399,13 +406,16 @@ class DistGPUPCG:
             if int(st["status"]) != RUNNING:
                 break
             self.step_times = ms  # a full iteration: the solve was still running after it
+        self._finish()
         self.loop_time = time.perf_counter() - t0
         if sampled_total > 0:
             self.communication_time += self.loop_time * sampled_comm / sampled_total
         reason = Reason(int(st["status"]))
         its = int(st["iteration"])
         history = self.history[: its + 1].get() if record_history else None
-        return self.x.copy(), reason, its, float(st["rnorm"]), history
+        with self.stream:  # after _finish, on its stream
+            x = self.x.copy()
+        return x, reason, its, float(st["rnorm"]), history
 
     def true_residual_norm(self, b, x):
         """``||b - A x||`` over all ranks, for the ``b`` of the last solve (already on the device)."""
