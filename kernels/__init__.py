@@ -65,7 +65,7 @@ def module(name, real="double", defines=(), extra=()):
     return mod
 
 
-def resident_blocks(kernel, block):
+def resident_blocks(kernel, block, spare_sms=0):
     """How many blocks of ``block`` threads of ``kernel`` the device holds at once.
 
     A grid of this size runs in one wave: a grid-stride kernel given more blocks
@@ -77,12 +77,16 @@ def resident_blocks(kernel, block):
         A function fetched from a :func:`module`.
     block : int
         Threads per block.
+    spare_sms : int
+        SMs to leave free, for a kernel that is to run alongside (a wave that
+        fills them would make it wait, or be delayed by it).
     """
     import cupy
 
     function = kernel.kernel  # the cupy.cuda.function.Function behind the RawKernel
     per_sm = cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(function.ptr, block, 0)
-    return int(per_sm) * int(cupy.cuda.Device().attributes["MultiProcessorCount"])
+    sms = int(cupy.cuda.Device().attributes["MultiProcessorCount"])
+    return int(per_sm) * max(1, sms - spare_sms)
 
 
 def cooperative(kernel, block):

@@ -21,6 +21,24 @@ dist_pack(const real_t* v0, const real_t* v1, const State* st, const int* __rest
     for (int k = blockIdx.x * BLOCK + threadIdx.x; k < m; k += gridDim.x * BLOCK) out[k] = v[idx[k]];
 }
 
+// Classic PCG: the send buffer of the z that dist_update is about to compute, taken before it runs
+// so that the halo exchange overlaps the update: out[k] = M^-1 (r - alpha q) at row idx[k], with the
+// update's alpha and operations (update_rows), hence its z bit for bit. Nothing on a bad pq (the
+// update stops the solve).
+extern "C" __global__ void __launch_bounds__(BLOCK)
+dist_pack_next_z(const real_t* __restrict__ r, const real_t* __restrict__ q, const real_t* __restrict__ dinv,
+                 const State* st, const double* reduced, const int* __restrict__ idx, real_t* __restrict__ out,
+                 int m) {
+    const double pq = reduced[0];
+    if (st->status != RUNNING || !isfinite(pq) || pq <= 0.0) return;
+    const real_t alpha = (real_t)(st->rz / pq);
+    for (int k = blockIdx.x * BLOCK + threadIdx.x; k < m; k += gridDim.x * BLOCK) {
+        const int i = idx[k];
+        const real_t ri = fma(-alpha, q[i], r[i]);
+        out[k] = dinv ? dinv[i] * ri : ri;
+    }
+}
+
 // Publish this kernel's K partial sums into sums[0..K) (last block) and mark them pending.
 template <int K>
 __device__ void publish_sums(double (&v)[K], State* st, double* partials, double* sums, int* pending) {

@@ -28,6 +28,17 @@ def dist_pack(v0, v1, st, idx, out, m):
     out[:m] = v[idx[:m]]
 
 
+def dist_pack_next_z(r, q, dinv, st, reduced, idx, out, m):
+    """out = M^-1 (r - alpha q)[idx], alpha = rz / reduced[0], unless stopped or that pq is bad."""
+    st, pq = state(st), float(reduced[0])
+    if st["status"][0] != RUNNING or not np.isfinite(pq) or pq <= 0:
+        return
+    i = idx[:m]
+    ri = r[i] - st["rz"][0] / pq * q[i]
+    dinv = _ptr(dinv)
+    out[:m] = dinv[i] * ri if dinv is not None else ri
+
+
 def dist_spmv_dot(A, z, p0, p1, q, x, st, partials, out, n, h):
     """x += alpha p_old; p_new = z + beta p_old (owned rows and halo entries); q = A p_new;
     *out = p_new . q.

@@ -59,8 +59,9 @@ def test_same_iterations_and_solution_as_one_process(variant, matrix):
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_halo_copies_match_their_owners_bit_for_bit(variant):
-    # Only z (classic) or w (single-reduction) crosses the network; each rank advances its copies of
-    # the halo's p, or r and s, itself, with the owners' operations.
+    # Only z (classic, packed before the update that computes it) or w (single-reduction) crosses the
+    # network; each rank advances its copies of the halo's p, or r and s, itself, with the owners'
+    # operations.
     from solvers.dist.comm import HostComm
     p = poisson_distributed(COMM, (30, 28, 26))
     solver = DistributedPCG(p.rows, p.bounds, COMM, rtol=0.0, device="gpu", variant=variant, check_every=4)
@@ -68,7 +69,7 @@ def test_halo_copies_match_their_owners_bit_for_bit(variant):
     impl = solver._impl
     host = HostComm(COMM, impl.matrix.plan)
     assert COMM.allreduce(impl.h) > 0
-    for name in ("p0", "p1") if variant == "classic" else ("r0", "r1", "s0", "s1"):
+    for name in ("z", "p0", "p1") if variant == "classic" else ("r0", "r1", "s0", "s1"):
         v = getattr(impl, name).get()
         owners = np.empty(impl.h)
         host.start_halo(v[:impl.n], owners)

@@ -268,8 +268,8 @@ def _host_kernels(defines):
     def residual(A, x, b, out, n):
         out[:n] = pcg_ref.matrix_residual(A, x, b[:n])
 
-    table = {name: getattr(ref, name) for name in ("dist_pack", "dist_update", "dist_start", "dist_decide",
-                                                   "dist_finish", "dist_cg1_decide")}
+    table = {name: getattr(ref, name) for name in ("dist_pack", "dist_pack_next_z", "dist_update", "dist_start",
+                                                   "dist_decide", "dist_finish", "dist_cg1_decide")}
     table.update(dist_spmv_dot=on_block(ref.dist_spmv_dot, lambda a: (a[-2], a[-2] + a[-1])),
                  dist_cg1_step=on_block(ref.dist_cg1_step, lambda a: (a[-2], a[-2] + a[-1])),
                  matrix_residual=on_block(residual, lambda a: (a[-1], a[0].size)))
@@ -307,7 +307,7 @@ def _host_driver():
             assert set(KERNELS) == set(table)
             return table
 
-        def _resident_blocks(self, kernel):
+        def _resident_blocks(self, kernel, spare_sms=0):
             return 2
 
         def _streams(self):

@@ -33,8 +33,11 @@ from .comm import DeviceComm, HostComm, agree
 
 # Step kinds of an iteration (see DistGPUPCG._run_steps).
 GRAPH, HALO, HALO_START, HALO_WAIT, ALLREDUCE = range(5)
-KERNELS = ("dist_spmv_dot", "dist_update", "dist_start", "dist_decide", "dist_finish", "dist_cg1_step",
-           "dist_cg1_decide", "dist_pack", "matrix_residual")
+KERNELS = ("dist_spmv_dot", "dist_pack_next_z", "dist_update", "dist_start", "dist_decide", "dist_finish",
+           "dist_cg1_step", "dist_cg1_decide", "dist_pack", "matrix_residual")
+# SMs the classic update leaves to NCCL's halo kernel, which runs alongside it (NCCL's send and
+# receive take a block per channel, a few): filling them would hold the exchange back until the end.
+COMM_SMS = 4
 
 
 def _layout(M):
@@ -138,8 +141,8 @@ class DistGPUPCG:
         mod = kernels.module("pcg", kernels.ctype(self.dtype), defines, extra=("dist",))
         return {name: mod.get_function(name) for name in KERNELS}
 
-    def _resident_blocks(self, kernel):
-        return kernels.resident_blocks(kernel, BLOCK)
+    def _resident_blocks(self, kernel, spare_sms=0):
+        return kernels.resident_blocks(kernel, BLOCK, spare_sms)
 
     def _streams(self):
         """(main, communication) streams; NCCL's halo kernel gets the higher priority, so it
@@ -171,12 +174,13 @@ class DistGPUPCG:
         self.k = self._kernels(defines)
         rows_per_block = BLOCK // int(dict(defines).get("SUBWARP", 1))
 
-        def grid(kernel, items, per_block):  # one wave of grid-stride blocks
-            return int(max(1, min(-(-items // per_block), self._resident_blocks(self.k[kernel]))))
+        def grid(kernel, items, per_block, spare_sms=0):  # one wave of grid-stride blocks
+            return int(max(1, min(-(-items // per_block), self._resident_blocks(self.k[kernel], spare_sms))))
 
         classic = self.variant == "classic"
         self.grid_spmv = grid("dist_spmv_dot" if classic else "dist_cg1_step", n, rows_per_block)
-        self.grid_vec, self.grid_pack = grid("dist_update", n, BLOCK), grid("dist_pack", self.nsend, BLOCK)
+        self.grid_vec = grid("dist_update", n, BLOCK, COMM_SMS)
+        self.grid_pack = grid("dist_pack", self.nsend, BLOCK)
         self.grid_residual = grid("matrix_residual", n, rows_per_block)
 
         zeros = lambda size=n: cupy.zeros(size, dtype=dt)  # noqa: E731
@@ -226,6 +230,11 @@ class DistGPUPCG:
             (self.r, self.q, self.dinv_arg, self.z, self.state, self.reduced, self.partials, self.sums[1:],
              self.pending, np.int32(self.n)), stream=s)
 
+    def _pack_next_z(self, s):
+        self.k["dist_pack_next_z"]((self.grid_pack,), (BLOCK,),
+                                   (self.r, self.q, self.dinv_arg, self.state, self.reduced, self.send_index,
+                                    self.sendbuf, np.int32(self.nsend)), stream=s)
+
     def _finish(self):
         """Classic: the last update's step x += alpha p, which the products leave to the next one."""
         if self.variant == "classic":
@@ -256,8 +265,8 @@ class DistGPUPCG:
     def _build_steps(self):
         """Capture the graph segments; return (start steps, iteration steps, decide graph).
 
-        Classic: ``[decide, product] allreduce(p.q) [update, pack z]``, then the halo of z
-        (into z's tail) on the second stream while ``allreduce(r.z, r.r)`` runs.
+        Classic: ``[decide, product] allreduce(p.q) [pack next z]``, then the halo of z (into
+        z's tail) on the second stream while ``[update] allreduce(r.z, r.r)`` runs.
         Single-reduction: ``[decide, step, pack w]``, then the halo of w (into w_halo) on the
         second stream while ``allreduce(r.r, r.u, w.u)`` runs. Each iteration's first graph
         waits for the exchange.
@@ -265,13 +274,14 @@ class DistGPUPCG:
         cap, n = self._capture, self.n
         decide = cap(self._decide)
         if self.variant == "classic":
-            exchange = [(HALO_START, self.nccl.transfers(self.matrix.plan, self.sendbuf, self.z[n:])),
-                        (ALLREDUCE, self.sums[1:3], self.reduced[1:3], 2)]
-            start = [(GRAPH, cap(lambda s: (self._classic_update(s, True), self._pack(s, self.z))))] + exchange
+            exchange = (HALO_START, self.nccl.transfers(self.matrix.plan, self.sendbuf, self.z[n:]))
+            reduce_rz = (ALLREDUCE, self.sums[1:3], self.reduced[1:3], 2)
+            start = [(GRAPH, cap(lambda s: (self._classic_update(s, True), self._pack(s, self.z)))), exchange,
+                     reduce_rz]
             iteration = [(HALO_WAIT,), (GRAPH, cap(lambda s: (self._decide(s), self._spmv_dot(s)))),
-                         (ALLREDUCE, self.sums[0:1], self.reduced[0:1], 1),
-                         (GRAPH, cap(lambda s: (self._classic_update(s, False), self._pack(s, self.z))))]
-            return start, iteration + exchange, decide
+                         (ALLREDUCE, self.sums[0:1], self.reduced[0:1], 1), (GRAPH, cap(self._pack_next_z)),
+                         exchange, (GRAPH, cap(lambda s: self._classic_update(s, False))), reduce_rz]
+            return start, iteration, decide
         step = cap(lambda s: (self._decide(s), self._cg1_step(s), self._pack(s, self.w0, self.w1)))
         iteration = [(HALO_WAIT,), (GRAPH, step),
                      (HALO_START, self.nccl.transfers(self.matrix.plan, self.sendbuf, self.w_halo)),
