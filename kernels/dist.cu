@@ -5,11 +5,13 @@
 // other ranks, see solvers/dist/partition.py), so one product covers a whole row. Every vector the
 // product reads at neighbouring rows is stored with the halo's copy at [n, n + h).
 //
-// The kernels only produce this rank's partial sums: the decisions are taken by dist_decide /
-// dist_cg1_decide from the allreduced values, identical on every rank, so every rank stops at the
-// same iteration. `pending` is set when new partial sums have been produced and cleared by the
-// decide kernel, so a decide launched twice on the same sums (once at the end of a block of
-// iterations, once at the head of the next) acts once.
+// The kernels only produce this rank's partial sums: the decisions are taken from the allreduced
+// values, identical on every rank, so every rank stops at the same iteration. `pending` is set when
+// new partial sums have been produced and cleared by the decision, so that it acts once on them.
+// The product kernels (dist_spmv_dot, dist_cg1_step) take the pending decision themselves, saving
+// a launch: every block decides on a private copy of the state, and the last block to finish (all
+// others have read the state by then) writes the decision; dist_decide / dist_cg1_decide take it
+// alone, before the host reads the status.
 
 // out[k] = v[idx[k]]: the entries of v that neighbours need, where v is the buffer of the pair
 // (v0, v1) that the last update wrote: v1 while st's parity is 0, else v0 (pass v0 = v1 for a
@@ -19,6 +21,47 @@ dist_pack(const real_t* v0, const real_t* v1, const State* st, const int* __rest
           real_t* __restrict__ out, int m) {
     const real_t* v = st->parity ? v0 : v1;
     for (int k = blockIdx.x * BLOCK + threadIdx.x; k < m; k += gridDim.x * BLOCK) out[k] = v[idx[k]];
+}
+
+// Classic decision from reduced = [pq, rz_new, rr] (pcg.cu's update_decision, as on one GPU); the
+// first one after a reset (st->iteration == -1) closes the set-up pass. Returns the status.
+__device__ int classic_decision(State* st, const double* reduced, double* history) {
+    const bool start = st->iteration < 0;
+    const int it = st->iteration + 1;
+    const double rnorm = sqrt(reduced[2]);
+    const int status = update_decision(st, start, it, reduced[1], rnorm);
+    record_decision(st, it, rnorm, status, history, nullptr, 0);
+    return status;
+}
+
+// Chronopoulos-Gear decision from reduced = [r.r, gamma = r.u, delta = w.u] (pcg.cu's
+// single_reduction_decision; the buffers swap while running, as in pcg1_run).
+__device__ int cg1_decision(State* st, const double* reduced, double* history) {
+    const int it = st->iteration + 1;
+    const double rnorm = sqrt(reduced[0]);
+    const int status = single_reduction_decision(st, st->iteration < 0, it, rnorm, reduced[1], reduced[2]);
+    if (status == RUNNING) st->parity ^= 1;
+    record_decision(st, it, rnorm, status, history, nullptr, 0);
+    return status;
+}
+
+// The state a product kernel runs on: *st, with the pending decision taken (`deciding`) on this
+// block's copy; the last block applies it to *st with finish_decision.
+template <typename Decision>
+__device__ State decided_state(const State* st, const double* reduced, const int* pending, bool& deciding,
+                               Decision decision) {
+    State s = *st;  // every field in one round trip
+    deciding = s.status == RUNNING && *pending;
+    if (deciding) decision(&s, reduced, nullptr);
+    return s;
+}
+
+template <typename Decision>
+__device__ void finish_decision(State* st, const double* reduced, int* pending, double* history, bool deciding,
+                                Decision decision) {
+    if (!deciding) return;
+    *pending = 0;
+    decision(st, reduced, history);
 }
 
 // Classic PCG: the send buffer of the z that dist_update is about to compute, taken before it runs
@@ -51,27 +94,34 @@ __device__ void publish_sums(double (&v)[K], State* st, double* partials, double
     }
 }
 
-// Classic PCG's product: the previous step x += alpha p_old (see dist_update), p_new = z + beta p_old
-// and q = A p_new over the owned rows, p_new also at the halo entries (the owners' fma on the
-// received z, so the copy matches the owner's p bit for bit and only z crosses the network);
-// *out = this rank's p_new . q. Skipped once st has stopped.
+// Classic PCG's product, after the pending decision: the previous step x += alpha p_old (see
+// dist_update), p_new = z + beta p_old and q = A p_new over the owned rows, p_new also at the halo
+// entries (the owners' fma on the received z, so the copy matches the owner's p bit for bit and
+// only z crosses the network); *out = this rank's p_new . q. Nothing once the solve has stopped.
 // At least 4 blocks an SM cap it at 64 registers (124 without, 2 blocks an SM): enough rows in
 // flight to stream at bandwidth, as pcg_run's direction_product does at the same cap.
 extern "C" __global__ void __launch_bounds__(BLOCK, 4)
 dist_spmv_dot(const int* __restrict__ rowptr, const int* __restrict__ col, const real_t* __restrict__ val,
-              const real_t* z, real_t* p0, real_t* p1, real_t* q, real_t* x, State* st, double* partials,
-              double* out, int n, int h) {
-    const State s = *st;  // every field in one round trip, before the branch that needs one
-    if (s.status != RUNNING) return;
-    const real_t beta = (real_t)s.beta;
-    const real_t* p_old = s.parity ? p1 : p0;
-    real_t* p_new = s.parity ? p0 : p1;
-    double sums[1] = {direction_product(rowptr, col, val, z, p_old, p_new, q, beta, n, x, (real_t)s.alpha)};
-    for (int j = n + blockIdx.x * BLOCK + threadIdx.x; j < n + h; j += gridDim.x * BLOCK)
-        p_new[j] = fma(beta, p_old[j], z[j]);
+              const real_t* z, real_t* p0, real_t* p1, real_t* q, real_t* x, State* st, const double* reduced,
+              int* pending, double* history, double* partials, double* out, int n, int h) {
+    bool deciding;
+    const State s = decided_state(st, reduced, pending, deciding, classic_decision);
+    if (s.status != RUNNING && !deciding) return;
+    double sums[1] = {0.0};
+    if (s.status == RUNNING) {
+        const real_t beta = (real_t)s.beta;
+        const real_t* p_old = s.parity ? p1 : p0;
+        real_t* p_new = s.parity ? p0 : p1;
+        sums[0] = direction_product(rowptr, col, val, z, p_old, p_new, q, beta, n, x, (real_t)s.alpha);
+        for (int j = n + blockIdx.x * BLOCK + threadIdx.x; j < n + h; j += gridDim.x * BLOCK)
+            p_new[j] = fma(beta, p_old[j], z[j]);
+    }
     if (!publish_partials(partials, sums, &st->ticket)) return;
     sum_partials(partials, sums);
-    if (threadIdx.x == 0) *out = sums[0];
+    if (threadIdx.x == 0) {
+        finish_decision(st, reduced, pending, history, deciding, classic_decision);
+        *out = sums[0];
+    }
 }
 
 // Classic PCG. START: z = M^-1 r. Otherwise, with pq = reduced[0] (the allreduced p.Ap): stop on a bad
@@ -123,40 +173,40 @@ dist_finish(real_t* x, const real_t* p0, const real_t* p1, const State* st, int 
     for (int i = blockIdx.x * BLOCK + threadIdx.x; i < n; i += gridDim.x * BLOCK) x[i] = fma(alpha, p[i], x[i]);
 }
 
-// Classic PCG decision from reduced = [pq, rz_new, rr]; the first call after a reset
-// (st->iteration == -1) is the set-up pass; pcg.cu's update_decision, as on one GPU.
+// The pending decision on its own (the host reads the status next).
 extern "C" __global__ void dist_decide(State* st, const double* reduced, int* pending, double* history) {
     if (threadIdx.x || blockIdx.x || st->status != RUNNING || !*pending) return;
-    *pending = 0;
-    const bool start = st->iteration < 0;
-    const int it = st->iteration + 1;
-    const double rnorm = sqrt(reduced[2]);
-    record_decision(st, it, rnorm, update_decision(st, start, it, reduced[1], rnorm), history, nullptr, 0);
+    finish_decision(st, reduced, pending, history, true, classic_decision);
 }
 
-// Chronopoulos-Gear PCG: one iteration of pcg1_run over the owned rows (pcg.cu's
-// single_reduction_rows, which also advances the halo's copies of r and s); partial r.r, r.u, w.u
-// -> sums[0..2]. The set-up pass is the iteration taken while st->iteration is -1.
+// Chronopoulos-Gear PCG, after the pending decision: one iteration of pcg1_run over the owned rows
+// (pcg.cu's single_reduction_rows, which also advances the halo's copies of r and s); partial r.r,
+// r.u, w.u -> sums[0..2], pending. Nothing once the solve has stopped. The set-up pass is the
+// iteration taken while st->iteration is -1.
 extern "C" __global__ void __launch_bounds__(BLOCK, 4)
 dist_cg1_step(const int* __restrict__ rowptr, const int* __restrict__ col, const real_t* __restrict__ val,
               const real_t* __restrict__ dinv, real_t* x, real_t* p, real_t* r0, real_t* r1, real_t* s0,
-              real_t* s1, real_t* w0, real_t* w1, const real_t* w_halo, State* st, double* partials,
-              double* sums, int* pending, int n, int h) {
-    const State s = *st;
-    if (s.status != RUNNING) return;
+              real_t* s1, real_t* w0, real_t* w1, const real_t* w_halo, State* st, const double* reduced,
+              int* pending, double* history, double* partials, double* sums, int n, int h) {
+    bool deciding;
+    const State s = decided_state(st, reduced, pending, deciding, cg1_decision);
+    if (s.status != RUNNING && !deciding) return;
     double v[3] = {0.0, 0.0, 0.0};
-    single_reduction_rows(rowptr, col, val, dinv, x, p, r0, r1, s0, s1, w0, w1, w_halo, s, n, h, v);
-    publish_sums(v, st, partials, sums, pending);
+    if (s.status == RUNNING)
+        single_reduction_rows(rowptr, col, val, dinv, x, p, r0, r1, s0, s1, w0, w1, w_halo, s, n, h, v);
+    if (!publish_partials(partials, v, &st->ticket)) return;
+    sum_partials(partials, v);
+    if (threadIdx.x == 0) {
+        finish_decision(st, reduced, pending, history, deciding, cg1_decision);
+        if (s.status == RUNNING) {
+            for (int k = 0; k < 3; ++k) sums[k] = v[k];
+            *pending = 1;
+        }
+    }
 }
 
-// Chronopoulos-Gear decision from reduced = [r.r, gamma = r.u, delta = w.u] (pcg.cu's
-// single_reduction_decision; the buffers swap while running, as in pcg1_run).
+// The pending decision on its own (the host reads the status next).
 extern "C" __global__ void dist_cg1_decide(State* st, const double* reduced, int* pending, double* history) {
     if (threadIdx.x || blockIdx.x || st->status != RUNNING || !*pending) return;
-    *pending = 0;
-    const int it = st->iteration + 1;
-    const double rnorm = sqrt(reduced[0]);
-    const int status = single_reduction_decision(st, st->iteration < 0, it, rnorm, reduced[1], reduced[2]);
-    if (status == RUNNING) st->parity ^= 1;
-    record_decision(st, it, rnorm, status, history, nullptr, 0);
+    finish_decision(st, reduced, pending, history, true, cg1_decision);
 }

@@ -39,12 +39,13 @@ def dist_pack_next_z(r, q, dinv, st, reduced, idx, out, m):
     out[:m] = dinv[i] * ri if dinv is not None else ri
 
 
-def dist_spmv_dot(A, z, p0, p1, q, x, st, partials, out, n, h):
-    """x += alpha p_old; p_new = z + beta p_old (owned rows and halo entries); q = A p_new;
-    *out = p_new . q.
+def dist_spmv_dot(A, z, p0, p1, q, x, st, reduced, pending, history, partials, out, n, h):
+    """:func:`dist_decide`, then x += alpha p_old; p_new = z + beta p_old (owned rows and halo
+    entries); q = A p_new; *out = p_new . q.
 
     ``A`` stands for the kernel's (rowptr, col, val): the ``n x (n + h)`` block.
     """
+    dist_decide(st, reduced, pending, history)
     st = state(st)
     if st["status"][0] != RUNNING:
         return
@@ -116,10 +117,13 @@ def dist_decide(st, reduced, pending, history):
     _decide(st, history, it, rnorm, status)
 
 
-def dist_cg1_step(A, dinv, x, p, r0, r1, s0, s1, w0, w1, w_halo, st, partials, sums, pending, n, h):
-    """One Chronopoulos-Gear iteration of ``pcg_ref.pcg1_step`` over the owned rows, with the
-    halo's copies of r and s (entries n .. n+h of r and s) advanced from ``w_halo``;
-    sums[0:3] = this rank's r.r, r.u, w.u; pending = 1. ``A`` as in :func:`dist_spmv_dot`."""
+def dist_cg1_step(A, dinv, x, p, r0, r1, s0, s1, w0, w1, w_halo, st, reduced, pending, history, partials, sums,
+                  n, h):
+    """:func:`dist_cg1_decide`, then one Chronopoulos-Gear iteration of ``pcg_ref.pcg1_step``
+    over the owned rows, with the halo's copies of r and s (entries n .. n+h of r and s) advanced
+    from ``w_halo``; sums[0:3] = this rank's r.r, r.u, w.u; pending = 1. ``A`` as in
+    :func:`dist_spmv_dot`."""
+    dist_cg1_decide(st, reduced, pending, history)
     st = state(st)
     if st["status"][0] != RUNNING:
         return

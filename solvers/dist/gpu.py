@@ -221,8 +221,8 @@ class DistGPUPCG:
     def _spmv_dot(self, s):
         self.k["dist_spmv_dot"]((self.grid_spmv,), (BLOCK,),
                                 (self.rowptr, self.col, self.val, self.z, self.p0, self.p1, self.q, self.x,
-                                 self.state, self.partials, self.sums[0:], np.int32(self.n), np.int32(self.h)),
-                                stream=s)
+                                 self.state, self.reduced, self.pending, self.history_arg, self.partials,
+                                 self.sums[0:], np.int32(self.n), np.int32(self.h)), stream=s)
 
     def _classic_update(self, s, start):
         self.k["dist_start" if start else "dist_update"](
@@ -244,8 +244,9 @@ class DistGPUPCG:
     def _cg1_step(self, s):
         self.k["dist_cg1_step"]((self.grid_spmv,), (BLOCK,),
                                 (self.rowptr, self.col, self.val, self.dinv_arg, self.x, self.p, self.r0, self.r1,
-                                 self.s0, self.s1, self.w0, self.w1, self.w_halo, self.state, self.partials,
-                                 self.sums, self.pending, np.int32(self.n), np.int32(self.h)), stream=s)
+                                 self.s0, self.s1, self.w0, self.w1, self.w_halo, self.state, self.reduced,
+                                 self.pending, self.history_arg, self.partials, self.sums, np.int32(self.n),
+                                 np.int32(self.h)), stream=s)
 
     def _decide(self, s):
         name = "dist_decide" if self.variant == "classic" else "dist_cg1_decide"
@@ -265,11 +266,11 @@ class DistGPUPCG:
     def _build_steps(self):
         """Capture the graph segments; return (start steps, iteration steps, decide graph).
 
-        Classic: ``[decide, product] allreduce(p.q) [pack next z]``, then the halo of z (into
-        z's tail) on the second stream while ``[update] allreduce(r.z, r.r)`` runs.
-        Single-reduction: ``[decide, step, pack w]``, then the halo of w (into w_halo) on the
-        second stream while ``allreduce(r.r, r.u, w.u)`` runs. Each iteration's first graph
-        waits for the exchange.
+        Classic: ``[product] allreduce(p.q) [pack next z]``, then the halo of z (into z's tail)
+        on the second stream while ``[update] allreduce(r.z, r.r)`` runs.
+        Single-reduction: ``[step, pack w]``, then the halo of w (into w_halo) on the second
+        stream while ``allreduce(r.r, r.u, w.u)`` runs. Each iteration's first graph waits for
+        the exchange; its product kernel takes the decision pending from the last allreduce.
         """
         cap, n = self._capture, self.n
         decide = cap(self._decide)
@@ -278,11 +279,11 @@ class DistGPUPCG:
             reduce_rz = (ALLREDUCE, self.sums[1:3], self.reduced[1:3], 2)
             start = [(GRAPH, cap(lambda s: (self._classic_update(s, True), self._pack(s, self.z)))), exchange,
                      reduce_rz]
-            iteration = [(HALO_WAIT,), (GRAPH, cap(lambda s: (self._decide(s), self._spmv_dot(s)))),
+            iteration = [(HALO_WAIT,), (GRAPH, cap(self._spmv_dot)),
                          (ALLREDUCE, self.sums[0:1], self.reduced[0:1], 1), (GRAPH, cap(self._pack_next_z)),
                          exchange, (GRAPH, cap(lambda s: self._classic_update(s, False))), reduce_rz]
             return start, iteration, decide
-        step = cap(lambda s: (self._decide(s), self._cg1_step(s), self._pack(s, self.w0, self.w1)))
+        step = cap(lambda s: (self._cg1_step(s), self._pack(s, self.w0, self.w1)))
         iteration = [(HALO_WAIT,), (GRAPH, step),
                      (HALO_START, self.nccl.transfers(self.matrix.plan, self.sendbuf, self.w_halo)),
                      (ALLREDUCE, self.sums, self.reduced, 3)]

@@ -14,10 +14,11 @@ from .partition import split_rows
 
 
 # Rows per rank from which the classic variant is the faster one. On two H200s (3D Poisson, us per
-# iteration): single-reduction won at 131k rows per rank (42.1 against 44.8) and at 1M (114 against
-# 116, measured before classic sent its halo with an allreduce); classic at 8.4M (450 against 516:
-# single-reduction streams more vectors, which costs more than its shorter NCCL steps save).
-CLASSIC_MIN_ROWS_PER_RANK = 1 << 22
+# iteration, scripts/probe_dist_latency.py at 51db229): single-reduction won at 131k rows per rank
+# (44.6 against 64.4) and about tied at 1M (101.3 against 104.3); classic won from 2M (148.5 against
+# 169.5): single-reduction's fused step gathers r, s, w and the diagonal at every neighbour, which
+# costs more than its one NCCL step saves once the vectors leave the L2 cache.
+CLASSIC_MIN_ROWS_PER_RANK = 1_500_000
 
 
 def auto_variant(n, ranks):
