@@ -271,7 +271,7 @@ __device__ void settle(State& s, State* st, int it, double rnorm, int status, do
     record_decision(st, it, rnorm, status, history, progress, handle);
 }
 
-// Classic PCG, two grid reductions per iteration (see pcg_ref.pcg_spmv_dot and pcg_update):
+// Classic PCG, two grid reductions per iteration (see pcg_ref.direction_product and pcg_update):
 //   p_new = z + beta p_old ; q = A p_new ; alpha = rz / p_new.q ;
 //   x += alpha p_new ; r -= alpha q ; z = M^-1 r ; r.z, r.r ; decide ; beta = rz_new / rz.
 // The set-up pass computes z = M^-1 r, r.z and r.r only.

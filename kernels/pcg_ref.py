@@ -1,6 +1,6 @@
 """NumPy meaning of the kernels in ``pcg.cu`` (used by the GPU tests).
 
-An iteration of ``pcg_run`` is ``pcg_spmv_dot`` then ``pcg_update`` (its set-up pass is
+An iteration of ``pcg_run`` is ``direction_product`` then ``pcg_update`` (its set-up pass is
 ``pcg_update(start=True)``); an iteration of ``pcg1_run`` is ``pcg1_step``.
 
 ``state`` is a dict with the fields of the device ``State`` struct.
@@ -10,7 +10,7 @@ import numpy as np
 RUNNING, CONVERGED, MAX_ITERATIONS, BREAKDOWN, NOT_FINITE = range(5)
 
 
-def pcg_spmv_dot(A, z, p0, p1, state):
+def direction_product(A, z, p0, p1, state):
     """p_new = z + beta p_old; q = A p_new; pq = p_new . q; alpha = rz / pq (or a stop reason)."""
     if state["status"] != RUNNING:
         return None

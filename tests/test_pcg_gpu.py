@@ -58,7 +58,7 @@ def test_classic_kernel_matches_numpy_reference(cupy):
     dinv = 1.0 / A.diagonal()
 
     def reference_iteration():
-        q = pcg_ref.pcg_spmv_dot(A, host["z"], host["p0"], host["p1"], ref)
+        q = pcg_ref.direction_product(A, host["z"], host["p0"], host["p1"], ref)
         host["z"] = pcg_ref.pcg_update(host["x"], host["r"], q, host["p0"], host["p1"], dinv, ref)
         return q
 
