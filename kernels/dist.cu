@@ -64,17 +64,19 @@ __device__ void finish_decision(State* st, const double* reduced, int* pending, 
     decision(st, reduced, history);
 }
 
-// Classic PCG: the send buffer of the z that dist_update is about to compute, taken before it runs
-// so that the halo exchange overlaps the update: out[k] = M^-1 (r - alpha q) at row idx[k], with the
-// update's alpha and operations (update_rows), hence its z bit for bit. Nothing on a bad pq (the
-// update stops the solve).
+// Classic PCG: the send buffer of the z that dist_update computes, taken on the communication
+// stream while the update runs, so that the halo exchange overlaps it: out[k] = M^-1 (r - alpha q) at
+// row idx[k], with the update's alpha and operations (update_rows), hence its z bit for bit. r is
+// the buffer of (r0, r1) the update reads (it writes the other one). Nothing on a bad pq (the update
+// stops the solve).
 extern "C" __global__ void __launch_bounds__(BLOCK)
-dist_pack_next_z(const real_t* __restrict__ r, const real_t* __restrict__ q, const real_t* __restrict__ dinv,
-                 const State* st, const double* reduced, const int* __restrict__ idx, real_t* __restrict__ out,
-                 int m) {
+dist_pack_next_z(const real_t* __restrict__ r0, const real_t* __restrict__ r1, const real_t* __restrict__ q,
+                 const real_t* __restrict__ dinv, const State* st, const double* reduced,
+                 const int* __restrict__ idx, real_t* __restrict__ out, int m) {
     const double pq = reduced[0];
     if (st->status != RUNNING || !isfinite(pq) || pq <= 0.0) return;
     const real_t alpha = (real_t)(st->rz / pq);
+    const real_t* r = st->parity ? r1 : r0;
     for (int k = blockIdx.x * BLOCK + threadIdx.x; k < m; k += gridDim.x * BLOCK) {
         const int i = idx[k];
         const real_t ri = fma(-alpha, q[i], r[i]);
@@ -94,10 +96,11 @@ __device__ void publish_sums(double (&v)[K], State* st, double* partials, double
     }
 }
 
-// Classic PCG's product, after the pending decision: the previous step x += alpha p_old (see
-// dist_update), p_new = z + beta p_old and q = A p_new over the owned rows, p_new also at the halo
-// entries (the owners' fma on the received z, so the copy matches the owner's p bit for bit and
-// only z crosses the network); *out = this rank's p_new . q. Nothing once the solve has stopped.
+// Classic PCG's product, after the pending decision: p_new = z + beta p_old and q = A p_new over the
+// owned rows, p_new also at the halo entries (the owners' fma on the received z, so the copy matches
+// the owner's p bit for bit and only z crosses the network); *out = this rank's p_new . q. Every
+// second product (odd iteration) also takes the two steps x += alpha_prev p_prev + alpha p_old that
+// the updates left to it (see dist_update). Nothing once the solve has stopped.
 // At least 4 blocks an SM cap it at 64 registers (124 without, 2 blocks an SM): enough rows in
 // flight to stream at bandwidth, as pcg_run's direction_product does at the same cap.
 extern "C" __global__ void __launch_bounds__(BLOCK, 4)
@@ -108,11 +111,13 @@ dist_spmv_dot(const int* __restrict__ rowptr, const int* __restrict__ col, const
     const State s = decided_state(st, reduced, pending, deciding, classic_decision);
     if (s.status != RUNNING && !deciding) return;
     double sums[1] = {0.0};
+    const bool steps = s.status == RUNNING && (s.iteration & 1);
     if (s.status == RUNNING) {
         const real_t beta = (real_t)s.beta;
         const real_t* p_old = s.parity ? p1 : p0;
         real_t* p_new = s.parity ? p0 : p1;
-        sums[0] = direction_product(rowptr, col, val, z, p_old, p_new, q, beta, n, x, (real_t)s.alpha);
+        sums[0] = direction_product(rowptr, col, val, z, p_old, p_new, q, beta, n, steps ? x : nullptr,
+                                    (real_t)s.alpha_prev, (real_t)s.alpha);
         for (int j = n + blockIdx.x * BLOCK + threadIdx.x; j < n + h; j += gridDim.x * BLOCK)
             p_new[j] = fma(beta, p_old[j], z[j]);
     }
@@ -120,15 +125,19 @@ dist_spmv_dot(const int* __restrict__ rowptr, const int* __restrict__ col, const
     sum_partials(partials, sums);
     if (threadIdx.x == 0) {
         finish_decision(st, reduced, pending, history, deciding, classic_decision);
+        if (steps) st->alpha_prev = st->alpha = 0.0;  // taken
         *out = sums[0];
     }
 }
 
-// Classic PCG. START: z = M^-1 r. Otherwise, with pq = reduced[0] (the allreduced p.Ap): stop on a bad
-// pq, else r -= alpha q, z = M^-1 r with alpha = rz / pq, kept in st for the step x += alpha p that
-// the next product (or dist_finish) takes. Partial r.z, r.r -> sums[0..1].
+// Classic PCG, r double-buffered (r0, r1; st->parity selects the one read, the other is written, so
+// that dist_pack_next_z can read r beside this kernel). START: z = M^-1 r. Otherwise, with pq =
+// reduced[0] (the allreduced p.Ap): stop on a bad pq, else r -= alpha q, z = M^-1 r with alpha =
+// rz / pq. x does not take the step here (it would cost 24 bytes a row): alpha joins st's pending
+// steps (alpha_prev, alpha), which every second product, or dist_finish, takes. Partial r.z, r.r ->
+// sums[0..1].
 template <bool START>
-__device__ void classic_update(real_t* __restrict__ r, const real_t* __restrict__ q,
+__device__ void classic_update(real_t* r0, real_t* r1, const real_t* __restrict__ q,
                                const real_t* __restrict__ dinv, real_t* __restrict__ z, State* st,
                                const double* reduced, double* partials, double* sums, int* pending, int n) {
     if (st->status != RUNNING) return;
@@ -137,6 +146,7 @@ __device__ void classic_update(real_t* __restrict__ r, const real_t* __restrict_
         const double pq = reduced[0];
         const bool bad = !isfinite(pq) || pq <= 0.0;  // every block sees the same pq
         if (blockIdx.x == 0 && threadIdx.x == 0) {  // no block reads st->alpha here
+            st->alpha_prev = st->alpha;
             st->alpha = bad ? 0.0 : st->rz / pq;
             if (bad) {
                 st->pq = pq;
@@ -147,30 +157,37 @@ __device__ void classic_update(real_t* __restrict__ r, const real_t* __restrict_
         alpha = (real_t)(st->rz / pq);
     }
     double v[2] = {0.0, 0.0};  // r.z, r.r
-    update_rows(START, nullptr, r, q, nullptr, dinv, z, alpha, n, v[0], v[1]);
+    const bool odd = st->parity;  // no block writes it here
+    update_rows(START, nullptr, odd ? r1 : r0, odd ? r0 : r1, q, nullptr, dinv, z, alpha, n, v[0], v[1]);
     publish_sums(v, st, partials, sums, pending);
 }
 
 extern "C" __global__ void __launch_bounds__(BLOCK)
-dist_update(real_t* r, const real_t* q, const real_t* dinv, real_t* z, State* st, const double* reduced,
-            double* partials, double* sums, int* pending, int n) {
-    classic_update<false>(r, q, dinv, z, st, reduced, partials, sums, pending, n);
+dist_update(real_t* r0, real_t* r1, const real_t* q, const real_t* dinv, real_t* z, State* st,
+            const double* reduced, double* partials, double* sums, int* pending, int n) {
+    classic_update<false>(r0, r1, q, dinv, z, st, reduced, partials, sums, pending, n);
 }
 
 extern "C" __global__ void __launch_bounds__(BLOCK)
-dist_start(real_t* r, const real_t* q, const real_t* dinv, real_t* z, State* st, const double* reduced,
-           double* partials, double* sums, int* pending, int n) {
-    classic_update<true>(r, q, dinv, z, st, reduced, partials, sums, pending, n);
+dist_start(real_t* r0, real_t* r1, const real_t* q, const real_t* dinv, real_t* z, State* st,
+           const double* reduced, double* partials, double* sums, int* pending, int n) {
+    classic_update<true>(r0, r1, q, dinv, z, st, reduced, partials, sums, pending, n);
 }
 
-// After a classic solve has stopped: the step x += alpha p of its last update, which no product
-// took (alpha is 0 when that update stopped on a bad p.Ap, or when there was none).
+// After a classic solve has stopped: the steps no product took, x += alpha_prev p_prev + alpha p
+// (p the last direction, p_prev the one before; a step is 0 once taken, and alpha is 0 when the
+// last update stopped on a bad p.Ap).
 extern "C" __global__ void __launch_bounds__(BLOCK)
 dist_finish(real_t* x, const real_t* p0, const real_t* p1, const State* st, int n) {
-    const real_t alpha = (real_t)st->alpha;
-    if (alpha == 0) return;
+    const real_t alpha_prev = (real_t)st->alpha_prev, alpha = (real_t)st->alpha;
     const real_t* p = st->parity ? p0 : p1;
-    for (int i = blockIdx.x * BLOCK + threadIdx.x; i < n; i += gridDim.x * BLOCK) x[i] = fma(alpha, p[i], x[i]);
+    const real_t* p_prev = st->parity ? p1 : p0;
+    for (int i = blockIdx.x * BLOCK + threadIdx.x; i < n; i += gridDim.x * BLOCK) {
+        real_t xi = x[i];
+        if (alpha_prev != 0) xi = fma(alpha_prev, p_prev[i], xi);
+        if (alpha != 0) xi = fma(alpha, p[i], xi);
+        x[i] = xi;
+    }
 }
 
 // The pending decision on its own (the host reads the status next).

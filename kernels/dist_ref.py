@@ -28,11 +28,13 @@ def dist_pack(v0, v1, st, idx, out, m):
     out[:m] = v[idx[:m]]
 
 
-def dist_pack_next_z(r, q, dinv, st, reduced, idx, out, m):
-    """out = M^-1 (r - alpha q)[idx], alpha = rz / reduced[0], unless stopped or that pq is bad."""
+def dist_pack_next_z(r0, r1, q, dinv, st, reduced, idx, out, m):
+    """out = M^-1 (r - alpha q)[idx], alpha = rz / reduced[0], r the buffer of (r0, r1) the update
+    reads (r1 at parity 1, else r0), unless stopped or that pq is bad."""
     st, pq = state(st), float(reduced[0])
     if st["status"][0] != RUNNING or not np.isfinite(pq) or pq <= 0:
         return
+    r = r1 if st["parity"][0] else r0
     i = idx[:m]
     ri = r[i] - st["rz"][0] / pq * q[i]
     dinv = _ptr(dinv)
@@ -40,8 +42,9 @@ def dist_pack_next_z(r, q, dinv, st, reduced, idx, out, m):
 
 
 def dist_spmv_dot(A, z, p0, p1, q, x, st, reduced, pending, history, partials, out, n, h):
-    """:func:`dist_decide`, then x += alpha p_old; p_new = z + beta p_old (owned rows and halo
-    entries); q = A p_new; *out = p_new . q.
+    """:func:`dist_decide`, then at odd iterations the pending steps x += alpha_prev p_prev, then
+    x += alpha p_old (p_prev: what p_new's buffer held; both steps are 0 afterwards); p_new = z +
+    beta p_old (owned rows and halo entries); q = A p_new; *out = p_new . q.
 
     ``A`` stands for the kernel's (rowptr, col, val): the ``n x (n + h)`` block.
     """
@@ -50,24 +53,30 @@ def dist_spmv_dot(A, z, p0, p1, q, x, st, reduced, pending, history, partials, o
     if st["status"][0] != RUNNING:
         return
     p_old, p_new = (p1, p0) if st["parity"][0] else (p0, p1)
-    x[:n] += float(st["alpha"][0]) * p_old[:n]
+    if st["iteration"][0] % 2:
+        x[:n] += float(st["alpha_prev"][0]) * p_new[:n]
+        x[:n] += float(st["alpha"][0]) * p_old[:n]
+        st["alpha_prev"], st["alpha"] = 0.0, 0.0
     p_new[:n + h] = z[:n + h] + float(st["beta"][0]) * p_old[:n + h]
     q[:n] = A @ p_new[:n + h]
     out[0] = float(np.dot(p_new[:n], q[:n]))
 
 
-def _classic(start, r, q, dinv, z, st, reduced, partials, sums, pending, n):
+def _classic(start, r0, r1, q, dinv, z, st, reduced, partials, sums, pending, n):
     st = state(st)
     if st["status"][0] != RUNNING:
         return
+    r, r_out = (r1, r0) if st["parity"][0] else (r0, r1)
     if not start:
         pq = float(reduced[0])
         bad = not np.isfinite(pq) or pq <= 0
+        st["alpha_prev"] = st["alpha"]
         st["alpha"] = 0.0 if bad else st["rz"][0] / pq
         if bad:
             st["pq"], st["status"] = pq, (BREAKDOWN if np.isfinite(pq) else NOT_FINITE)
             return
-        r[:n] -= st["alpha"][0] * q[:n]
+        r_out[:n] = r[:n] - st["alpha"][0] * q[:n]
+        r = r_out
     dinv = _ptr(dinv)
     z[:n] = r[:n] * dinv[:n] if dinv is not None else r[:n]
     sums[0], sums[1] = np.dot(r[:n], z[:n]), np.dot(r[:n], r[:n])
@@ -75,22 +84,25 @@ def _classic(start, r, q, dinv, z, st, reduced, partials, sums, pending, n):
 
 
 def dist_update(*args):
-    """With pq = reduced[0]: stop on a bad pq (alpha = 0), else alpha = rz / pq, r -= alpha q,
-    z = M^-1 r; sums[0:2] = this rank's r.z, r.r; pending = 1."""
+    """With pq = reduced[0]: alpha_prev = alpha, then stop on a bad pq (alpha = 0), else alpha =
+    rz / pq, r_new = r - alpha q, z = M^-1 r_new (r: r1 at parity 1, else r0; r_new the other);
+    sums[0:2] = this rank's r.z, r.r; pending = 1."""
     _classic(False, *args)
 
 
 def dist_start(*args):
-    """z = M^-1 r; sums[0:2] = this rank's r.z, r.r; pending = 1."""
+    """z = M^-1 r (r as in :func:`dist_update`); sums[0:2] = this rank's r.z, r.r; pending = 1."""
     _classic(True, *args)
 
 
 def dist_finish(x, p0, p1, st, n):
-    """x += alpha p (the current direction) unless alpha is 0."""
+    """x += alpha_prev p_prev, then x += alpha p (p the current direction, p_prev the other buffer),
+    each unless its alpha is 0."""
     st = state(st)
-    alpha = float(st["alpha"][0])
-    if alpha != 0:
-        x[:n] += alpha * (p0 if st["parity"][0] else p1)[:n]
+    p, p_prev = (p0, p1) if st["parity"][0] else (p1, p0)
+    for alpha, v in ((float(st["alpha_prev"][0]), p_prev), (float(st["alpha"][0]), p)):
+        if alpha != 0:
+            x[:n] += alpha * v[:n]
 
 
 def _decide(st, history, it, rnorm, status):

@@ -52,7 +52,7 @@ def per_call(enqueue, stream, count):
 def report_floor(impl, comm, size, calls, say):
     """Print what one NCCL allreduce, one halo exchange and one graph launch cost (rank 0)."""
     s, c = impl.stream, impl.comm_stream
-    transfers = impl.nccl.transfers(impl.matrix.plan, impl.sendbuf, impl.halo)
+    transfers = impl._transfers(impl.x_ext[impl.n:])
     floors = [("NCCL allreduce (3 doubles)", lambda: impl.nccl.allreduce(impl.sums, impl.reduced, 3, s), s),
               (f"NCCL halo exchange ({int(np.sum(comm.allgather(impl.nsend))):,} values over all ranks)",
                lambda: impl.nccl.exchange(transfers, c), c),

@@ -2,9 +2,10 @@
 
 NCCL calls cannot live in a graph with a conditional node, so an iteration is
 a short list of *steps*: plain captured graphs (local kernels on fixed
-buffers), the halo exchange (grouped NCCL send/recv, on a second stream and
-communicator, so it runs while the main stream's allreduce of the partial
-inner products does) and those allreduces (see ``_build_steps``). A rank
+buffers), the halo exchange (a graph packing the send buffer, then grouped
+NCCL send/recv, on a second stream and communicator, so it runs while the main
+stream's update and allreduce do) and the allreduces of the partial inner
+products (see ``_build_steps``). A rank
 multiplies whole rows of its extended block (owned and halo columns), against
 vectors that carry the halo's copy at their tail. The host enqueues
 ``check_every`` iterations, then reads the device status once: no host
@@ -169,7 +170,6 @@ class DistGPUPCG:
         self.rowptr, self.col, self.val = i32(rowptr), i32(col), cupy.asarray(val.astype(dt))
         self.send_index, self.nsend = i32(m.plan.send_index), m.plan.send_size
         self.sendbuf = cupy.zeros(self.nsend, dtype=dt)
-        self.halo = cupy.zeros(h, dtype=dt)  # received entries outside the iteration
 
         self.k = self._kernels(defines)
         rows_per_block = BLOCK // int(dict(defines).get("SUBWARP", 1))
@@ -185,12 +185,14 @@ class DistGPUPCG:
 
         zeros = lambda size=n: cupy.zeros(size, dtype=dt)  # noqa: E731
         # Vectors read at neighbouring rows have n + h entries, the halo's copy at the tail.
-        # classic: z, q = A p, (p0, p1) the double-buffered direction; single-reduction: the pairs
+        # classic: z, q = A p, the pairs (p0, p1) and (r0, r1); single-reduction: the pairs
         # (r0, r1), (s0, s1) with s = A p, (w0, w1) with w = A u, and w_halo the neighbours' new w.
         self.x, self.b, self.scratch = zeros(), zeros(), zeros()
         self.x_ext = zeros(n + h)  # x with its halo, for residuals
         if classic:
-            self.z, self.p0, self.p1, self.q, self.r = zeros(n + h), zeros(n + h), zeros(n + h), zeros(), zeros()
+            self.z, self.p0, self.p1, self.q = zeros(n + h), zeros(n + h), zeros(n + h), zeros()
+            self.r0, self.r1 = zeros(), zeros()
+            self.r = self.r0
         else:
             self.r0, self.r1, self.s0, self.s1 = (zeros(n + h) for _ in range(4))
             self.w0, self.w1, self.w_halo, self.p = zeros(), zeros(), zeros(h), zeros()
@@ -206,7 +208,7 @@ class DistGPUPCG:
         self.history_arg = np.uint64(0)
 
         self.stream, self.comm_stream = self._streams()
-        self.ev_packed = cupy.cuda.Event(disable_timing=True)
+        self.ev_ready = cupy.cuda.Event(disable_timing=True)
         self.ev_halo = cupy.cuda.Event(disable_timing=True)
         # The uploads above ran on the legacy stream, which non-blocking streams do not wait for.
         cupy.cuda.Device().synchronize()
@@ -227,16 +229,16 @@ class DistGPUPCG:
     def _classic_update(self, s, start):
         self.k["dist_start" if start else "dist_update"](
             (self.grid_vec,), (BLOCK,),
-            (self.r, self.q, self.dinv_arg, self.z, self.state, self.reduced, self.partials, self.sums[1:],
-             self.pending, np.int32(self.n)), stream=s)
+            (self.r0, self.r1, self.q, self.dinv_arg, self.z, self.state, self.reduced, self.partials,
+             self.sums[1:], self.pending, np.int32(self.n)), stream=s)
 
     def _pack_next_z(self, s):
         self.k["dist_pack_next_z"]((self.grid_pack,), (BLOCK,),
-                                   (self.r, self.q, self.dinv_arg, self.state, self.reduced, self.send_index,
-                                    self.sendbuf, np.int32(self.nsend)), stream=s)
+                                   (self.r0, self.r1, self.q, self.dinv_arg, self.state, self.reduced,
+                                    self.send_index, self.sendbuf, np.int32(self.nsend)), stream=s)
 
     def _finish(self):
-        """Classic: the last update's step x += alpha p, which the products leave to the next one."""
+        """Classic: the steps x += alpha p that no product took (see dist_update)."""
         if self.variant == "classic":
             self.k["dist_finish"]((self.grid_vec,), (BLOCK,), (self.x, self.p0, self.p1, self.state,
                                                                np.int32(self.n)), stream=self.stream)
@@ -266,28 +268,33 @@ class DistGPUPCG:
     def _build_steps(self):
         """Capture the graph segments; return (start steps, iteration steps, decide graph).
 
-        Classic: ``[product] allreduce(p.q) [pack next z]``, then the halo of z (into z's tail)
-        on the second stream while ``[update] allreduce(r.z, r.r)`` runs.
-        Single-reduction: ``[step, pack w]``, then the halo of w (into w_halo) on the second
-        stream while ``allreduce(r.r, r.u, w.u)`` runs. Each iteration's first graph waits for
-        the exchange; its product kernel takes the decision pending from the last allreduce.
+        Classic: ``[product] allreduce(p.q)``, then ``[pack next z]`` and the halo of z (into
+        z's tail) on the second stream while ``[update] allreduce(r.z, r.r)`` runs.
+        Single-reduction: ``[step]``, then ``[pack w]`` and the halo of w (into w_halo) on the
+        second stream while ``allreduce(r.r, r.u, w.u)`` runs. Each iteration's first graph
+        waits for the exchange; its product kernel takes the decision pending from the last
+        allreduce.
         """
         cap, n = self._capture, self.n
         decide = cap(self._decide)
         if self.variant == "classic":
-            exchange = (HALO_START, self.nccl.transfers(self.matrix.plan, self.sendbuf, self.z[n:]))
+            to_z = self._transfers(self.z[n:])
             reduce_rz = (ALLREDUCE, self.sums[1:3], self.reduced[1:3], 2)
-            start = [(GRAPH, cap(lambda s: (self._classic_update(s, True), self._pack(s, self.z)))), exchange,
-                     reduce_rz]
+            start = [(GRAPH, cap(lambda s: self._classic_update(s, True))),
+                     (HALO_START, cap(lambda s: self._pack(s, self.z)), to_z), reduce_rz]
             iteration = [(HALO_WAIT,), (GRAPH, cap(self._spmv_dot)),
-                         (ALLREDUCE, self.sums[0:1], self.reduced[0:1], 1), (GRAPH, cap(self._pack_next_z)),
-                         exchange, (GRAPH, cap(lambda s: self._classic_update(s, False))), reduce_rz]
+                         (ALLREDUCE, self.sums[0:1], self.reduced[0:1], 1),
+                         (HALO_START, cap(self._pack_next_z), to_z),
+                         (GRAPH, cap(lambda s: self._classic_update(s, False))), reduce_rz]
             return start, iteration, decide
-        step = cap(lambda s: (self._cg1_step(s), self._pack(s, self.w0, self.w1)))
-        iteration = [(HALO_WAIT,), (GRAPH, step),
-                     (HALO_START, self.nccl.transfers(self.matrix.plan, self.sendbuf, self.w_halo)),
+        iteration = [(HALO_WAIT,), (GRAPH, cap(self._cg1_step)),
+                     (HALO_START, cap(lambda s: self._pack(s, self.w0, self.w1)), self._transfers(self.w_halo)),
                      (ALLREDUCE, self.sums, self.reduced, 3)]
         return [], iteration, decide
+
+    def _transfers(self, halo):
+        """The halo exchange from the send buffer into ``halo`` (the h received entries)."""
+        return self.nccl.transfers(self.matrix.plan, self.sendbuf, halo)
 
     def _run_steps(self, steps, events=None):
         """Enqueue ``steps``; with ``events``, time each communication step on the main stream.
@@ -306,9 +313,10 @@ class DistGPUPCG:
                 step[1].launch(s)
                 continue
             if kind == HALO_START:  # off the main stream: overlaps what the main stream does next
-                self.ev_packed.record(s)
-                c.wait_event(self.ev_packed)
-                self.nccl.exchange(step[1], c)
+                self.ev_ready.record(s)
+                c.wait_event(self.ev_ready)
+                step[1].launch(c)  # the pack
+                self.nccl.exchange(step[2], c)
                 self.ev_halo.record(c)
                 continue
             if events is not None:
@@ -330,10 +338,8 @@ class DistGPUPCG:
     # -- solving ------------------------------------------------------------------
     def _fill_halo(self, v):
         """Entries [n, n + h) of ``v`` from their owners' [0, n) (outside the iteration)."""
-        s = self.stream
-        self._pack(s, v)
-        self._run_steps([(HALO, self.nccl.transfers(self.matrix.plan, self.sendbuf, self.halo))])
-        v[self.n:] = self.halo
+        self._pack(self.stream, v)
+        self._run_steps([(HALO, self._transfers(v[self.n:]))])
 
     def _residual(self, x, out):
         """out = b - A x over the owned rows."""

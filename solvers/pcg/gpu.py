@@ -33,8 +33,8 @@ def run_block(n):
     return 256 if n <= 16_384 else 512 if n <= 131_072 else 1024
 # Host mirror of `struct State` in kernels/pcg.cu.
 STATE_DTYPE = np.dtype([("rz", "f8"), ("alpha", "f8"), ("beta", "f8"), ("tol", "f8"), ("rnorm", "f8"),
-                        ("pq", "f8"), ("iteration", "i4"), ("maxiter", "i4"), ("status", "i4"),
-                        ("parity", "i4"), ("ticket", "u4"), ("pad", "i4")])
+                        ("pq", "f8"), ("alpha_prev", "f8"), ("iteration", "i4"), ("maxiter", "i4"),
+                        ("status", "i4"), ("parity", "i4"), ("ticket", "u4"), ("pad", "i4")])
 PROGRESS_DTYPE = np.dtype([("rnorm", "f8"), ("iteration", "i4"), ("status", "i4")])
 
 
