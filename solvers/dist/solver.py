@@ -14,11 +14,12 @@ from .partition import split_rows
 
 
 # Rows per rank from which the classic variant is the faster one. On two H200s (3D Poisson, us per
-# iteration, scripts/probe_dist_latency.py at 51db229): single-reduction won at 131k rows per rank
-# (44.6 against 64.4) and about tied at 1M (101.3 against 104.3); classic won from 2M (148.5 against
-# 169.5): single-reduction's fused step gathers r, s, w and the diagonal at every neighbour, which
-# costs more than its one NCCL step saves once the vectors leave the L2 cache.
-CLASSIC_MIN_ROWS_PER_RANK = 1_500_000
+# iteration, scripts/probe_dist_latency.py at 9af8dc5, two runs): single-reduction won at 131k rows
+# per rank (28.5, 27.2 against 32.1, 36.4) and 256k (36.2, 38.9 against 42.7, 39.9), tied at 500k
+# (63.3, 62.3 against 68.4, 57.0); classic won at 1M (78.7 against 97.5) and 2M (124 against 170):
+# single-reduction's fused step gathers r, s, w and the diagonal at every neighbour, which costs
+# more than its one NCCL step saves once the vectors leave the L2 cache.
+CLASSIC_MIN_ROWS_PER_RANK = 500_000
 
 
 def auto_variant(n, ranks):
