@@ -423,6 +423,9 @@ class DistGPUPCG:
             if int(st["status"]) != RUNNING:
                 break
             self.step_times = ms  # a full iteration: the solve was still running after it
+        # The last halo exchange may still run on the second stream; the send buffer and the
+        # tails it fills are used again outside the iteration (_fill_halo), on this stream.
+        self.stream.wait_event(self.ev_halo)
         self._finish()
         self.loop_time = time.perf_counter() - t0
         if sampled_total > 0:
