@@ -157,8 +157,8 @@ __device__ void classic_update(real_t* r0, real_t* r1, const real_t* __restrict_
         alpha = (real_t)(st->rz / pq);
     }
     double v[2] = {0.0, 0.0};  // r.z, r.r
-    const bool odd = st->parity;  // no block writes it here
-    update_rows(START, nullptr, odd ? r1 : r0, odd ? r0 : r1, q, nullptr, dinv, z, alpha, n, v[0], v[1]);
+    const int parity = st->parity;  // no block writes it here
+    update_rows(START, nullptr, parity ? r1 : r0, parity ? r0 : r1, q, nullptr, dinv, z, alpha, n, v[0], v[1]);
     publish_sums(v, st, partials, sums, pending);
 }
 

@@ -33,11 +33,11 @@ from ..pcg.result import Reason
 from .comm import DeviceComm, HostComm, agree
 
 # Step kinds of an iteration (see DistGPUPCG._run_steps).
-GRAPH, HALO, HALO_START, HALO_WAIT, ALLREDUCE = range(5)
+GRAPH, HALO_START, HALO_WAIT, ALLREDUCE = range(4)
 KERNELS = ("dist_spmv_dot", "dist_pack_next_z", "dist_update", "dist_start", "dist_decide", "dist_finish",
            "dist_cg1_step", "dist_cg1_decide", "dist_pack", "matrix_residual")
-# SMs the classic update leaves to NCCL's halo kernel, which runs alongside it (NCCL's send and
-# receive take a block per channel, a few): filling them would hold the exchange back until the end.
+# SMs the classic update leaves to the pack and NCCL's halo kernel, which run alongside it (NCCL's
+# send and receive take a block per channel, a few): filling them would hold the exchange back.
 COMM_SMS = 4
 
 
@@ -321,9 +321,7 @@ class DistGPUPCG:
                 continue
             if events is not None:
                 events[used].record(s)
-            if kind == HALO:
-                self.nccl.exchange(step[1], s)
-            elif kind == HALO_WAIT:
+            if kind == HALO_WAIT:
                 s.wait_event(self.ev_halo)
             else:
                 self.nccl.allreduce(*step[1:], s)
@@ -339,7 +337,7 @@ class DistGPUPCG:
     def _fill_halo(self, v):
         """Entries [n, n + h) of ``v`` from their owners' [0, n) (outside the iteration)."""
         self._pack(self.stream, v)
-        self._run_steps([(HALO, self._transfers(v[self.n:]))])
+        self.nccl.exchange(self._transfers(v[self.n:]), self.stream)
 
     def _residual(self, x, out):
         """out = b - A x over the owned rows."""
