@@ -19,6 +19,9 @@ import numpy as np
 
 from ..errors import DeviceError, InputError
 
+# Seconds between printing a rank's error and MPI_Abort (see abort_on_error).
+ABORT_GRACE_SECONDS = 0.5
+
 
 def world():
     """``MPI.COMM_WORLD`` after checking it matches the launcher (imports mpi4py)."""
@@ -86,6 +89,9 @@ def abort_on_error(comm, code=1):
             raise
         print(f"error: rank {comm.Get_rank()}: {type(exc).__name__}: {_first_line(exc)}",
               file=sys.stderr, flush=True)
+        # Launchers may end the job before forwarding what a rank wrote just before MPI_Abort (seen
+        # once in CI with MPICH's mpiexec: the line was lost); a short pause lets it through.
+        time.sleep(ABORT_GRACE_SECONDS)
         comm.Abort(code)
         os._exit(code)  # MPI_Abort may return before the launcher kills this process
 
