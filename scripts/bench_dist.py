@@ -36,9 +36,9 @@ def worker(args):
     """One MPI job: build the rows of this rank, time both variants; rank 0 prints JSON lines."""
     import numpy as np
 
-    from solvers.dist import DistributedPCG
-    from solvers.dist.comm import abort_on_error, world
-    from solvers.dist.problem import poisson_distributed
+    from solvers.distributed import DistributedPCG
+    from solvers.distributed.comm import abort_on_error, world
+    from solvers.distributed.problem import poisson_distributed
 
     comm = world()
     with abort_on_error(comm):
@@ -85,7 +85,7 @@ def _max():
 
 def run_job(gpus, size, args):
     """Start one worker job; return its result rows (empty, with the error printed, on failure)."""
-    from solvers.dist.launch import mpiexec_command
+    from solvers.distributed.launch import mpiexec_command
 
     env = {**os.environ, "PYTHONPATH": str(REPO), "NCCL_NVLS_ENABLE": os.environ.get("NCCL_NVLS_ENABLE", "0")}
     cmd = [*mpiexec_command(gpus, env, args.mpiexec), sys.executable, __file__, "--worker", "--size", str(size),

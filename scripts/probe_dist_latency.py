@@ -18,9 +18,9 @@ import time
 import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
-from solvers.dist import DistributedPCG  # noqa: E402
-from solvers.dist.comm import abort_on_error, world  # noqa: E402
-from solvers.dist.problem import poisson_distributed  # noqa: E402
+from solvers.distributed import DistributedPCG  # noqa: E402
+from solvers.distributed.comm import abort_on_error, world  # noqa: E402
+from solvers.distributed.problem import poisson_distributed  # noqa: E402
 
 
 def enqueue_timer(impl):

@@ -7,7 +7,7 @@ import pathlib
 import numpy as np
 from mpi4py import MPI
 
-from solvers.dist.problem import poisson_distributed, read_distributed
+from solvers.distributed.problem import poisson_distributed, read_distributed
 from solvers.gallery import poisson
 from solvers.pcg.cpu import VARIANTS  # noqa: F401 - re-exported for parametrisation
 from solvers.pcg.problem import load_problem

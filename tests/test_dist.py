@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from solvers.dist import launch
-from solvers.dist.cpu import pcg_single_reduction
-from solvers.dist.partition import nnz_bounds
-from solvers.dist.problem import poisson_rows
+from solvers.distributed import launch
+from solvers.distributed.cpu import pcg_single_reduction
+from solvers.distributed.partition import nnz_bounds
+from solvers.distributed.problem import poisson_rows
 from solvers.errors import InputError
 from solvers.gallery import poisson
 from solvers.pcg.cpu import pcg_iterate
@@ -46,7 +46,7 @@ def test_detect_launch(env, expected):
 
 
 def test_package_and_cli_import_without_mpi():
-    code = ("import sys, solvers.dist, solvers.pcg.__main__; "
+    code = ("import sys, solvers.distributed, solvers.pcg.__main__; "
             "assert 'mpi4py' not in sys.modules and 'cupy' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
 
@@ -80,7 +80,7 @@ def test_poisson_rows_match_the_global_matrix(shape, lo, hi):
 
 
 def test_auto_variant_follows_rows_per_rank():
-    from solvers.dist.solver import CLASSIC_MIN_ROWS_PER_RANK, auto_variant
+    from solvers.distributed.solver import CLASSIC_MIN_ROWS_PER_RANK, auto_variant
     assert auto_variant(CLASSIC_MIN_ROWS_PER_RANK * 2 - 1, 2) == "single-reduction"
     assert auto_variant(CLASSIC_MIN_ROWS_PER_RANK * 2, 2) == "classic"
     assert auto_variant(CLASSIC_MIN_ROWS_PER_RANK * 2, 3) == "single-reduction"
@@ -223,10 +223,10 @@ def test_cli_mode_is_rejected_under_mpi():
 FAULT = """
 import os, signal, sys
 from mpi4py import MPI
-from solvers.dist import DistributedPCG
-from solvers.dist.comm import abort_on_error
-from solvers.dist.cpu import DistCPUPCG
-from solvers.dist.problem import poisson_distributed
+from solvers.distributed import DistributedPCG
+from solvers.distributed.comm import abort_on_error
+from solvers.distributed.cpu import DistCPUPCG
+from solvers.distributed.problem import poisson_distributed
 comm = MPI.COMM_WORLD
 p = poisson_distributed(comm, (30, 30))
 solver = DistributedPCG(p.rows, p.bounds, comm, device="cpu", rtol=1e-10)
@@ -297,7 +297,7 @@ def test_benchmark_script_runs_on_cpu_ranks(tmp_path, scaling):
 
 @pytest.mark.mpi
 def test_input_error_on_one_rank_outside_set_up_aborts():
-    code = ("from mpi4py import MPI\nfrom solvers.dist.comm import abort_on_error\nfrom solvers.errors import InputError\n"
+    code = ("from mpi4py import MPI\nfrom solvers.distributed.comm import abort_on_error\nfrom solvers.errors import InputError\n"
             "comm = MPI.COMM_WORLD\nwith abort_on_error(comm):\n    if comm.rank == 1:\n"
             "        raise InputError('only here')\n    comm.barrier()\nprint('finished')\n")
     proc = run_mpi(2, "-c", code, timeout=60)

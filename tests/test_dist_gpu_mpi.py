@@ -10,14 +10,14 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from solvers.dist import launch
+from solvers.distributed import launch
 
 if launch.world_size() < 2:
     pytest.skip("needs an MPI launch with 2 or more ranks, one GPU each", allow_module_level=True)
 
-from solvers.dist import DistributedPCG  # noqa: E402
-from solvers.dist.partition import nnz_bounds  # noqa: E402
-from solvers.dist.problem import poisson_distributed  # noqa: E402
+from solvers.distributed import DistributedPCG  # noqa: E402
+from solvers.distributed.partition import nnz_bounds  # noqa: E402
+from solvers.distributed.problem import poisson_distributed  # noqa: E402
 from solvers.gallery import poisson  # noqa: E402
 from solvers.pcg import PCG, Reason  # noqa: E402
 
@@ -62,7 +62,7 @@ def test_halo_copies_match_their_owners_bit_for_bit(variant):
     # Only z (classic, packed before the update that computes it) or w (single-reduction) crosses the
     # network; each rank advances its copies of the halo's p, or r and s, itself, with the owners'
     # operations.
-    from solvers.dist.comm import HostComm
+    from solvers.distributed.comm import HostComm
     p = poisson_distributed(COMM, (30, 28, 26))
     solver = DistributedPCG(p.rows, p.bounds, COMM, rtol=0.0, device="gpu", variant=variant, check_every=4)
     assert solver.solve(p.b, maxiter=25).iterations == 25

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from solvers.dist import launch
+from solvers.distributed import launch
 
 if launch.world_size() < 2:
     pytest.skip("needs an MPI launch with 2 or more ranks (mpiexec -n 2 python -m pytest ...)",
@@ -18,10 +18,10 @@ if launch.world_size() < 2:
 
 from mpi4py import MPI  # noqa: E402
 
-from solvers.dist import DistributedPCG  # noqa: E402
-from solvers.dist.comm import RankError, agree  # noqa: E402
-from solvers.dist.partition import nnz_bounds, split_rows  # noqa: E402
-from solvers.dist.problem import poisson_distributed  # noqa: E402
+from solvers.distributed import DistributedPCG  # noqa: E402
+from solvers.distributed.comm import RankError, agree  # noqa: E402
+from solvers.distributed.partition import nnz_bounds, split_rows  # noqa: E402
+from solvers.distributed.problem import poisson_distributed  # noqa: E402
 from solvers.errors import DeviceError, InputError  # noqa: E402
 from solvers.gallery import poisson  # noqa: E402
 from solvers.pcg import PCG, Reason  # noqa: E402
@@ -49,7 +49,7 @@ def test_partition_reassembles_and_the_plan_delivers_the_halo():
     dense[np.ix_(m.boundary_rows, m.halo_columns)] += m.halo.toarray()
     assert global_max(np.abs(dense - A[lo:hi].toarray()).max()) == 0
     # One exchange of x = global index fills the halo with the columns' own numbers.
-    from solvers.dist.comm import HostComm
+    from solvers.distributed.comm import HostComm
     host = HostComm(COMM, m.plan)
     halo = np.full(m.plan.halo_size, -1.0)
     host.start_halo(np.arange(lo, hi, dtype=float), halo)
@@ -236,7 +236,7 @@ class _HostNccl:
         return plan, sendbuf, halo
 
     def exchange(self, transfers, stream):
-        from solvers.dist.comm import HostComm
+        from solvers.distributed.comm import HostComm
         plan, sendbuf, halo = transfers
         host = HostComm(COMM, plan)
         host._requests = [COMM.Irecv(halo[plan.recv_offsets[i]:plan.recv_offsets[i + 1]], source=r, tag=9)
@@ -255,8 +255,8 @@ def _product(rowptr, col, val, n, columns, defines):
 
 
 def _host_kernels(defines):
-    import kernels.dist_ref as ref
-    from kernels import pcg_ref
+    import solvers.kernels.dist_ref as ref
+    from solvers.kernels import pcg_ref
 
     def on_block(fn, columns_of):
         """``fn`` taking the block A in place of the kernel's (rowptr, col, val)."""
@@ -287,7 +287,7 @@ def _host_kernels(defines):
 
 
 def _host_driver():
-    from solvers.dist.gpu import KERNELS, DistGPUPCG
+    from solvers.distributed.gpu import KERNELS, DistGPUPCG
 
     class HostDriver(DistGPUPCG):
         device_layouts = []
@@ -319,7 +319,7 @@ def _host_driver():
 @pytest.mark.parametrize("variant", ["classic", "single-reduction"])
 @pytest.mark.parametrize("matrix", ["poisson3d", "lap2D"])
 def test_gpu_driver_logic_on_host(monkeypatch, variant, matrix):
-    import solvers.dist.gpu as gpu
+    import solvers.distributed.gpu as gpu
     driver = _host_driver()
     monkeypatch.setattr(gpu, "DistGPUPCG", driver)
     monkeypatch.setattr(DistributedPCG, "_choose_device", lambda self, device: ("gpu", None))
@@ -355,7 +355,7 @@ def test_gpu_driver_logic_on_host(monkeypatch, variant, matrix):
 
 
 def test_out_of_device_memory_on_one_rank_stops_all(monkeypatch):
-    import solvers.dist.gpu as gpu
+    import solvers.distributed.gpu as gpu
     driver = _host_driver()
 
     class Exhausted(driver):

@@ -4,7 +4,7 @@ import gzip
 import numpy as np
 import pytest
 
-from kernels.md_ref import philox4x32
+from solvers.kernels.md_ref import philox4x32
 from solvers.md import (LennardJones, Langevin, Simulation, State, UnstableRunError, VelocityVerlet,
                         lattice_state, read_dump)
 from solvers.md.__main__ import main

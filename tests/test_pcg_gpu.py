@@ -27,7 +27,7 @@ def cases(matrices_dir):
 
 def assert_run_matches_reference(g, pairs, host, ref):
     """The device vectors (``pairs``: name, array) and state equal the reference's after a launch."""
-    from kernels import pcg_ref
+    from solvers.kernels import pcg_ref
     from solvers.pcg.gpu import STATE_DTYPE
 
     dev = g.state.get().view(STATE_DTYPE)[0]
@@ -40,7 +40,7 @@ def assert_run_matches_reference(g, pairs, host, ref):
 
 
 def test_classic_kernel_matches_numpy_reference(cupy):
-    from kernels import pcg_ref
+    from solvers.kernels import pcg_ref
     from solvers.pcg.gpu import STATE_DTYPE, GPUPCG
 
     A = poisson((20, 30)) + sp.diags(np.linspace(0.1, 1.0, 600))
@@ -81,7 +81,7 @@ def test_classic_kernel_matches_numpy_reference(cupy):
 
 @pytest.mark.parametrize("csr", [False, True])
 def test_single_reduction_kernel_matches_numpy_reference(cupy, csr):
-    from kernels import pcg_ref
+    from solvers.kernels import pcg_ref
     from solvers.pcg.gpu import STATE_DTYPE, GPUPCG
 
     A = poisson((20, 30)) + sp.diags(np.linspace(0.1, 1.0, 600))

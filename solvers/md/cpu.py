@@ -1,7 +1,7 @@
 """NumPy backend: the reference the GPU kernels are tested against."""
 import numpy as np
 
-from kernels import md_ref
+from ..kernels import md_ref
 from .neighbor_cpu import build_pairs
 from .thermo import UnstableRunError
 

@@ -14,7 +14,7 @@ restores the state saved at the chunk start, recaptures and redoes the chunk.
 """
 import numpy as np
 
-from kernels import cooperative, module
+from ..kernels import cooperative, module
 from ..backend import require_cupy
 from ..engine import GraphEngine
 from .thermo import UnstableRunError

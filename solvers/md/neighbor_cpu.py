@@ -3,7 +3,7 @@ import itertools
 
 import numpy as np
 
-from kernels.md_ref import minimum_image
+from ..kernels.md_ref import minimum_image
 
 
 def cell_grid(box, rlist):

@@ -7,7 +7,7 @@ import json
 import sys
 import time
 
-from ..dist.launch import world_size
+from ..distributed.launch import world_size
 from ..errors import DeviceError, InputError
 from .problem import load_problem
 from .solver import PCG
@@ -153,8 +153,8 @@ def _write_output(path, x):
 def main(argv=None):
     """Run the CLI; returns the exit code."""
     args = build_parser().parse_args(argv)
-    if world_size() > 1:  # started by an MPI launcher: solvers.dist runs it, rank 0 reports
-        from ..dist.cli import run_distributed
+    if world_size() > 1:  # started by an MPI launcher: solvers.distributed runs it, rank 0 reports
+        from ..distributed.cli import run_distributed
         return run_distributed(args, sys.modules[__name__])
     try:
         if args.maxiter is not None and args.maxiter < 0:

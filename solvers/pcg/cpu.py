@@ -9,7 +9,7 @@ import time
 import numpy as np
 
 from ..backend import is_device_array
-from kernels.pcg_ref import stop_reason
+from ..kernels.pcg_ref import stop_reason
 
 from ..errors import DeviceError, InputError
 from .result import Reason

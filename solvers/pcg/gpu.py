@@ -7,8 +7,8 @@ import time
 
 import numpy as np
 
-import kernels
-from kernels.pcg_ref import RUNNING
+from .. import kernels
+from ..kernels.pcg_ref import RUNNING
 
 from ..backend import require_cupy
 from ..engine import GraphEngine

@@ -22,8 +22,8 @@ import time
 
 import numpy as np
 
-import kernels
-from kernels.pcg_ref import RUNNING
+from .. import kernels
+from ..kernels.pcg_ref import RUNNING
 
 from ..backend import require_cupy
 from ..errors import DeviceError, InputError
@@ -88,7 +88,7 @@ def bind_device(comm):
 
 
 class DistGPUPCG:
-    """One rank's PCG on its GPU (see :class:`~solvers.dist.solver.DistributedPCG`).
+    """One rank's PCG on its GPU (see :class:`~solvers.distributed.solver.DistributedPCG`).
 
     Parameters
     ----------

@@ -14,7 +14,7 @@ from .comm import HostComm
 
 
 class DistCPUPCG:
-    """One rank's PCG on its rows (see :class:`~solvers.dist.solver.DistributedPCG`).
+    """One rank's PCG on its rows (see :class:`~solvers.distributed.solver.DistributedPCG`).
 
     Parameters
     ----------
