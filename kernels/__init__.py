@@ -2,11 +2,15 @@
 
 Each ``*.cu`` file here is one family of kernels, templated on the real type;
 the matching ``*_ref.py`` module says in NumPy what each kernel computes.
-Modules are compiled once per (file, type, options) and cached, so callers fetch
-functions at setup and never compile during graph capture.
+Structs shared with the host are defined once, in Python (:mod:`.structs`), and
+generated into the program text. Modules are compiled once per program text and
+cached, so callers fetch functions at setup and never compile during graph
+capture.
 """
 import functools
 import os
+
+from .structs import SLOT, definitions
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -35,31 +39,45 @@ def ctype(dtype):
     return _CTYPES[key]
 
 
-@functools.lru_cache(maxsize=None)
-def module(name, real="double", defines=(), extra=()):
-    """Compile ``kernels/<name>.cu`` with ``real_t`` set to ``real``, after ``kernels/grid.cu``.
+def program(name, real="double", defines=(), extra=(), before=(), structs=()):
+    """The text :func:`module` compiles: prelude, ``grid.cu``, ``before``, ``name``, ``extra``.
 
     Parameters
     ----------
     name : str
         Kernel file stem.
     real : {"double", "float"}
-        The floating-point type the kernels are instantiated with.
-    defines : tuple of (str, str)
-        Extra preprocessor definitions.
-    extra : tuple of str
-        Further kernel files compiled into the same module, after ``name``
-        (they may use its device functions).
+        The floating-point type the kernels are instantiated with (``real_t``).
+    defines : sequence of (str, str)
+        Preprocessor definitions.
+    extra : sequence of str
+        Kernel files compiled after ``name`` (they may use its device functions).
+    before : sequence of str
+        Kernel files compiled before ``name`` (device functions it uses, such as
+        a matrix format).
+    structs : sequence of structs.Struct
+        Structs the kernels use, defined ahead of every file (``Slot`` always is).
+    """
+    head = [CONDITIONAL_PRELUDE, f"typedef {real} real_t;\n"]
+    head += [f"#define {k} {v}\n" for k, v in defines]
+    head.append(definitions((SLOT, *structs)))
+    return "".join(head) + "".join(source(part) for part in ("grid", *before, name, *extra))
+
+
+def module(name, real="double", defines=(), extra=(), before=(), structs=()):
+    """Compile :func:`program` (same parameters) with NVRTC, once per distinct text.
 
     Returns
     -------
     cupy.RawModule
     """
+    return _compiled(program(name, real, tuple(defines), tuple(extra), tuple(before), tuple(structs)))
+
+
+@functools.lru_cache(maxsize=None)
+def _compiled(code):
     import cupy
 
-    head = [CONDITIONAL_PRELUDE, f"typedef {real} real_t;\n"]
-    head += [f"#define {k} {v}\n" for k, v in defines]
-    code = "".join(head) + "".join(source(part) for part in ("grid", name, *extra))
     mod = cupy.RawModule(code=code, options=("--std=c++17",))
     mod.compile()
     return mod

@@ -55,31 +55,51 @@ __device__ __forceinline__ void add_release(unsigned long long* p, unsigned long
 // a slower block still has to read. Tags count reductions since set-up, so they never repeat within
 // a buffer; a launch's first tag comes from *epoch (see end_epoch). Every block reads every slot:
 // meant for grids of a few hundred blocks.
-struct Slot {
-    double v[3];
-    unsigned int tag, pad;
-};
+
+// Publish this block's slot for reduction `tag` + 1 (thread 0 fills it with `publish(slot)`, then
+// releases the tag), then wait for every block's slot and call `read(slot)` on each, in block order,
+// spread over the block's threads.
+template <int B, typename P, typename R>
+__device__ __forceinline__ void grid_exchange(Slot* slots, unsigned int& tag, P publish, R read) {
+    ++tag;
+    Slot* buf = slots + (tag & 1u) * gridDim.x;
+    if (threadIdx.x == 0) {
+        publish(buf[blockIdx.x]);
+        store_release(&buf[blockIdx.x].tag, tag);
+    }
+    for (int i = threadIdx.x; i < gridDim.x; i += B) {
+        while (load_acquire(&buf[i].tag) != tag) {}
+        read(buf[i]);
+    }
+}
 
 // Sums of K <= 3 values over the grid, in thread 0 of every block; `tag` is this thread's
 // reduction counter (the same in every thread of the grid).
 template <int B, int K>
 __device__ void grid_sums(Slot* slots, double (&v)[K], unsigned int& tag) {
     block_sums<B>(v);
-    ++tag;
-    Slot* buf = slots + (tag & 1u) * gridDim.x;
-    if (threadIdx.x == 0) {
+    double total[K];
 #pragma unroll
-        for (int k = 0; k < K; ++k) buf[blockIdx.x].v[k] = v[k];
-        store_release(&buf[blockIdx.x].tag, tag);
-    }
+    for (int k = 0; k < K; ++k) total[k] = 0.0;
+    grid_exchange<B>(slots, tag, [&](Slot& own) {
 #pragma unroll
-    for (int k = 0; k < K; ++k) v[k] = 0.0;
-    for (int i = threadIdx.x; i < gridDim.x; i += B) {
-        while (load_acquire(&buf[i].tag) != tag) {}
+        for (int k = 0; k < K; ++k) own.v[k] = v[k];
+    }, [&](const Slot& other) {
 #pragma unroll
-        for (int k = 0; k < K; ++k) v[k] += buf[i].v[k];
-    }
+        for (int k = 0; k < K; ++k) total[k] += other.v[k];
+    });
+#pragma unroll
+    for (int k = 0; k < K; ++k) v[k] = total[k];
     block_sums<B>(v);
+}
+
+// Barrier of the whole grid on the same slots and tags (a reduction of nothing): orders every
+// block's earlier writes before every block's later reads.
+template <int B>
+__device__ void grid_barrier(Slot* slots, unsigned int& tag) {
+    __syncthreads();
+    grid_exchange<B>(slots, tag, [](Slot&) {}, [](const Slot&) {});
+    __syncthreads();
 }
 
 // The tag the next launch starts from. Block 0 gets here only after every block has published its

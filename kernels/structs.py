@@ -1,0 +1,130 @@
+"""C structs shared by the host and the kernels, each defined once, here in Python.
+
+A :class:`Struct` lists its fields with their C types. It gives the NumPy dtype
+the host reads and fills (laid out by C's alignment rules, so the bytes match)
+and the C definition the loader puts ahead of the kernel sources, with
+``static_assert`` checks of every offset and of the size, so a layout can never
+differ between the two sides. Kernels take their parameters as one such struct,
+passed by value (a NumPy structured scalar, see :meth:`Struct.pack`).
+"""
+import numpy as np
+
+_SCALARS = {"double": "f8", "float": "f4", "int": "i4", "unsigned int": "u4", "unsigned long long": "u8"}
+
+
+def address(value):
+    """Device address of ``value`` for a pointer field: a CuPy array, a raw address, or None (null)."""
+    if value is None:
+        return 0
+    data = getattr(value, "data", None)
+    if data is not None and hasattr(data, "ptr"):
+        return int(data.ptr)
+    return int(value)
+
+
+class Struct:
+    """A C struct with a NumPy twin.
+
+    Parameters
+    ----------
+    name : str
+        The C type name.
+    fields : sequence of (str, str or Struct)
+        Field names and C types in order: ``double``, ``float``, ``int``,
+        ``unsigned int``, ``unsigned long long``, a fixed array of one of these
+        (``double[3]``), any pointer (``const real_t*``; a 64-bit address on the
+        host), or another :class:`Struct` (nested by value).
+    """
+
+    def __init__(self, name, fields):
+        self.name = name
+        self.fields = tuple(fields)
+        self.dtype = np.dtype([(f, self._numpy_type(t)) for f, t in self.fields], align=True)
+
+    @staticmethod
+    def _numpy_type(ctype):
+        if isinstance(ctype, Struct):
+            return ctype.dtype
+        if ctype.endswith("*"):
+            return "u8"
+        if ctype.endswith("]"):  # a fixed array, "double[3]"
+            base, count = ctype[:-1].split("[")
+            return (_SCALARS[base], (int(count),))
+        return _SCALARS[ctype]
+
+    @staticmethod
+    def _declaration(name, ctype):
+        if isinstance(ctype, Struct):
+            return f"{ctype.name} {name};"
+        if ctype.endswith("]"):
+            base, count = ctype[:-1].split("[")
+            return f"{base} {name}[{count}];"
+        return f"{ctype} {name};"
+
+    def nested(self):
+        """The structs this one contains, innermost first (they must be defined before it)."""
+        out = []
+        for _, t in self.fields:
+            if isinstance(t, Struct):
+                out += [s for s in t.nested() + [t] if s not in out]
+        return out
+
+    def definition(self):
+        """C text: the struct and the compile-time checks of its layout."""
+        lines = [f"struct {self.name} {{"]
+        lines += ["    " + self._declaration(f, t) for f, t in self.fields]
+        lines.append("};")
+        for f, _ in self.fields:
+            lines.append(f"static_assert(__builtin_offsetof({self.name}, {f}) == {self.dtype.fields[f][1]}, "
+                         f"\"{self.name}.{f}: host and device offsets differ\");")
+        lines.append(f"static_assert(sizeof({self.name}) == {self.dtype.itemsize}, "
+                     f"\"{self.name}: host and device sizes differ\");")
+        return "\n".join(lines) + "\n"
+
+    def pack(self, **values):
+        """The struct's bytes as a NumPy structured scalar (what a kernel takes by value).
+
+        Pointer fields take CuPy arrays, addresses or None; nested structs take the
+        result of their own :meth:`pack`; unnamed fields are zero.
+        """
+        record = np.zeros((), dtype=self.dtype)
+        names = dict(self.fields)
+        for key, value in values.items():
+            if key not in names:
+                raise KeyError(f"{self.name} has no field {key!r}")
+            ctype = names[key]
+            if isinstance(ctype, Struct):
+                record[key] = value
+            elif ctype.endswith("*"):
+                record[key] = address(value)
+            else:
+                record[key] = value
+        return record[()]
+
+    def read(self, raw):
+        """A device buffer's bytes (NumPy ``uint8``) as this struct (a structured scalar)."""
+        return np.asarray(raw).view(self.dtype)[0]
+
+
+def definitions(structs):
+    """C text defining ``structs`` and everything they nest, each once, dependencies first."""
+    order = []
+    for s in structs:
+        for t in s.nested() + [s]:
+            if t not in order:
+                order.append(t)
+    return "".join(t.definition() for t in order)
+
+
+# Grid reductions' publication slot (kernels/grid.cu): two buffers of one slot a block.
+SLOT = Struct("Slot", [("v", "double[3]"), ("tag", "unsigned int"), ("pad", "unsigned int")])
+
+# PCG solver state (kernels/pcg.cu): one per solve, on the device; iteration -1 is the set-up pass.
+# alpha_prev: the distributed classic solver's step before alpha while x has not taken it (else 0).
+STATE = Struct("State", [("rz", "double"), ("alpha", "double"), ("beta", "double"), ("tol", "double"),
+                         ("rnorm", "double"), ("pq", "double"), ("alpha_prev", "double"), ("iteration", "int"),
+                         ("maxiter", "int"), ("status", "int"), ("parity", "int"), ("ticket", "unsigned int"),
+                         ("pad", "int")])
+
+# Written by the deciding thread into host-mapped memory, so the host can watch a running graph.
+PROGRESS = Struct("Progress", [("rnorm", "double"), ("iteration", "int"), ("status", "int")])
