@@ -48,3 +48,93 @@ def poisson(shape, dtype=np.float64):
 def anisotropic_diffusion(shape, eps=1e-3, dtype=np.float64):
     """Laplacian whose first-axis coupling is scaled by ``eps`` (hard for Jacobi)."""
     return _laplacian(shape, [eps] + [1.0] * (len(shape) - 1), dtype)
+
+
+def _graph_laplacian(n, rows, cols, shift, dtype):
+    """``D - W + shift (D + I)`` of the undirected graph with edges ``(rows[k], cols[k])``.
+
+    Unit weights; duplicate edges and self loops dropped. The diagonal shift makes the
+    Laplacian (singular: constants are in its null space) positive definite, isolated
+    vertices included.
+    """
+    keep = rows != cols
+    i, j = np.minimum(rows[keep], cols[keep]), np.maximum(rows[keep], cols[keep])
+    W = sp.coo_matrix((np.ones(i.size), (i, j)), shape=(n, n)).tocsr()
+    W.data[:] = 1.0  # duplicates were summed
+    W = W + W.T
+    degree = np.asarray(W.sum(axis=1)).ravel()
+    A = sp.diags(degree * (1.0 + shift) + shift) - W
+    A = sp.csr_matrix(A, dtype=dtype)
+    A.sort_indices()
+    return A
+
+
+def random_geometric_laplacian(n, degree=14.0, shift=1e-2, seed=0, dtype=np.float64):
+    """Laplacian of a 3-D random geometric graph, rows numbered in random order.
+
+    ``n`` points uniform in the unit cube, joined when closer than the radius
+    that gives ``degree`` neighbours on average (a mesh without a grid, as from
+    an unstructured finite-element or particle code, with no locality in the
+    numbering). ``shift`` as in ``D - W + shift (D + I)``.
+
+    Returns
+    -------
+    scipy.sparse.csr_matrix
+    """
+    from scipy.spatial import cKDTree
+
+    points = np.random.default_rng(seed).random((int(n), 3))
+    radius = (3.0 * degree / (4.0 * np.pi * n)) ** (1.0 / 3.0)
+    pairs = cKDTree(points).query_pairs(radius, output_type="ndarray")
+    return _graph_laplacian(int(n), pairs[:, 0], pairs[:, 1], shift, dtype)
+
+
+def power_law_laplacian(n, exponent=2.6, min_degree=2, hub_fraction=0.888, shift=1e-2, seed=0,
+                        dtype=np.float64):
+    """Laplacian of a graph with power-law degrees and one hub joined to most vertices.
+
+    Degrees drawn from a Pareto law (``P(d) ~ d^-exponent``, at least ``min_degree``),
+    wired by random stub matching (configuration model); vertex 0 is then joined to a
+    random ``hub_fraction`` of the others, so its row is nearly dense (a social or web
+    graph's celebrity). Rows are numbered in random order. ``shift`` as for
+    :func:`random_geometric_laplacian`.
+    """
+    rng = np.random.default_rng(seed)
+    n = int(n)
+    degrees = np.minimum(np.floor(min_degree * (1.0 - rng.random(n)) ** (-1.0 / (exponent - 1.0))),
+                         n - 1).astype(np.int64)
+    stubs = rng.permutation(np.repeat(np.arange(n), degrees))
+    stubs = stubs[: stubs.size // 2 * 2].reshape(-1, 2)
+    hub = np.zeros(int(hub_fraction * (n - 1)), dtype=np.int64)
+    spokes = 1 + rng.choice(n - 1, size=hub.size, replace=False)
+    rows = np.concatenate([stubs[:, 0], hub])
+    cols = np.concatenate([stubs[:, 1], spokes])
+    order = rng.permutation(n)  # random numbering: the hub is not row 0
+    return _graph_laplacian(n, order[rows], order[cols], shift, dtype)
+
+
+def stencil27(shape, dtype=np.float64):
+    """27-point Laplacian on a 3-D grid (each point coupled to its 26 neighbours), Dirichlet walls.
+
+    ``26`` on the diagonal and ``-1`` to every neighbour inside the grid: the sparsity of
+    trilinear (Q1) hexahedral finite elements on a structured mesh.
+    """
+    nx, ny, nz = (int(m) for m in shape)
+    n = nx * ny * nz
+    idx = np.arange(n).reshape(nx, ny, nz)
+    rows, cols = [], []
+    for dx in (-1, 0, 1):
+        for dy in (-1, 0, 1):
+            for dz in (-1, 0, 1):
+                if dx == dy == dz == 0:
+                    continue
+                src = idx[max(0, -dx):nx - max(0, dx), max(0, -dy):ny - max(0, dy), max(0, -dz):nz - max(0, dz)]
+                dst = idx[max(0, dx):nx - max(0, -dx) or None, max(0, dy):ny - max(0, -dy) or None,
+                          max(0, dz):nz - max(0, -dz) or None]
+                rows.append(src.ravel())
+                cols.append(dst.ravel())
+    rows, cols = np.concatenate(rows), np.concatenate(cols)
+    A = sp.coo_matrix((np.full(rows.size, -1.0), (rows, cols)), shape=(n, n)) + sp.diags(np.full(n, 26.0))
+    A = sp.csr_matrix(A, dtype=dtype)
+    A.sort_indices()
+    return A
