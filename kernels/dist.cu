@@ -1,9 +1,10 @@
-// Kernels of the distributed PCG (solvers/dist/gpu.py); see dist_ref.py for their NumPy meaning.
+// Kernels of the distributed PCG (solvers/distributed/gpu.py); see dist_ref.py for their NumPy meaning.
 //
 // Compiled after pcg.cu, whose State, row products and block reductions they use. A rank's matrix
 // block has its n owned rows and n + h columns: the owned ones, then the h halo entries (owned by
-// other ranks, see solvers/dist/partition.py), so one product covers a whole row. Every vector the
-// product reads at neighbouring rows is stored with the halo's copy at [n, n + h).
+// other ranks, see solvers/distributed/partition.py), so one product covers a whole row. Every vector
+// the product reads at neighbouring rows is stored with the halo's copy at [n, n + h). Every kernel
+// takes the rank's buffers as one struct, DistRun (generated, see solvers/distributed/gpu.py).
 //
 // The kernels only produce this rank's partial sums: the decisions are taken from the allreduced
 // values, identical on every rank, so every rank stops at the same iteration. `pending` is set when
@@ -17,10 +18,10 @@
 // (v0, v1) that the last update wrote: v1 while st's parity is 0, else v0 (pass v0 = v1 for a
 // vector with one buffer).
 extern "C" __global__ void __launch_bounds__(BLOCK)
-dist_pack(const real_t* v0, const real_t* v1, const State* st, const int* __restrict__ idx,
-          real_t* __restrict__ out, int m) {
-    const real_t* v = st->parity ? v0 : v1;
-    for (int k = blockIdx.x * BLOCK + threadIdx.x; k < m; k += gridDim.x * BLOCK) out[k] = v[idx[k]];
+dist_pack(const DistRun a, const real_t* v0, const real_t* v1) {
+    const real_t* v = a.st->parity ? v0 : v1;
+    for (int k = blockIdx.x * BLOCK + threadIdx.x; k < a.nsend; k += gridDim.x * BLOCK)
+        a.sendbuf[k] = v[a.send_index[k]];
 }
 
 // Classic decision from reduced = [pq, rz_new, rr] (pcg.cu's update_decision, as on one GPU); the
@@ -70,17 +71,14 @@ __device__ void finish_decision(State* st, const double* reduced, int* pending, 
 // the buffer of (r0, r1) the update reads (it writes the other one). Nothing on a bad pq (the update
 // stops the solve).
 extern "C" __global__ void __launch_bounds__(BLOCK)
-dist_pack_next_z(const real_t* __restrict__ r0, const real_t* __restrict__ r1, const real_t* __restrict__ q,
-                 const real_t* __restrict__ dinv, const State* st, const double* reduced,
-                 const int* __restrict__ idx, real_t* __restrict__ out, int m) {
-    const double pq = reduced[0];
-    if (st->status != RUNNING || !isfinite(pq) || pq <= 0.0) return;
-    const real_t alpha = (real_t)(st->rz / pq);
-    const real_t* r = st->parity ? r1 : r0;
-    for (int k = blockIdx.x * BLOCK + threadIdx.x; k < m; k += gridDim.x * BLOCK) {
-        const int i = idx[k];
-        const real_t ri = fma(-alpha, q[i], r[i]);
-        out[k] = dinv ? dinv[i] * ri : ri;
+dist_pack_next_z(const DistRun a) {
+    const double pq = a.reduced[0];
+    if (a.st->status != RUNNING || !isfinite(pq) || pq <= 0.0) return;
+    const real_t alpha = (real_t)(a.st->rz / pq);
+    const real_t* r = a.st->parity ? a.r1 : a.r0;
+    for (int k = blockIdx.x * BLOCK + threadIdx.x; k < a.nsend; k += gridDim.x * BLOCK) {
+        const int i = a.send_index[k];
+        a.sendbuf[k] = precondition(a.dinv, i, fma(-alpha, a.q[i], r[i]));
     }
 }
 
@@ -104,29 +102,28 @@ __device__ void publish_sums(double (&v)[K], State* st, double* partials, double
 // At least 4 blocks an SM cap it at 64 registers (124 without, 2 blocks an SM): enough rows in
 // flight to stream at bandwidth, as pcg_run's direction_product does at the same cap.
 extern "C" __global__ void __launch_bounds__(BLOCK, 4)
-dist_spmv_dot(const int* __restrict__ rowptr, const int* __restrict__ col, const real_t* __restrict__ val,
-              const real_t* z, real_t* p0, real_t* p1, real_t* q, real_t* x, State* st, const double* reduced,
-              int* pending, double* history, double* partials, double* out, int n, int h) {
+dist_spmv_dot(const DistRun a) {
     bool deciding;
-    const State s = decided_state(st, reduced, pending, deciding, classic_decision);
+    const State s = decided_state(a.st, a.reduced, a.pending, deciding, classic_decision);
     if (s.status != RUNNING && !deciding) return;
     double sums[1] = {0.0};
     const bool steps = s.status == RUNNING && (s.iteration & 1);
     if (s.status == RUNNING) {
+        const int n = a.A.n;
         const real_t beta = (real_t)s.beta;
-        const real_t* p_old = s.parity ? p1 : p0;
-        real_t* p_new = s.parity ? p0 : p1;
-        sums[0] = direction_product(rowptr, col, val, z, p_old, p_new, q, beta, n, steps ? x : nullptr,
+        const real_t* p_old = s.parity ? a.p1 : a.p0;
+        real_t* p_new = s.parity ? a.p0 : a.p1;
+        sums[0] = direction_product(a.A, a.z, p_old, p_new, a.q, beta, steps ? a.x : nullptr,
                                     (real_t)s.alpha_prev, (real_t)s.alpha);
-        for (int j = n + blockIdx.x * BLOCK + threadIdx.x; j < n + h; j += gridDim.x * BLOCK)
-            p_new[j] = fma(beta, p_old[j], z[j]);
+        for (int j = n + blockIdx.x * BLOCK + threadIdx.x; j < n + a.h; j += gridDim.x * BLOCK)
+            p_new[j] = fma(beta, p_old[j], a.z[j]);
     }
-    if (!publish_partials(partials, sums, &st->ticket)) return;
-    sum_partials(partials, sums);
+    if (!publish_partials(a.partials, sums, &a.st->ticket)) return;
+    sum_partials(a.partials, sums);
     if (threadIdx.x == 0) {
-        finish_decision(st, reduced, pending, history, deciding, classic_decision);
-        if (steps) st->alpha_prev = st->alpha = 0.0;  // taken
-        *out = sums[0];
+        finish_decision(a.st, a.reduced, a.pending, a.history, deciding, classic_decision);
+        if (steps) a.st->alpha_prev = a.st->alpha = 0.0;  // taken
+        a.sums[0] = sums[0];
     }
 }
 
@@ -137,13 +134,12 @@ dist_spmv_dot(const int* __restrict__ rowptr, const int* __restrict__ col, const
 // steps (alpha_prev, alpha), which every second product, or dist_finish, takes. Partial r.z, r.r ->
 // sums[0..1].
 template <bool START>
-__device__ void classic_update(real_t* r0, real_t* r1, const real_t* __restrict__ q,
-                               const real_t* __restrict__ dinv, real_t* __restrict__ z, State* st,
-                               const double* reduced, double* partials, double* sums, int* pending, int n) {
+__device__ void classic_update(const DistRun& a) {
+    State* st = a.st;
     if (st->status != RUNNING) return;
     real_t alpha = 0;
     if (!START) {
-        const double pq = reduced[0];
+        const double pq = a.reduced[0];
         const bool bad = !isfinite(pq) || pq <= 0.0;  // every block sees the same pq
         if (blockIdx.x == 0 && threadIdx.x == 0) {  // no block reads st->alpha here
             st->alpha_prev = st->alpha;
@@ -158,42 +154,35 @@ __device__ void classic_update(real_t* r0, real_t* r1, const real_t* __restrict_
     }
     double v[2] = {0.0, 0.0};  // r.z, r.r
     const int parity = st->parity;  // no block writes it here
-    update_rows(START, nullptr, parity ? r1 : r0, parity ? r0 : r1, q, nullptr, dinv, z, alpha, n, v[0], v[1]);
-    publish_sums(v, st, partials, sums, pending);
+    update_rows(START, nullptr, parity ? a.r1 : a.r0, parity ? a.r0 : a.r1, a.q, nullptr, a.dinv, a.z, alpha,
+                a.A.n, v[0], v[1]);
+    publish_sums(v, st, a.partials, a.sums + 1, a.pending);
 }
 
-extern "C" __global__ void __launch_bounds__(BLOCK)
-dist_update(real_t* r0, real_t* r1, const real_t* q, const real_t* dinv, real_t* z, State* st,
-            const double* reduced, double* partials, double* sums, int* pending, int n) {
-    classic_update<false>(r0, r1, q, dinv, z, st, reduced, partials, sums, pending, n);
-}
+extern "C" __global__ void __launch_bounds__(BLOCK) dist_update(const DistRun a) { classic_update<false>(a); }
 
-extern "C" __global__ void __launch_bounds__(BLOCK)
-dist_start(real_t* r0, real_t* r1, const real_t* q, const real_t* dinv, real_t* z, State* st,
-           const double* reduced, double* partials, double* sums, int* pending, int n) {
-    classic_update<true>(r0, r1, q, dinv, z, st, reduced, partials, sums, pending, n);
-}
+extern "C" __global__ void __launch_bounds__(BLOCK) dist_start(const DistRun a) { classic_update<true>(a); }
 
 // After a classic solve has stopped: the steps no product took, x += alpha_prev p_prev + alpha p
 // (p the last direction, p_prev the one before; a step is 0 once taken, and alpha is 0 when the
 // last update stopped on a bad p.Ap).
 extern "C" __global__ void __launch_bounds__(BLOCK)
-dist_finish(real_t* x, const real_t* p0, const real_t* p1, const State* st, int n) {
-    const real_t alpha_prev = (real_t)st->alpha_prev, alpha = (real_t)st->alpha;
-    const real_t* p = st->parity ? p0 : p1;
-    const real_t* p_prev = st->parity ? p1 : p0;
-    for (int i = blockIdx.x * BLOCK + threadIdx.x; i < n; i += gridDim.x * BLOCK) {
-        real_t xi = x[i];
+dist_finish(const DistRun a) {
+    const real_t alpha_prev = (real_t)a.st->alpha_prev, alpha = (real_t)a.st->alpha;
+    const real_t* p = a.st->parity ? a.p0 : a.p1;
+    const real_t* p_prev = a.st->parity ? a.p1 : a.p0;
+    for (int i = blockIdx.x * BLOCK + threadIdx.x; i < a.A.n; i += gridDim.x * BLOCK) {
+        real_t xi = a.x[i];
         if (alpha_prev != 0) xi = fma(alpha_prev, p_prev[i], xi);
         if (alpha != 0) xi = fma(alpha, p[i], xi);
-        x[i] = xi;
+        a.x[i] = xi;
     }
 }
 
 // The pending decision on its own (the host reads the status next).
-extern "C" __global__ void dist_decide(State* st, const double* reduced, int* pending, double* history) {
-    if (threadIdx.x || blockIdx.x || st->status != RUNNING || !*pending) return;
-    finish_decision(st, reduced, pending, history, true, classic_decision);
+extern "C" __global__ void dist_decide(const DistRun a) {
+    if (threadIdx.x || blockIdx.x || a.st->status != RUNNING || !*a.pending) return;
+    finish_decision(a.st, a.reduced, a.pending, a.history, true, classic_decision);
 }
 
 // Chronopoulos-Gear PCG, after the pending decision: one iteration of pcg1_run over the owned rows
@@ -201,29 +190,26 @@ extern "C" __global__ void dist_decide(State* st, const double* reduced, int* pe
 // r.u, w.u -> sums[0..2], pending. Nothing once the solve has stopped. The set-up pass is the
 // iteration taken while st->iteration is -1.
 extern "C" __global__ void __launch_bounds__(BLOCK, 4)
-dist_cg1_step(const int* __restrict__ rowptr, const int* __restrict__ col, const real_t* __restrict__ val,
-              const real_t* __restrict__ dinv, real_t* x, real_t* p, real_t* r0, real_t* r1, real_t* s0,
-              real_t* s1, real_t* w0, real_t* w1, const real_t* w_halo, State* st, const double* reduced,
-              int* pending, double* history, double* partials, double* sums, int n, int h) {
+dist_cg1_step(const DistRun a) {
     bool deciding;
-    const State s = decided_state(st, reduced, pending, deciding, cg1_decision);
+    const State s = decided_state(a.st, a.reduced, a.pending, deciding, cg1_decision);
     if (s.status != RUNNING && !deciding) return;
     double v[3] = {0.0, 0.0, 0.0};
     if (s.status == RUNNING)
-        single_reduction_rows(rowptr, col, val, dinv, x, p, r0, r1, s0, s1, w0, w1, w_halo, s, n, h, v);
-    if (!publish_partials(partials, v, &st->ticket)) return;
-    sum_partials(partials, v);
+        single_reduction_rows(a.A, a.dinv, a.x, a.p, a.r0, a.r1, a.s0, a.s1, a.w0, a.w1, a.w_halo, s, a.h, v);
+    if (!publish_partials(a.partials, v, &a.st->ticket)) return;
+    sum_partials(a.partials, v);
     if (threadIdx.x == 0) {
-        finish_decision(st, reduced, pending, history, deciding, cg1_decision);
+        finish_decision(a.st, a.reduced, a.pending, a.history, deciding, cg1_decision);
         if (s.status == RUNNING) {
-            for (int k = 0; k < 3; ++k) sums[k] = v[k];
-            *pending = 1;
+            for (int k = 0; k < 3; ++k) a.sums[k] = v[k];
+            *a.pending = 1;
         }
     }
 }
 
 // The pending decision on its own (the host reads the status next).
-extern "C" __global__ void dist_cg1_decide(State* st, const double* reduced, int* pending, double* history) {
-    if (threadIdx.x || blockIdx.x || st->status != RUNNING || !*pending) return;
-    finish_decision(st, reduced, pending, history, true, cg1_decision);
+extern "C" __global__ void dist_cg1_decide(const DistRun a) {
+    if (threadIdx.x || blockIdx.x || a.st->status != RUNNING || !*a.pending) return;
+    finish_decision(a.st, a.reduced, a.pending, a.history, true, cg1_decision);
 }

@@ -1,42 +1,30 @@
 // Preconditioned CG on one GPU (see pcg_ref.py for the NumPy meaning of every kernel).
 //
-// On one GPU a launch runs several iterations in one persistent (cooperative) kernel: pcg_run
-// (classic, two grid reductions an iteration) or pcg1_run (single-reduction, Chronopoulos-Gear, one).
-// The direction update is folded into the SpMV by forming p_new on the fly for every column it
-// touches (p is double-buffered, `parity` says which buffer is current). Grid totals are the
-// per-block partials summed in a fixed order, so results do not depend on block scheduling and
-// every driver (eager, graph, while) produces the same bits. The distributed solver (dist.cu) runs
-// the same pieces (direction_product, single_reduction_rows) with kernel boundaries instead, and
+// A launch runs several iterations in one persistent (cooperative) kernel: pcg_run (classic, two
+// grid reductions an iteration) or pcg1_run (single-reduction, Chronopoulos-Gear, one). Grid totals
+// are the per-block partials summed in a fixed order, so results do not depend on block scheduling
+// and every driver (eager, graph, while) produces the same bits. The distributed solver (dist.cu)
+// runs the same pieces (direction_product, single_reduction_rows) with kernel boundaries instead, and
 // its last-block (ticket) reductions (publish_partials, sum_partials).
 //
-// Compiled with real_t (double or float) and SUBWARP (lanes per row) defined by the loader, and
-// ELL_WIDTH when the matrix is stored as ELL (regular row lengths, e.g. stencils) rather than CSR.
+// Compiled after grid.cu, matrix.cu and one matrix format (the Matrix struct and its
+// for_each_row_product), with real_t (double or float) and the generated structs (State, Progress,
+// and the kernels' argument structs ClassicRun / SingleReductionRun) defined by the loader.
+//
+// The product reads the vector it multiplies at neighbouring rows. With GATHER_STORED 0 it forms
+// those entries on the fly from the vectors they are made of (the new direction p = z + beta p_old,
+// or single-reduction's u = M^-1 r): no grid barrier before the product, at the cost of gathering
+// two to four vectors, which is cheap where neighbours sit close in memory (stencils). With
+// GATHER_STORED 1 the vector is formed row by row and stored first, behind a grid barrier, and the
+// product gathers that one vector: the choice for scattered columns, where each gathered entry costs
+// a memory transaction. Both give the same iterates; the order of the inner products' sums differs.
 
-#ifdef ELL_WIDTH
-#undef SUBWARP
-#define SUBWARP 1
-#endif
-#ifndef SUBWARP
-#define SUBWARP 8
+#ifndef GATHER_STORED
+#define GATHER_STORED 0
 #endif
 #define BLOCK 256
 
 enum { RUNNING = 0, CONVERGED = 1, MAX_ITERATIONS = 2, BREAKDOWN = 3, NOT_FINITE = 4 };
-
-// Device-side solver state; the host mirrors this layout in solvers/pcg/gpu.py (STATE_DTYPE).
-// alpha_prev: the distributed classic solver's step before alpha's while x has not taken it (else 0).
-struct State {
-    double rz, alpha, beta, tol, rnorm, pq, alpha_prev;
-    int iteration, maxiter, status, parity;
-    unsigned int ticket;
-    int pad;
-};
-
-// Written by the deciding thread into host-mapped memory, so the host can watch a running graph.
-struct Progress {
-    double rnorm;
-    int iteration, status;
-};
 
 // Publish this block's sums of v as partials[k * gridDim.x + blockIdx.x]; true in the last block to
 // finish, which then calls sum_partials. The ticket is reset by that block's thread 0.
@@ -67,84 +55,40 @@ __device__ void sum_partials(const double* partials, double (&v)[K]) {
     block_sums<BLOCK>(v);
 }
 
-// Sum val * v(col) over the entries of rows a and b; every lane of a row gets its sum.
-#ifdef ELL_WIDTH
-// ELL, column-major: entry k of row i sits at [k * n + i] (padding: value 0, column i). One thread
-// per row; the unrolled loop puts all of both rows' loads in flight at once, perfectly coalesced.
-template <typename F>
-__device__ __forceinline__ void row_dot2(const int* __restrict__, const int* __restrict__ col,
-                                         const real_t* __restrict__ val, int n, int a, bool active_a,
-                                         int b, bool active_b, F v, real_t& sa, real_t& sb) {
-    sa = 0;
-    sb = 0;
-#pragma unroll
-    for (int k = 0; k < ELL_WIDTH; ++k) {
-        const size_t off = (size_t)k * n;
-        if (active_a) sa += val[off + a] * v(col[off + a]);
-        if (active_b) sb += val[off + b] * v(col[off + b]);
-    }
-}
-#else
-// CSR, each row spread over SUBWARP lanes. The first SUBWARP entries of both rows are loaded before
-// either row's remainder loop, so a typical short row costs one round of independent loads.
-template <typename F>
-__device__ __forceinline__ void row_dot2(const int* __restrict__ rowptr, const int* __restrict__ col,
-                                         const real_t* __restrict__ val, int, int a, bool active_a,
-                                         int b, bool active_b, F v, real_t& sa, real_t& sb) {
-    const int lane = threadIdx.x % SUBWARP;
-    int ka = 0, ea = 0, kb = 0, eb = 0;
-    if (active_a) { ka = rowptr[a] + lane; ea = rowptr[a + 1]; }
-    if (active_b) { kb = rowptr[b] + lane; eb = rowptr[b + 1]; }
-    sa = ka < ea ? val[ka] * v(col[ka]) : real_t(0);
-    sb = kb < eb ? val[kb] * v(col[kb]) : real_t(0);
-    for (ka += SUBWARP; ka < ea; ka += SUBWARP) sa += val[ka] * v(col[ka]);
-    for (kb += SUBWARP; kb < eb; kb += SUBWARP) sb += val[kb] * v(col[kb]);
-    for (int o = SUBWARP / 2; o > 0; o >>= 1) {
-        sa += __shfl_xor_sync(0xffffffffu, sa, o, SUBWARP);
-        sb += __shfl_xor_sync(0xffffffffu, sb, o, SUBWARP);
-    }
-}
-#endif
-
-// finish(row, (A v)_row) for every row, called by the row's first lane. Two rows per pass keep two
-// independent gather chains in flight (the SpMV is latency bound otherwise); the loop bound is
-// uniform across the block so every lane reaches row_dot2's shuffles.
-template <typename V, typename F>
-__device__ __forceinline__ void for_each_row_product(const int* __restrict__ rowptr, const int* __restrict__ col,
-                                                     const real_t* __restrict__ val, int n, V v, F finish) {
-    const int rows_per_block = blockDim.x / SUBWARP;
-    const int stride = gridDim.x * rows_per_block;
-    for (int base = blockIdx.x * rows_per_block; base < n; base += 2 * stride) {
-        const int row_a = base + threadIdx.x / SUBWARP, row_b = row_a + stride;
-        const bool active_a = row_a < n, active_b = row_b < n;
-        real_t sa, sb;
-        row_dot2(rowptr, col, val, n, row_a, active_a, row_b, active_b, v, sa, sb);
-        if (threadIdx.x % SUBWARP == 0) {
-            if (active_a) finish(row_a, sa);
-            if (active_b) finish(row_b, sb);
-        }
-    }
+// z = M^-1 r at row i (Jacobi when dinv is set, else the identity).
+__device__ __forceinline__ real_t precondition(const real_t* dinv, int i, real_t r) {
+    return dinv ? __ldg(&dinv[i]) * r : r;
 }
 
-// Vectors that other blocks write during a persistent kernel are read through plain pointers (no
-// const __restrict__): the read-only cache path is not coherent within a kernel.
+// Vectors that other blocks write during a persistent kernel are read through plain pointers (not
+// __ldg): the read-only cache path is not coherent within a kernel.
 
 // p_new = z + beta p_old and q = A p_new over this thread's rows; returns its share of p_new . q.
 // With x, also takes the two previous steps x += alpha_prev p_prev, then x += alpha p_old, where
 // p_prev is what p_new's buffer held. The distributed solver's update leaves the steps to every
 // second pass, which reads p_old anyway: x costs 12 bytes a row an iteration instead of 24.
-__device__ double direction_product(const int* __restrict__ rowptr, const int* __restrict__ col,
-                                    const real_t* __restrict__ val, const real_t* z, const real_t* p_old,
-                                    real_t* p_new, real_t* q, real_t beta, int n, real_t* x = nullptr,
-                                    real_t alpha_prev = 0, real_t alpha = 0) {
+__device__ double direction_product(const Matrix& A, const real_t* z, const real_t* p_old, real_t* p_new, real_t* q,
+                                    real_t beta, real_t* x = nullptr, real_t alpha_prev = 0, real_t alpha = 0) {
     auto direction = [&](int j) { return fma(beta, p_old[j], z[j]); };
     double pq = 0.0;
-    for_each_row_product(rowptr, col, val, n, direction, [&](int i, real_t qi) {
-        if (x) x[i] = fma(alpha, p_old[i], fma(alpha_prev, p_new[i], x[i]));
+    for_each_row_product(A, direction, [&](int i, real_t qi, int part) {
         const real_t pn = direction(i);
-        p_new[i] = pn;
-        q[i] = qi;
-        pq += (double)pn * (double)qi;
+        if (owns_row(part)) {
+            if (x) x[i] = fma(alpha, p_old[i], fma(alpha_prev, p_new[i], x[i]));
+            p_new[i] = pn;
+        }
+        if (completes_row(part)) q[i] = qi;
+        if (adds_to_sums(part)) pq += (double)pn * (double)qi;
+    });
+    return pq;
+}
+
+// q = A p over this thread's rows, p stored; returns its share of p . q.
+__device__ double stored_product(const Matrix& A, const real_t* p, real_t* q) {
+    double pq = 0.0;
+    for_each_row_product(A, [&](int j) { return p[j]; }, [&](int i, real_t qi, int part) {
+        if (completes_row(part)) q[i] = qi;
+        if (adds_to_sums(part)) pq += (double)p[i] * (double)qi;
     });
     return pq;
 }
@@ -169,11 +113,11 @@ __device__ __forceinline__ int stop_reason(double rnorm, double tol, int it, int
     return RUNNING;
 }
 
-// x += alpha p (unless x is null), r_out = r - alpha q (unless start), z = M^-1 r_out over this
-// thread's rows (r_out may be r); accumulates r.z, r.r of the new r.
+// x += alpha p (unless x is null), r_out = r - alpha q (unless start), z = M^-1 r_out over the rows
+// [0, n) (r_out may be r); accumulates r.z, r.r of the new r.
 __device__ __forceinline__ void update_rows(bool start, real_t* x, const real_t* r, real_t* r_out, const real_t* q,
-                                            const real_t* p, const real_t* __restrict__ dinv, real_t* z,
-                                            real_t alpha, int n, double& rz, double& rr) {
+                                            const real_t* p, const real_t* dinv, real_t* z, real_t alpha, int n,
+                                            double& rz, double& rr) {
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
         real_t ri = r[i];
         if (!start) {
@@ -181,7 +125,7 @@ __device__ __forceinline__ void update_rows(bool start, real_t* x, const real_t*
             ri = fma(-alpha, q[i], ri);
             r_out[i] = ri;
         }
-        const real_t zi = dinv ? dinv[i] * ri : ri;
+        const real_t zi = precondition(dinv, i, ri);
         z[i] = zi;
         rz += (double)ri * (double)zi;
         rr += (double)ri * (double)ri;
@@ -278,59 +222,68 @@ __device__ void settle(State& s, State* st, int it, double rnorm, int status, do
 //   x += alpha p_new ; r -= alpha q ; z = M^-1 r ; r.z, r.r ; decide ; beta = rz_new / rz.
 // The set-up pass computes z = M^-1 r, r.z and r.r only.
 extern "C" __global__ void __launch_bounds__(RUN_BLOCK, RUN_MIN_BLOCKS)
-pcg_run(const int* __restrict__ rowptr, const int* __restrict__ col, const real_t* __restrict__ val,
-        const real_t* __restrict__ dinv, real_t* x, real_t* r, real_t* z, real_t* q, real_t* p0, real_t* p1,
-        State* st, Slot* slots, unsigned int* epoch, double* history, Progress* progress,
-        unsigned long long handle, int n, int count) {
+pcg_run(const ClassicRun a, unsigned long long handle, int count) {
     __shared__ State s;
-    if (threadIdx.x == 0) s = *st;
+    if (threadIdx.x == 0) s = *a.st;
     __syncthreads();
-    unsigned int tag = *epoch;
+    unsigned int tag = *a.epoch;
+    const int n = a.A.n;
     for (int c = 0; c < count && !finished(s, handle); ++c) {
         const bool start = s.iteration < 0;
-        real_t* p_new = s.parity ? p0 : p1;
+        real_t* p_new = s.parity ? a.p0 : a.p1;
         if (!start) {
-            double pq[1] = {direction_product(rowptr, col, val, z, s.parity ? p1 : p0, p_new, q,
-                                              (real_t)s.beta, n)};
-            grid_sums<RUN_BLOCK>(slots, pq, tag);
+            const real_t* p_old = s.parity ? a.p1 : a.p0;
+            const real_t beta = (real_t)s.beta;
+            double pq[1];
+            if (GATHER_STORED) {
+                for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+                    p_new[i] = fma(beta, p_old[i], a.z[i]);
+                grid_barrier<RUN_BLOCK>(a.slots, tag);
+                pq[0] = stored_product(a.A, p_new, a.q);
+            } else {
+                pq[0] = direction_product(a.A, a.z, p_old, p_new, a.q, beta);
+            }
+            grid_sums<RUN_BLOCK>(a.slots, pq, tag);
             if (threadIdx.x == 0) {
                 direction_decision(&s, pq[0]);
-                if (s.status != RUNNING) settle(s, st, s.iteration, s.rnorm, s.status, history, progress, handle);
+                if (s.status != RUNNING)
+                    settle(s, a.st, s.iteration, s.rnorm, s.status, a.history, a.progress, handle);
             }
             __syncthreads();
             if (s.status != RUNNING) break;
         }
         double sums[2] = {0.0, 0.0};  // r.z, r.r
-        update_rows(start, x, r, r, q, p_new, dinv, z, (real_t)s.alpha, n, sums[0], sums[1]);
-        grid_sums<RUN_BLOCK>(slots, sums, tag);
+        update_rows(start, a.x, a.r, a.r, a.q, p_new, a.dinv, a.z, (real_t)s.alpha, n, sums[0], sums[1]);
+        grid_sums<RUN_BLOCK>(a.slots, sums, tag);
         if (threadIdx.x == 0) {
             const int it = s.iteration + 1;
             const double rnorm = sqrt(sums[1]);
-            settle(s, st, it, rnorm, update_decision(&s, start, it, sums[0], rnorm), history, progress, handle);
+            settle(s, a.st, it, rnorm, update_decision(&s, start, it, sums[0], rnorm), a.history, a.progress,
+                   handle);
         }
         __syncthreads();
     }
-    end_epoch(epoch, tag);
+    end_epoch(a.epoch, tag);
 }
 
 // Chronopoulos-Gear PCG, one grid reduction per iteration (see pcg_ref.pcg1_step):
 //   s = w + beta s ; p = u + beta p ; x += alpha p ; r -= alpha s ; u = M^-1 r ; w = A u ;
 //   r.r, r.u, w.u ; decide.
-// The product A u needs u at neighbouring rows before their owners have written it, so every thread
-// recomputes the u entries it reads from the previous iteration's r, s and w (double-buffered:
-// `parity` selects the old ones) with the same operations as their owners: the result is exactly A u,
-// with no barrier before the product. The set-up pass is the same iteration with alpha = beta = 0 on
-// zeroed p, s and w: it leaves x and r as they are and computes u = M^-1 r and w = A u.
+// The set-up pass is the same iteration with alpha = beta = 0 on zeroed p, s and w: it leaves x and r
+// as they are and computes u = M^-1 r and w = A u. r, s and w are double-buffered: `parity` selects
+// the old ones.
 //
-// On one rank of the distributed solver the columns run past the n owned rows into h halo entries:
-// r, s and dinv hold the halo's copies at [n, n + h), the old w there comes from `w_halo` (received
-// from the owners), and the copies of r and s are advanced here by their owners' operations.
-__device__ void single_reduction_rows(const int* __restrict__ rowptr, const int* __restrict__ col,
-                                      const real_t* __restrict__ val, const real_t* __restrict__ dinv,
-                                      real_t* x, real_t* p, real_t* r0, real_t* r1, real_t* s0, real_t* s1,
-                                      real_t* w0, real_t* w1, const real_t* w_halo, const State& state,
-                                      int n, int h, double (&sums)[3]) {
-    const int parity = state.parity;
+// Formed on the fly (GATHER_STORED 0, single_reduction_rows): the product A u needs u at neighbouring
+// rows before their owners have written it, so every thread recomputes the u entries it reads from
+// the previous iteration's r, s and w with the same operations as their owners: the result is exactly
+// A u, with no barrier before the product. On one rank of the distributed solver the columns run past
+// the n owned rows into h halo entries: r, s and dinv hold the halo's copies at [n, n + h), the old w
+// there comes from `w_halo` (received from the owners), and the copies of r and s are advanced here by
+// their owners' operations.
+__device__ void single_reduction_rows(const Matrix& A, const real_t* dinv, real_t* x, real_t* p, real_t* r0,
+                                      real_t* r1, real_t* s0, real_t* s1, real_t* w0, real_t* w1,
+                                      const real_t* w_halo, const State& state, int h, double (&sums)[3]) {
+    const int n = A.n, parity = state.parity;
     const real_t alpha = (real_t)state.alpha, beta = (real_t)state.beta;
     const real_t* r_old = parity ? r1 : r0;
     const real_t* s_old = parity ? s1 : s0;
@@ -338,21 +291,22 @@ __device__ void single_reduction_rows(const int* __restrict__ rowptr, const int*
     real_t* r_new = parity ? r0 : r1;
     real_t* s_new = parity ? s0 : s1;
     real_t* w_new = parity ? w0 : w1;
-    auto precondition = [&](int j, real_t v) { return dinv ? dinv[j] * v : v; };
     auto next_s = [&](int j) { return fma(beta, s_old[j], j < n ? w_old[j] : w_halo[j - n]); };
     auto next_r = [&](int j, real_t sj) { return fma(-alpha, sj, r_old[j]); };
-    auto next_u = [&](int j) { return precondition(j, next_r(j, next_s(j))); };
-    for_each_row_product(rowptr, col, val, n, next_u, [&](int i, real_t wi) {
-        const real_t si = next_s(i), ri = next_r(i, si), ui = precondition(i, ri);
-        const real_t pi = fma(beta, p[i], precondition(i, r_old[i]));
-        p[i] = pi;
-        x[i] = fma(alpha, pi, x[i]);
-        s_new[i] = si;
-        r_new[i] = ri;
-        w_new[i] = wi;
-        sums[0] += (double)ri * (double)ri;
-        sums[1] += (double)ri * (double)ui;
-        sums[2] += (double)wi * (double)ui;
+    auto next_u = [&](int j) { return precondition(dinv, j, next_r(j, next_s(j))); };
+    for_each_row_product(A, next_u, [&](int i, real_t wi, int part) {
+        const real_t si = next_s(i), ri = next_r(i, si), ui = precondition(dinv, i, ri);
+        if (owns_row(part)) {
+            const real_t pi = fma(beta, p[i], precondition(dinv, i, r_old[i]));
+            p[i] = pi;
+            x[i] = fma(alpha, pi, x[i]);
+            s_new[i] = si;
+            r_new[i] = ri;
+            sums[0] += (double)ri * (double)ri;
+            sums[1] += (double)ri * (double)ui;
+        }
+        if (completes_row(part)) w_new[i] = wi;
+        if (adds_to_sums(part)) sums[2] += (double)wi * (double)ui;
     });
     for (int j = n + blockIdx.x * blockDim.x + threadIdx.x; j < n + h; j += gridDim.x * blockDim.x) {
         const real_t sj = next_s(j);
@@ -361,35 +315,68 @@ __device__ void single_reduction_rows(const int* __restrict__ rowptr, const int*
     }
 }
 
+// Stored (GATHER_STORED 1): the same iteration with u formed row by row into `u`, then, after a grid
+// barrier, w = A u gathering that one vector.
+__device__ void single_reduction_pointwise(const SingleReductionRun& a, const State& state, double (&sums)[3]) {
+    const int n = a.A.n, parity = state.parity;
+    const real_t alpha = (real_t)state.alpha, beta = (real_t)state.beta;
+    const real_t* r_old = parity ? a.r1 : a.r0;
+    const real_t* s_old = parity ? a.s1 : a.s0;
+    const real_t* w_old = parity ? a.w1 : a.w0;
+    real_t* r_new = parity ? a.r0 : a.r1;
+    real_t* s_new = parity ? a.s0 : a.s1;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+        const real_t si = fma(beta, s_old[i], w_old[i]);
+        const real_t ri = fma(-alpha, si, r_old[i]);
+        const real_t ui = precondition(a.dinv, i, ri);
+        const real_t pi = fma(beta, a.p[i], precondition(a.dinv, i, r_old[i]));
+        a.p[i] = pi;
+        a.x[i] = fma(alpha, pi, a.x[i]);
+        s_new[i] = si;
+        r_new[i] = ri;
+        a.u[i] = ui;
+        sums[0] += (double)ri * (double)ri;
+        sums[1] += (double)ri * (double)ui;
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(RUN_BLOCK, RUN_MIN_BLOCKS)
-pcg1_run(const int* __restrict__ rowptr, const int* __restrict__ col, const real_t* __restrict__ val,
-         const real_t* __restrict__ dinv, real_t* x, real_t* p, real_t* r0, real_t* r1, real_t* s0, real_t* s1,
-         real_t* w0, real_t* w1, State* st, Slot* slots, unsigned int* epoch, double* history,
-         Progress* progress, unsigned long long handle, int n, int count) {
+pcg1_run(const SingleReductionRun a, unsigned long long handle, int count) {
     __shared__ State s;
-    if (threadIdx.x == 0) s = *st;
+    if (threadIdx.x == 0) s = *a.st;
     __syncthreads();
-    unsigned int tag = *epoch;
+    unsigned int tag = *a.epoch;
     for (int c = 0; c < count && !finished(s, handle); ++c) {
         double sums[3] = {0.0, 0.0, 0.0};  // r.r, r.u, w.u
-        single_reduction_rows(rowptr, col, val, dinv, x, p, r0, r1, s0, s1, w0, w1, nullptr, s, n, 0, sums);
-        grid_sums<RUN_BLOCK>(slots, sums, tag);
+        if (GATHER_STORED) {
+            single_reduction_pointwise(a, s, sums);
+            grid_barrier<RUN_BLOCK>(a.slots, tag);
+            real_t* w_new = s.parity ? a.w0 : a.w1;
+            for_each_row_product(a.A, [&](int j) { return a.u[j]; }, [&](int i, real_t wi, int part) {
+                if (completes_row(part)) w_new[i] = wi;
+                if (adds_to_sums(part)) sums[2] += (double)wi * (double)a.u[i];
+            });
+        } else {
+            single_reduction_rows(a.A, a.dinv, a.x, a.p, a.r0, a.r1, a.s0, a.s1, a.w0, a.w1, nullptr, s, 0, sums);
+        }
+        grid_sums<RUN_BLOCK>(a.slots, sums, tag);
         if (threadIdx.x == 0) {
             const int it = s.iteration + 1;
             const double rnorm = sqrt(sums[0]);
             const int status = single_reduction_decision(&s, s.iteration < 0, it, rnorm, sums[1], sums[2]);
             if (status == RUNNING) s.parity ^= 1;
-            settle(s, st, it, rnorm, status, history, progress, handle);
+            settle(s, a.st, it, rnorm, status, a.history, a.progress, handle);
         }
         __syncthreads();
     }
-    end_epoch(epoch, tag);
+    end_epoch(a.epoch, tag);
 }
 
 // out = b - A x
 extern "C" __global__ void __launch_bounds__(BLOCK)
-matrix_residual(const int* __restrict__ rowptr, const int* __restrict__ col, const real_t* __restrict__ val,
-             const real_t* __restrict__ x, const real_t* __restrict__ b, real_t* __restrict__ out, int n) {
-    for_each_row_product(rowptr, col, val, n, [&](int j) { return x[j]; },
-                         [&](int i, real_t ax) { out[i] = b[i] - ax; });
+matrix_residual(const Matrix A, const real_t* __restrict__ x, const real_t* __restrict__ b,
+                real_t* __restrict__ out) {
+    for_each_row_product(A, [&](int j) { return x[j]; }, [&](int i, real_t ax, int part) {
+        if (completes_row(part)) out[i] = b[i] - ax;
+    });
 }

@@ -27,6 +27,7 @@ from solvers.gallery import poisson  # noqa: E402
 from solvers.pcg import PCG, Reason  # noqa: E402
 
 from mpi_cases import COMM, VARIANTS, global_max, problem_pair  # noqa: E402
+from solvers.distributed.gpu import KERNELS  # noqa: E402
 
 
 def rows_of(A, bounds):
@@ -246,33 +247,15 @@ class _HostNccl:
         host.finish_halo()
 
 
-def _product(rowptr, col, val, n, columns, defines):
-    """A rank's block as a SciPy matrix, from the CSR or ELL layout the kernels read."""
-    width = dict(defines).get("ELL_WIDTH")
-    if width is None:
-        return sp.csr_matrix((val, col, rowptr), shape=(n, columns))
-    return sp.csr_matrix((val, (np.tile(np.arange(n), int(width)), col)), shape=(n, columns))
-
-
-def _host_kernels(defines):
+def _host_kernels():
     import solvers.kernels.dist_ref as ref
     from solvers.kernels import pcg_ref
 
-    def on_block(fn, columns_of):
-        """``fn`` taking the block A in place of the kernel's (rowptr, col, val)."""
-        def kernel(rowptr, col, val, *args):
-            n, columns = columns_of(args)
-            return fn(_product(rowptr, col, val, n, columns, defines), *args)
-        return kernel
+    def residual(A, x, b, out):
+        out[:A.shape[0]] = pcg_ref.matrix_residual(A, x[:A.shape[1]], b[:A.shape[0]])
 
-    def residual(A, x, b, out, n):
-        out[:n] = pcg_ref.matrix_residual(A, x, b[:n])
-
-    table = {name: getattr(ref, name) for name in ("dist_pack", "dist_pack_next_z", "dist_update", "dist_start",
-                                                   "dist_decide", "dist_finish", "dist_cg1_decide")}
-    table.update(dist_spmv_dot=on_block(ref.dist_spmv_dot, lambda a: (a[-2], a[-2] + a[-1])),
-                 dist_cg1_step=on_block(ref.dist_cg1_step, lambda a: (a[-2], a[-2] + a[-1])),
-                 matrix_residual=on_block(residual, lambda a: (a[-1], a[0].size)))
+    table = {name: getattr(ref, name) for name in KERNELS if name != "matrix_residual"}
+    table["matrix_residual"] = residual
 
     def launcher(fn):
         def launch(grid, block, args, stream=None):
@@ -287,10 +270,15 @@ def _host_kernels(defines):
 
 
 def _host_driver():
-    from solvers.distributed.gpu import KERNELS, DistGPUPCG
+    import types
+
+    from solvers.distributed.gpu import DistGPUPCG
+    from solvers.formats import choose_format
 
     class HostDriver(DistGPUPCG):
-        device_layouts = []
+        """The driver over NumPy arrays, with the kernels' NumPy meaning (kernels/dist_ref.py)."""
+
+        device_formats = []
 
         def _backend(self):
             return _fake_cupy()
@@ -301,11 +289,18 @@ def _host_driver():
         def _communicator(self, comm):
             return _HostNccl()
 
-        def _kernels(self, defines):
-            HostDriver.device_layouts.append(dict(defines))
-            table = _host_kernels(defines)
+        def _format(self, indptr, indices):
+            return choose_format(indptr, indices, np)
+
+        def _kernels(self, matrix_format):
+            HostDriver.device_formats.append(matrix_format.name)
+            table = _host_kernels()
             assert set(KERNELS) == set(table)
             return table
+
+        def _pack_args(self):
+            self._matrix_args = sp.csr_matrix(self.matrix.extended, dtype=self.dtype)
+            self.args = types.SimpleNamespace(A=self._matrix_args, **self._fields())
 
         def _resident_blocks(self, kernel, spare_sms=0):
             return 2
@@ -351,7 +346,7 @@ def test_gpu_driver_logic_on_host(monkeypatch, variant, matrix):
     ref0 = PCG(A, rtol=1e-9, device="cpu").solve(b, x0)
     assert with_guess.iterations == ref0.iterations
     assert global_max(np.abs(with_guess.x.get() - ref0.x[lo:hi]).max()) < 1e-8
-    assert "ELL_WIDTH" in driver.device_layouts[-1]
+    assert driver.device_formats[-1] == "ell"
 
 
 def test_out_of_device_memory_on_one_rank_stops_all(monkeypatch):

@@ -4,7 +4,7 @@ import pytest
 import scipy.sparse as sp
 
 import solvers
-from solvers.gallery import anisotropic_diffusion, poisson
+from solvers.gallery import anisotropic_diffusion, poisson, power_law_laplacian, random_geometric_laplacian
 from solvers.mmio import read_matrix
 from solvers.pcg.result import Reason
 
@@ -28,9 +28,9 @@ def cases(matrices_dir):
 def assert_run_matches_reference(g, pairs, host, ref):
     """The device vectors (``pairs``: name, array) and state equal the reference's after a launch."""
     from solvers.kernels import pcg_ref
-    from solvers.pcg.gpu import STATE_DTYPE
+    from solvers.kernels.structs import STATE
 
-    dev = g.state.get().view(STATE_DTYPE)[0]
+    dev = STATE.read(g.state.get())
     for name, got in pairs:
         np.testing.assert_allclose(got.get(), host[name], rtol=1e-11, atol=1e-11, err_msg=name)
     assert dev["status"] == ref["status"] == pcg_ref.RUNNING
@@ -39,22 +39,42 @@ def assert_run_matches_reference(g, pairs, host, ref):
         assert dev[key] == pytest.approx(ref[key], rel=1e-10), key
 
 
-def test_classic_kernel_matches_numpy_reference(cupy):
+def with_long_row(A, length=None):
+    """``A`` plus a weak coupling of row 0 to many others: SELL cuts that row into pieces."""
+    n = A.shape[0]
+    length = length or n - 1
+    coupling = sp.coo_matrix((np.full(length, 1e-3), (np.zeros(length, int), np.arange(1, length + 1))),
+                             shape=A.shape)
+    return (A + coupling + coupling.T).tocsr()
+
+
+# (matrix format, gather): every kernel configuration the solver can run
+CONFIGS = [("ell", "formed"), ("ell", "stored"), ("sell", "formed"), ("sell", "stored"), ("csr", "formed"),
+           ("csr", "stored")]
+
+
+def set_state(g, **fields):
+    from solvers.kernels.structs import STATE
+    st = STATE.pack(**fields)
+    g.state.set(np.frombuffer(st.tobytes(), dtype=np.uint8))
+    return {k: st[k].item() for k in STATE.dtype.names}
+
+
+@pytest.mark.parametrize("fmt, gather", CONFIGS)
+def test_classic_kernel_matches_numpy_reference(cupy, fmt, gather):
     from solvers.kernels import pcg_ref
-    from solvers.pcg.gpu import STATE_DTYPE, GPUPCG
+    from solvers.pcg.gpu import GPUPCG
 
     A = poisson((20, 30)) + sp.diags(np.linspace(0.1, 1.0, 600))
-    A = A.tocsr()
+    A = with_long_row(A.tocsr()) if fmt != "ell" else A.tocsr()
     rng = np.random.default_rng(3)
-    g = GPUPCG(A, "jacobi", np.float64, "eager", 1, False, variant="classic")
+    g = GPUPCG(A, "jacobi", np.float64, "eager", 1, False, variant="classic", matrix_format=fmt, gather=gather)
+    assert g.format.name == fmt and g.gather == gather
     host = {k: rng.standard_normal(600) for k in ("z", "p0", "p1", "x", "r")}
-    pairs = (("z", g.z), ("p0", g.p0), ("p1", g.p1), ("x", g.x), ("r", g.r))
+    pairs = tuple((name, g.vectors[name]) for name in ("z", "p0", "p1", "x", "r"))
     for name, dev in pairs:
         dev.set(host[name])
-    st = np.zeros(1, STATE_DTYPE)
-    st["rz"], st["beta"], st["tol"], st["maxiter"], st["parity"], st["iteration"] = 2.5, 0.37, 1e-30, 100, 1, 4
-    g.state.set(st.view(np.uint8))
-    ref = {k: st[k][0].item() for k in STATE_DTYPE.names}
+    ref = set_state(g, rz=2.5, beta=0.37, tol=1e-30, maxiter=100, parity=1, iteration=4)
     dinv = 1.0 / A.diagonal()
 
     def reference_iteration():
@@ -67,9 +87,11 @@ def test_classic_kernel_matches_numpy_reference(cupy):
         for _ in range(count):
             q = reference_iteration()
         g.launch_run(count, np.uint64(0))
-        np.testing.assert_allclose(g.q.get(), q, rtol=1e-11, atol=1e-11)
+        np.testing.assert_allclose(g.vectors["q"].get(), q, rtol=1e-11, atol=1e-11)
         assert_run_matches_reference(g, pairs, host, ref)
-        assert int(g.epoch.get()[0]) == 2 * ref["iteration"] - 8  # two grid reductions an iteration
+        # two grid reductions an iteration, and a barrier before a stored product
+        per_iteration = 3 if gather == "stored" else 2
+        assert int(g.epoch.get()[0]) == per_iteration * (ref["iteration"] - 4)
     assert ref["iteration"] == 7
 
     out = cupy.empty(600)
@@ -79,39 +101,33 @@ def test_classic_kernel_matches_numpy_reference(cupy):
                                atol=1e-12)
 
 
-@pytest.mark.parametrize("csr", [False, True])
-def test_single_reduction_kernel_matches_numpy_reference(cupy, csr):
+@pytest.mark.parametrize("fmt, gather", CONFIGS)
+def test_single_reduction_kernel_matches_numpy_reference(cupy, fmt, gather):
     from solvers.kernels import pcg_ref
-    from solvers.pcg.gpu import STATE_DTYPE, GPUPCG
+    from solvers.pcg.gpu import GPUPCG
 
     A = poisson((20, 30)) + sp.diags(np.linspace(0.1, 1.0, 600))
-    if csr:  # one long row and column: CSR layout
-        coupling = sp.coo_matrix((np.full(59, 1e-3), (np.zeros(59, int), np.arange(1, 60))), shape=A.shape)
-        A = A + coupling + coupling.T
-    A = A.tocsr()
+    A = with_long_row(A.tocsr()) if fmt != "ell" else A.tocsr()
     n = A.shape[0]
-    g = GPUPCG(A, "jacobi", np.float64, "eager", 1, False, variant="single-reduction")
-    assert g.layout.format == ("csr" if csr else "ell")
+    g = GPUPCG(A, "jacobi", np.float64, "eager", 1, False, variant="single-reduction", matrix_format=fmt,
+               gather=gather)
     dinv = 1.0 / A.diagonal()
     # the set-up pass (iteration -1, zero p, s, w), then two iterations in one launch (both parities)
     host = {k: np.zeros(n) for k in ("p", "r1", "s0", "s1", "w0", "w1")}
     host["x"] = np.random.default_rng(5).standard_normal(n)
     host["r0"] = np.random.default_rng(6).standard_normal(n)
-    pairs = (("x", g.x), ("p", g.p0), ("r0", g.r), ("r1", g.r1), ("s0", g.s0), ("s1", g.s1), ("w0", g.w0),
-             ("w1", g.w1))
+    pairs = tuple((name, g.vectors[name]) for name in ("x", "p", "r0", "r1", "s0", "s1", "w0", "w1"))
     for name, dev in pairs:
         dev.set(host[name])
-    st = np.zeros(1, STATE_DTYPE)
-    st["tol"], st["maxiter"], st["iteration"] = 1e-30, 100, -1
-    g.state.set(st.view(np.uint8))
-    ref = {k: st[k][0].item() for k in STATE_DTYPE.names}
+    ref = set_state(g, tol=1e-30, maxiter=100, iteration=-1)
     r, s_, w = [host["r0"], host["r1"]], [host["s0"], host["s1"]], [host["w0"], host["w1"]]
     for count in (1, 2):
         for _ in range(count):
             pcg_ref.pcg1_step(A, dinv, host["x"], host["p"], r, s_, w, ref)
         g.launch_run(count, np.uint64(0))
         assert_run_matches_reference(g, pairs, host, ref)
-        assert int(g.epoch.get()[0]) == ref["iteration"] + 1  # one grid reduction an iteration
+        # one grid reduction an iteration, and a barrier before a stored product
+        assert int(g.epoch.get()[0]) == (2 if gather == "stored" else 1) * (ref["iteration"] + 1)
     assert ref["iteration"] == 2 and ref["parity"] == 1
 
 
@@ -121,7 +137,7 @@ def test_modes_agree_with_each_other_and_cpu(cupy, matrices_dir, variant):
         b = np.random.default_rng(7).standard_normal(A.shape[0])
         cpu = solvers.PCG(A, device="cpu", rtol=1e-8, maxiter=20 * A.shape[0], variant=variant).solve(b)
         results = {m: solvers.PCG(A, device="gpu", mode=m, rtol=1e-8, maxiter=20 * A.shape[0], unroll=4,
-                                  variant=variant).solve(b)
+                                  variant=variant, reorder="none").solve(b)
                    for m in MODES}
         its = {m: r.iterations for m, r in results.items()}
         assert len(set(its.values())) == 1, (name, its)
@@ -263,3 +279,66 @@ def test_auto_variant_on_gpu_follows_size(cupy):
     large = solvers.PCG(poisson((side, side)), device="gpu")
     assert small.variant == "single-reduction" and large.variant == "classic"
     assert large.solve(np.ones(side * side), maxiter=5).iterations == 5
+
+
+IRREGULAR = {
+    "geometric": lambda: random_geometric_laplacian(6000, seed=1),
+    "power_law": lambda: power_law_laplacian(8000, seed=2),  # long rows: pieces on several warps
+    "long_row": lambda: with_long_row(poisson((40, 40))),
+}
+
+
+@pytest.mark.parametrize("variant", ["classic", "single-reduction"])
+@pytest.mark.parametrize("fmt, gather", CONFIGS)
+def test_every_format_and_gather_agrees_across_modes_and_with_cpu(cupy, variant, fmt, gather):
+    from solvers.pcg.gpu import GPUPCG
+    for name, make in IRREGULAR.items():
+        A = make()
+        n = A.shape[0]
+        if fmt == "ell" and np.diff(A.indptr).max() > 64:
+            with pytest.raises(solvers.InputError, match="ELL needs rows"):
+                GPUPCG(A, "jacobi", np.float64, "while", 4, False, variant, fmt, gather)
+            continue
+        b = np.random.default_rng(11).standard_normal(n)
+        cpu = solvers.PCG(A, device="cpu", rtol=1e-9, variant=variant).solve(b)
+        xs, its = {}, {}
+        for mode in MODES:
+            g = GPUPCG(A, "jacobi", np.float64, mode, 4, False, variant, fmt, gather)
+            x, reason, it, _, _ = g.solve(g.check_vector(b, "b"), None, 1e-9 * np.linalg.norm(b), 10 * n, None,
+                                          False)
+            assert reason is Reason.CONVERGED, (name, mode)
+            xs[mode], its[mode] = x, it
+            # scheduling does not change the result: the same solve again gives the same bits
+            x_again = g.solve(g.check_vector(b, "b"), None, 1e-9 * np.linalg.norm(b), 10 * n, None, False)[0]
+            assert cupy.array_equal(x_again, x), (name, mode)
+        assert len(set(its.values())) == 1, (name, its)
+        assert all(cupy.array_equal(xs[m], xs["while"]) for m in MODES), name
+        assert abs(its["while"] - cpu.iterations) <= max(1, int(0.02 * cpu.iterations)), (name, its, cpu.iterations)
+        np.testing.assert_allclose(xs["while"].get(), cpu.x, rtol=1e-6, atol=1e-8 * np.abs(cpu.x).max())
+
+
+def test_auto_format_gather_and_reordering_are_reported(cupy):
+    A = random_geometric_laplacian(20000, seed=4)
+    solver = solvers.PCG(A, device="gpu", rtol=1e-8)
+    assert solver.format.startswith("sell") and "gather stored" in solver.format
+    assert solver.reordering in ("rcm",) or solver.reordering.startswith("none")
+    b = A @ np.ones(A.shape[0])
+    res = solver.solve(b)
+    assert res.converged and np.abs(res.x.get() - 1).max() < 1e-5
+    stencil = solvers.PCG(poisson((50, 50)), device="gpu")
+    assert stencil.format.startswith("ell") and "gather formed" in stencil.format
+    assert stencil.reordering.startswith("none (local reads")
+
+
+def test_reordering_is_invisible_to_the_caller(cupy):
+    A = random_geometric_laplacian(5000, seed=5)
+    b = np.random.default_rng(3).standard_normal(A.shape[0])
+    x0 = np.linspace(0, 1, A.shape[0])
+    seen = []
+    plain = solvers.PCG(A, device="gpu", rtol=1e-10, reorder="none").solve(b, x0)
+    solver = solvers.PCG(A, device="gpu", rtol=1e-10, reorder="rcm")
+    assert solver.reordering == "rcm" and solver.reorder_time > 0
+    res = solver.solve(b, x0, callback=lambda xk: seen.append(float(xk[7])))
+    np.testing.assert_allclose(res.x.get(), plain.x.get(), rtol=1e-7, atol=1e-9)
+    assert abs(res.iterations - plain.iterations) <= 2
+    assert seen and abs(seen[-1] - float(res.x[7])) < 1e-12  # the callback sees the original numbering

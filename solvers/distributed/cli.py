@@ -56,6 +56,12 @@ def _run(comm, root, args, cli):
                              "graph segments between NCCL calls on GPUs")
         if args.unroll < 1:
             raise InputError("--unroll must be >= 1")
+        if args.reorder == "rcm":
+            raise InputError("--reorder rcm applies to single-process runs; distributed runs keep the "
+                             "numbering, whose row blocks are the ranks' parts")
+        if args.format != "auto":
+            raise InputError("--format applies to single-process runs; each rank of a distributed run "
+                             "chooses the storage of its own block")
         if args.plot and root:
             cli._require_matplotlib(args.plot)
 

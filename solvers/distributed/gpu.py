@@ -23,12 +23,12 @@ import time
 import numpy as np
 
 from .. import kernels
-from ..kernels.pcg_ref import RUNNING
-
 from ..backend import require_cupy
 from ..errors import DeviceError, InputError
-from ..pcg.gpu import BLOCK, STATE_DTYPE
-from ..pcg.layout import MatrixLayout
+from ..formats import choose_format
+from ..kernels.pcg_ref import RUNNING
+from ..kernels.structs import STATE, Struct
+from ..pcg.gpu import BLOCK, kernel_program
 from ..pcg.result import Reason
 from .comm import DeviceComm, HostComm, agree
 
@@ -41,14 +41,19 @@ KERNELS = ("dist_spmv_dot", "dist_pack_next_z", "dist_update", "dist_start", "di
 COMM_SMS = 4
 
 
-def _layout(M):
-    """A CSR block in the layout pcg.cu's products read: ``(rowptr, col, val, defines)``.
+def dist_struct(matrix):
+    """``DistRun``, the argument struct of every kernel in ``kernels/dist.cu``, over a format's ``Matrix``.
 
-    The single-process solver's rule (:class:`~solvers.pcg.layout.MatrixLayout`),
-    so both run the same product.
+    Vectors read at neighbouring rows have n + h entries, the halo's copy at the tail.
+    Classic: z, q = A p, the pairs (p0, p1) and (r0, r1); single-reduction: the pairs
+    (r0, r1), (s0, s1) with s = A p, (w0, w1) with w = A u, and w_halo the neighbours'
+    new w. ``sums`` holds this rank's partial inner products, ``reduced`` their sums
+    over ranks.
     """
-    layout = MatrixLayout(M.indptr.astype(np.int32), M.indices.astype(np.int32), np)
-    return layout.rowptr, layout.col, layout.values(M.data), layout.defines
+    vectors = ("x", "z", "q", "p0", "p1", "p", "r0", "r1", "s0", "s1", "w0", "w1", "w_halo", "sendbuf")
+    return Struct("DistRun", [("A", matrix), ("dinv", "const real_t*")] + [(v, "real_t*") for v in vectors] + [
+        ("send_index", "const int*"), ("st", "State*"), ("reduced", "const double*"), ("pending", "int*"),
+        ("history", "double*"), ("partials", "double*"), ("sums", "double*"), ("nsend", "int"), ("h", "int")])
 
 
 def bind_device(comm):
@@ -138,8 +143,13 @@ class DistGPUPCG:
     def _communicator(self, comm):
         return DeviceComm(comm)
 
-    def _kernels(self, defines):
-        mod = kernels.module("pcg", kernels.ctype(self.dtype), defines, extra=("dist",))
+    def _format(self, indptr, indices):
+        return choose_format(indptr, indices, self.cupy)
+
+    def _kernels(self, matrix_format):
+        program = kernel_program(matrix_format, kernels.ctype(self.dtype), BLOCK, gather_stored=False)
+        program["structs"] += (dist_struct(matrix_format.struct),)
+        mod = kernels.module(**program, extra=("dist",))
         return {name: mod.get_function(name) for name in KERNELS}
 
     def _resident_blocks(self, kernel, spare_sms=0):
@@ -165,30 +175,30 @@ class DistGPUPCG:
     def _allocate_buffers(self, inverse_diagonal):
         cupy, m, dt = self.cupy, self.matrix, self.dtype
         n, h = self.n, self.h = m.rows, m.plan.halo_size
-        rowptr, col, val, defines = _layout(m.extended)
         i32 = lambda a: cupy.asarray(np.ascontiguousarray(a, dtype=np.int32))  # noqa: E731
-        self.rowptr, self.col, self.val = i32(rowptr), i32(col), cupy.asarray(val.astype(dt))
+        self.format = self._format(i32(m.extended.indptr), i32(m.extended.indices))
+        self.val = self.format.values(cupy.asarray(m.extended.data.astype(dt)))
         self.send_index, self.nsend = i32(m.plan.send_index), m.plan.send_size
         self.sendbuf = cupy.zeros(self.nsend, dtype=dt)
 
-        self.k = self._kernels(defines)
-        rows_per_block = BLOCK // int(dict(defines).get("SUBWARP", 1))
+        self.k = self._kernels(self.format)
+        product_threads = max(self.format.threads(), n)
 
-        def grid(kernel, items, per_block, spare_sms=0):  # one wave of grid-stride blocks
-            return int(max(1, min(-(-items // per_block), self._resident_blocks(self.k[kernel], spare_sms))))
+        def grid(kernel, items, spare_sms=0):  # one wave of grid-stride blocks
+            return int(max(1, min(-(-items // BLOCK), self._resident_blocks(self.k[kernel], spare_sms))))
 
         classic = self.variant == "classic"
-        self.grid_spmv = grid("dist_spmv_dot" if classic else "dist_cg1_step", n, rows_per_block)
-        self.grid_vec = grid("dist_update", n, BLOCK, COMM_SMS)
-        self.grid_pack = grid("dist_pack", self.nsend, BLOCK)
-        self.grid_residual = grid("matrix_residual", n, rows_per_block)
+        self.grid_spmv = grid("dist_spmv_dot" if classic else "dist_cg1_step", product_threads)
+        self.grid_vec = grid("dist_update", n, COMM_SMS)
+        self.grid_pack = grid("dist_pack", self.nsend)
+        self.grid_residual = grid("matrix_residual", product_threads)
 
         zeros = lambda size=n: cupy.zeros(size, dtype=dt)  # noqa: E731
-        # Vectors read at neighbouring rows have n + h entries, the halo's copy at the tail.
-        # classic: z, q = A p, the pairs (p0, p1) and (r0, r1); single-reduction: the pairs
-        # (r0, r1), (s0, s1) with s = A p, (w0, w1) with w = A u, and w_halo the neighbours' new w.
+        # the vectors of dist_struct: a variant's own, the other's stay None
         self.x, self.b, self.scratch = zeros(), zeros(), zeros()
         self.x_ext = zeros(n + h)  # x with its halo, for residuals
+        self.z = self.p0 = self.p1 = self.q = self.p = None
+        self.s0 = self.s1 = self.w0 = self.w1 = self.w_halo = None
         if classic:
             self.z, self.p0, self.p1, self.q = zeros(n + h), zeros(n + h), zeros(n + h), zeros()
             self.r0, self.r1 = zeros(), zeros()
@@ -198,14 +208,14 @@ class DistGPUPCG:
             self.w0, self.w1, self.w_halo, self.p = zeros(), zeros(), zeros(h), zeros()
             self.r = self.r0[:n]
         self.dinv = None if inverse_diagonal is None else cupy.asarray(inverse_diagonal.astype(dt))
-        self.dinv_arg = self.dinv if self.dinv is not None else np.uint64(0)
         self.partials = cupy.zeros(3 * max(self.grid_spmv, self.grid_vec), dtype=cupy.float64)
-        self.state = cupy.zeros(STATE_DTYPE.itemsize, dtype=cupy.uint8)
+        self.state = cupy.zeros(STATE.dtype.itemsize, dtype=cupy.uint8)
         self.sums = cupy.zeros(3, dtype=cupy.float64)     # this rank's partial inner products
         self.reduced = cupy.zeros(3, dtype=cupy.float64)  # their sums over ranks
         self.pending = cupy.zeros(1, dtype=cupy.int32)
         self.history = None
-        self.history_arg = np.uint64(0)
+        self._struct = dist_struct(self.format.struct)
+        self._pack_args()
 
         self.stream, self.comm_stream = self._streams()
         self.ev_ready = cupy.cuda.Event(disable_timing=True)
@@ -214,45 +224,42 @@ class DistGPUPCG:
         cupy.cuda.Device().synchronize()
 
     # -- kernels ----------------------------------------------------------------
+    def _fields(self):
+        """The buffers and sizes of ``DistRun`` but its matrix, by field name (``st`` is the state)."""
+        return {f: self.state if f == "st" else getattr(self, f) for f, _ in self._struct.fields if f != "A"}
+
+    def _pack_args(self):
+        """The kernels' argument struct (fixed addresses, captured into the step graphs)."""
+        self._matrix_args = self.format.pack(self.val)
+        self.args = self._struct.pack(A=self._matrix_args, **self._fields())
+
+    def _launch(self, name, grid, s, *extra):
+        self.k[name]((grid,), (BLOCK,), (self.args, *extra), stream=s)
+
     def _pack(self, s, v0, v1=None):
         """The send buffer from ``v0`` (or from the pair (v0, v1) that the last update wrote)."""
-        self.k["dist_pack"]((self.grid_pack,), (BLOCK,),
-                            (v0, v0 if v1 is None else v1, self.state, self.send_index, self.sendbuf,
-                             np.int32(self.nsend)), stream=s)
+        self._launch("dist_pack", self.grid_pack, s, v0, v0 if v1 is None else v1)
 
     def _spmv_dot(self, s):
-        self.k["dist_spmv_dot"]((self.grid_spmv,), (BLOCK,),
-                                (self.rowptr, self.col, self.val, self.z, self.p0, self.p1, self.q, self.x,
-                                 self.state, self.reduced, self.pending, self.history_arg, self.partials,
-                                 self.sums[0:], np.int32(self.n), np.int32(self.h)), stream=s)
+        self._launch("dist_spmv_dot", self.grid_spmv, s)
 
     def _classic_update(self, s, start):
-        self.k["dist_start" if start else "dist_update"](
-            (self.grid_vec,), (BLOCK,),
-            (self.r0, self.r1, self.q, self.dinv_arg, self.z, self.state, self.reduced, self.partials,
-             self.sums[1:], self.pending, np.int32(self.n)), stream=s)
+        self._launch("dist_start" if start else "dist_update", self.grid_vec, s)
 
     def _pack_next_z(self, s):
-        self.k["dist_pack_next_z"]((self.grid_pack,), (BLOCK,),
-                                   (self.r0, self.r1, self.q, self.dinv_arg, self.state, self.reduced,
-                                    self.send_index, self.sendbuf, np.int32(self.nsend)), stream=s)
+        self._launch("dist_pack_next_z", self.grid_pack, s)
 
     def _finish(self):
         """Classic: the steps x += alpha p that no product took (see dist_update)."""
         if self.variant == "classic":
-            self.k["dist_finish"]((self.grid_vec,), (BLOCK,), (self.x, self.p0, self.p1, self.state,
-                                                               np.int32(self.n)), stream=self.stream)
+            self._launch("dist_finish", self.grid_vec, self.stream)
 
     def _cg1_step(self, s):
-        self.k["dist_cg1_step"]((self.grid_spmv,), (BLOCK,),
-                                (self.rowptr, self.col, self.val, self.dinv_arg, self.x, self.p, self.r0, self.r1,
-                                 self.s0, self.s1, self.w0, self.w1, self.w_halo, self.state, self.reduced,
-                                 self.pending, self.history_arg, self.partials, self.sums, np.int32(self.n),
-                                 np.int32(self.h)), stream=s)
+        self._launch("dist_cg1_step", self.grid_spmv, s)
 
     def _decide(self, s):
         name = "dist_decide" if self.variant == "classic" else "dist_cg1_decide"
-        self.k[name]((1,), (32,), (self.state, self.reduced, self.pending, self.history_arg), stream=s)
+        self.k[name]((1,), (32,), (self.args,), stream=s)
 
     # -- steps ------------------------------------------------------------------
     def _capture(self, launch):
@@ -343,8 +350,7 @@ class DistGPUPCG:
         """out = b - A x over the owned rows."""
         self.x_ext[:self.n] = x
         self._fill_halo(self.x_ext)
-        self.k["matrix_residual"]((self.grid_residual,), (BLOCK,),
-                                  (self.rowptr, self.col, self.val, self.x_ext, self.b, out, np.int32(self.n)),
+        self.k["matrix_residual"]((self.grid_residual,), (BLOCK,), (self._matrix_args, self.x_ext, self.b, out),
                                   stream=self.stream)
 
     def _global_dot(self, u, v):
@@ -358,9 +364,8 @@ class DistGPUPCG:
             return float(np.sqrt(self._global_dot(v, v)))
 
     def _reset(self, tol, maxiter):
-        st = np.zeros(1, dtype=STATE_DTYPE)
-        st["tol"], st["maxiter"], st["status"], st["iteration"] = tol, maxiter, RUNNING, -1
-        self.state.set(st.view(np.uint8), stream=self.stream)
+        st = STATE.pack(tol=tol, maxiter=maxiter, status=RUNNING, iteration=-1)
+        self.state.set(np.frombuffer(st.tobytes(), dtype=np.uint8), stream=self.stream)
         self.pending.fill(0)
         if self.variant == "classic":
             zeroed = (self.p0, self.p1)
@@ -374,14 +379,14 @@ class DistGPUPCG:
         wanted = record_history and (self.history is None or self.history.size < maxiter + 1)
         if wanted:
             self.history = self.cupy.zeros(maxiter + 1, dtype=self.cupy.float64)
-            self.history_arg = self.history
+            self._pack_args()
             self._graphs = None  # the history pointer is baked into the graphs
         if self._graphs is None:
             with self.stream:
                 self._graphs = self._build_steps()
 
     def _status(self):
-        return self.state.get(stream=self.stream).view(STATE_DTYPE)[0]
+        return STATE.read(self.state.get(stream=self.stream))
 
     def solve(self, b, x0, tol, maxiter, record_history):
         """Return ``(x, reason, iterations, rnorm, history)`` for the owned rows."""

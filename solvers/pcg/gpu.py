@@ -8,17 +8,18 @@ import time
 import numpy as np
 
 from .. import kernels
-from ..kernels.pcg_ref import RUNNING
-
 from ..backend import require_cupy
 from ..engine import GraphEngine
 from ..errors import DeviceError, InputError
-from .layout import MatrixLayout
+from ..formats import choose_format
+from ..kernels.pcg_ref import RUNNING
+from ..kernels.structs import PROGRESS, SLOT, STATE, Struct
 from .cpu import resolve_variant
 from .preconditioners import jacobi_inverse_diagonal
 from .result import Reason
 
 BLOCK = 256  # threads per block of the plain kernels (kernels/pcg.cu)
+GATHERS = ("auto", "formed", "stored")
 
 
 def run_block(n):
@@ -31,11 +32,59 @@ def run_block(n):
     13.8 / 13.2 (classic), 2D 1024^2 55.1 / 53.5 / 47.1 (classic).
     """
     return 256 if n <= 16_384 else 512 if n <= 131_072 else 1024
-# Host mirror of `struct State` in kernels/pcg.cu.
-STATE_DTYPE = np.dtype([("rz", "f8"), ("alpha", "f8"), ("beta", "f8"), ("tol", "f8"), ("rnorm", "f8"),
-                        ("pq", "f8"), ("alpha_prev", "f8"), ("iteration", "i4"), ("maxiter", "i4"),
-                        ("status", "i4"), ("parity", "i4"), ("ticket", "u4"), ("pad", "i4")])
-PROGRESS_DTYPE = np.dtype([("rnorm", "f8"), ("iteration", "i4"), ("status", "i4")])
+
+
+class Variant:
+    """A PCG variant's persistent kernel, the vectors it owns and its argument struct.
+
+    The struct (``ClassicRun`` or ``SingleReductionRun`` in ``kernels/pcg.cu``) is
+    generated from :attr:`vectors`: the matrix, the preconditioner's inverse
+    diagonal, the vectors, then the solver's state and bookkeeping buffers.
+    """
+
+    name = kernel = struct_name = None
+    vectors = ()           # device vectors of n entries the kernel reads and writes
+    zeroed_at_start = ()   # the first directions, zero before the set-up pass
+    residual = None        # the vector holding r = b - A x0 before the set-up pass
+
+    @classmethod
+    def struct(cls, matrix):
+        """The kernel's argument struct over the format's ``Matrix`` struct."""
+        fields = [("A", matrix), ("dinv", "const real_t*")] + [(v, "real_t*") for v in cls.vectors]
+        fields += [("st", "State*"), ("slots", "Slot*"), ("epoch", "unsigned int*"), ("history", "double*"),
+                   ("progress", "Progress*")]
+        return Struct(cls.struct_name, fields)
+
+
+class Classic(Variant):
+    """Two grid reductions an iteration; p double-buffered (the product forms the new direction)."""
+
+    name, kernel, struct_name = "classic", "pcg_run", "ClassicRun"
+    vectors = ("x", "r", "z", "q", "p0", "p1")
+    zeroed_at_start = ("p0",)
+    residual = "r"
+
+
+class SingleReduction(Variant):
+    """Chronopoulos-Gear: one grid reduction an iteration; r, s, w double-buffered; u when stored."""
+
+    name, kernel, struct_name = "single-reduction", "pcg1_run", "SingleReductionRun"
+    vectors = ("x", "p", "r0", "r1", "s0", "s1", "w0", "w1", "u")
+    zeroed_at_start = ("p", "s0", "w0")
+    residual = "r0"
+
+
+VARIANTS = {cls.name: cls for cls in (Classic, SingleReduction)}
+
+
+def kernel_program(matrix_format, real, run_block_size, gather_stored, stream_matrix=False):
+    """Arguments of :func:`kernels.module` for the PCG kernels over ``matrix_format``."""
+    defines = tuple(matrix_format.defines) + (("RUN_BLOCK", str(run_block_size)),
+                                              ("GATHER_STORED", "1" if gather_stored else "0"))
+    if stream_matrix:
+        defines += (("STREAM_MATRIX", "1"),)
+    structs = (STATE, PROGRESS) + tuple(v.struct(matrix_format.struct) for v in VARIANTS.values())
+    return dict(name="pcg", real=real, defines=defines, before=("matrix", matrix_format.name), structs=structs)
 
 
 def to_device_csr(A, dtype):
@@ -84,16 +133,38 @@ class PCGBody:
 
 
 class GPUPCG:
-    """Set-up-once PCG on the GPU, driven by :class:`~solvers.engine.GraphEngine`."""
+    """Set-up-once PCG on the GPU, driven by :class:`~solvers.engine.GraphEngine`.
+
+    Parameters
+    ----------
+    A, preconditioner, dtype, mode, unroll, record_history, variant
+        As for :class:`~solvers.pcg.solver.PCG`.
+    matrix_format : {"auto", "ell", "sell", "csr"}
+        Storage of A (:func:`solvers.formats.choose_format`).
+    gather : {"auto", "formed", "stored"}
+        How the product reads the vector it multiplies at neighbouring rows
+        (``kernels/pcg.cu``): formed on the fly from the vectors it is made of
+        (no grid barrier before the product), or stored first (one vector
+        gathered). ``auto``: formed for ELL, whose neighbours sit close in memory,
+        stored for the other formats.
+    stream_matrix : bool
+        Load the matrix with evict-first hints (``STREAM_MATRIX`` in ``kernels/matrix.cu``).
+    """
 
     device = "gpu"
 
-    def __init__(self, A, preconditioner, dtype, mode, unroll, record_history, variant="auto"):
+    def __init__(self, A, preconditioner, dtype, mode, unroll, record_history, variant="auto",
+                 matrix_format="auto", gather="auto", stream_matrix=False):
         cupy = require_cupy()
         if preconditioner not in ("none", "jacobi"):
             raise InputError(f"preconditioner {preconditioner!r} is not available on the GPU")
+        if gather not in GATHERS:
+            raise InputError(f"gather must be one of {', '.join(GATHERS)}, not {gather!r}")
         self.cupy = cupy
         self.requested_variant = variant
+        self.requested_format = matrix_format
+        self.requested_gather = gather
+        self.stream_matrix = bool(stream_matrix)
         self.dtype = np.dtype(dtype)
         self.preconditioner = preconditioner
         self.record_history = record_history
@@ -124,41 +195,58 @@ class GPUPCG:
         data = M.data.astype(self.dtype)
         self._check_values(data)
         self._pattern = (indptr, indices)
-        self.layout = MatrixLayout(indptr, indices, cupy)
-        self.rowptr, self.col = self.layout.rowptr, self.layout.col
-        self.val = self.layout.values(data)
+        cupy.cuda.Device().synchronize()
+        t0 = time.perf_counter()
+        self.format = choose_format(indptr, indices, cupy, self.requested_format)
+        self.val = self.format.values(data)
+        cupy.cuda.Device().synchronize()
+        self.format_time = time.perf_counter() - t0
+        gather = self.requested_gather
+        if gather == "auto":
+            gather = "formed" if self.format.name == "ell" else "stored"
+        self.gather = gather
 
         self.run_block = run_block(n)
-        defines = self.layout.defines + (("RUN_BLOCK", str(self.run_block)),)
-        mod = kernels.module("pcg", kernels.ctype(self.dtype), defines)
+        program = kernel_program(self.format, kernels.ctype(self.dtype), self.run_block, gather == "stored",
+                                 self.stream_matrix)
+        mod = kernels.module(**program)
         self.k_residual = mod.get_function("matrix_residual")
-        single = self.variant == "single-reduction"
-        self._run, capacity = kernels.cooperative(mod.get_function("pcg1_run" if single else "pcg_run"),
-                                                  self.run_block)
+        variant = VARIANTS[self.variant]
+        self._variant = variant
+        self._run, capacity = kernels.cooperative(mod.get_function(variant.kernel), self.run_block)
+        self._run_struct = variant.struct(self.format.struct)
 
         sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
+        threads = max(self.format.threads(), n)  # the product's work items, or the rows of the pointwise phases
         # The residual kernel strides over the rows with enough blocks to fill the GPU; the
-        # persistent kernel takes one row (group) a thread up to the blocks the GPU holds at once.
-        self.grid_spmv = int(max(1, min(-(-n // (BLOCK // self.layout.lanes)), sms * 8)))
-        self.grid = int(max(1, min(-(-n // (self.run_block // self.layout.lanes)), capacity)))
+        # persistent kernel takes its share of the work items up to the blocks the GPU holds at once.
+        self.grid_spmv = int(max(1, min(-(-threads // BLOCK), sms * 8)))
+        self.grid = int(max(1, min(-(-threads // self.run_block), capacity)))
 
-        zeros = lambda: cupy.zeros(n, dtype=self.dtype)  # noqa: E731
-        self.x, self.b, self.r, self.p0 = (zeros() for _ in range(4))
-        # classic: z, q and the second direction buffer p1; single-reduction: p is p0 and r is r0 of
-        # the pairs (r, r1), (s0, s1), (w0, w1)
-        self.z, self.q, self.p1 = (None if single else zeros() for _ in range(3))
-        self.r1, self.s0, self.s1, self.w0, self.w1 = (zeros() if single else None for _ in range(5))
-        self.dinv = zeros() if self.preconditioner == "jacobi" else None
-        self.dinv_arg = self.dinv if self.dinv is not None else np.uint64(0)
-        # the persistent kernel's reduction slots (`struct Slot`, 32 bytes: two buffers of one a block)
-        # and the tag its next launch starts from
-        self.slots = cupy.zeros(2 * self.grid * 4, dtype=cupy.float64)
+        self.vectors = {}
+        for name in variant.vectors:
+            needed = name != "u" or gather == "stored"
+            self.vectors[name] = cupy.zeros(n, dtype=self.dtype) if needed else None
+        self.x = self.vectors["x"]
+        self.r = self.vectors[variant.residual]
+        self.b = cupy.zeros(n, dtype=self.dtype)
+        self.dinv = cupy.zeros(n, dtype=self.dtype) if self.preconditioner == "jacobi" else None
+        # the persistent kernel's reduction slots (two buffers of one a block) and the tag its next
+        # launch starts from
+        self.slots = cupy.zeros(2 * self.grid * SLOT.dtype.itemsize, dtype=cupy.uint8)
         self.epoch = cupy.zeros(1, dtype=cupy.uint32)
-        self.state = cupy.zeros(STATE_DTYPE.itemsize, dtype=cupy.uint8)
-        self.progress = _HostMapped(PROGRESS_DTYPE)
+        self.state = cupy.zeros(STATE.dtype.itemsize, dtype=cupy.uint8)
+        self.progress = _HostMapped(PROGRESS.dtype)
         self.history = None
-        self.history_arg = np.uint64(0)
         self._set_diagonal(M)
+        self._pack_args()
+
+    def _pack_args(self):
+        """The kernels' argument structs (fixed addresses, so graphs capture them once)."""
+        self._matrix_args = self.format.pack(self.val)
+        self._run_args = self._run_struct.pack(A=self._matrix_args, dinv=self.dinv, st=self.state, slots=self.slots,
+                                               epoch=self.epoch, history=self.history,
+                                               progress=self.progress.device_ptr, **self.vectors)
 
     @staticmethod
     def _check_values(val):
@@ -178,6 +266,10 @@ class GPUPCG:
     def instantiations(self):
         return self.engine.instantiations
 
+    def describe(self):
+        """What the set-up chose, for reports: format, gather, variant."""
+        return f"{self.format.describe()}, gather {self.gather}"
+
     def update_values(self, A):
         """New values in place (same pattern: the graph is kept), else a fresh set-up."""
         cupy = self.cupy
@@ -190,7 +282,7 @@ class GPUPCG:
         if same:
             data = M.data.astype(self.dtype)
             self._check_values(data)
-            self.layout.values(data, out=self.val)
+            self.format.values(data, out=self.val)
             self._set_diagonal(M)
             return
         self._setup(M)
@@ -225,36 +317,27 @@ class GPUPCG:
             return
         if self.history is None or self.history.size < maxiter + 1:
             self.history = self.cupy.zeros(maxiter + 1, dtype=self.cupy.float64)
-            self.history_arg = self.history
+            self._pack_args()
             self.engine.invalidate()  # the history pointer is baked into the graph
 
     def _reset_state(self, tol, maxiter):
-        st = np.zeros(1, dtype=STATE_DTYPE)
-        st["tol"], st["maxiter"], st["status"], st["iteration"] = tol, maxiter, RUNNING, -1  # -1: set-up pass
-        self.state.set(st.view(np.uint8))
+        self.state.set(np.frombuffer(STATE.pack(tol=tol, maxiter=maxiter, status=RUNNING, iteration=-1).tobytes(),
+                                     dtype=np.uint8))  # iteration -1: the set-up pass
         self.progress.host[...] = 0
 
     def launch_run(self, count, handle, stream=None):
         """Enqueue one launch of the persistent kernel: up to ``count`` iterations (or the set-up pass)."""
-        if self.variant == "single-reduction":
-            vectors = (self.x, self.p0, self.r, self.r1, self.s0, self.s1, self.w0, self.w1)
-        else:
-            vectors = (self.x, self.r, self.z, self.q, self.p0, self.p1)
-        self._run(self.grid, (self.rowptr, self.col, self.val, self.dinv_arg, *vectors, self.state, self.slots,
-                              self.epoch, self.history_arg, self.progress.device_ptr, handle,
-                              np.int32(self.n), np.int32(count)), stream=stream)
+        self._run(self.grid, (self._run_args, np.uint64(handle), np.int32(count)), stream=stream)
 
     def _start(self, tol, maxiter):
         """Reset the device state and run the set-up pass (r holds b - A x0; zero first directions)."""
-        for v in (self.p0, self.s0, self.w0):
-            if v is not None:
-                v.fill(0)
+        for name in self._variant.zeroed_at_start:
+            self.vectors[name].fill(0)
         self._reset_state(tol, maxiter)
         self.launch_run(1, np.uint64(0))
 
     def _residual(self, x, out):
-        self.k_residual((self.grid_spmv,), (BLOCK,), (self.rowptr, self.col, self.val, x, self.b, out,
-                                                      np.int32(self.n)))
+        self.k_residual((self.grid_spmv,), (BLOCK,), (self._matrix_args, x, self.b, out))
 
     def solve(self, b, x0, tol, maxiter, callback, record_history, on_progress=None):
         """Return ``(x, reason, iterations, rnorm, history)``; ``x`` is a new CuPy array.
@@ -281,7 +364,7 @@ class GPUPCG:
         def done():
             if callback is None:  # the progress word is exact once the device loop has stopped
                 return int(prog["status"][0]) != RUNNING
-            st = self.state.get().view(STATE_DTYPE)[0]  # exact every iteration, for the callback
+            st = STATE.read(self.state.get())  # exact every iteration, for the callback
             if int(st["iteration"]) > seen[0]:
                 seen[0] = int(st["iteration"])
                 callback(self.x)
@@ -299,7 +382,7 @@ class GPUPCG:
         finally:
             self.iterations_per_launch = self.unroll
         self.last_loop_time = time.perf_counter() - t0
-        st = self.state.get().view(STATE_DTYPE)[0]
+        st = STATE.read(self.state.get())
         reason = Reason(int(st["status"]))
         if reason is Reason.RUNNING:
             raise RuntimeError("device loop ended without a stop reason (engine bound reached)")

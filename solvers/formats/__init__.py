@@ -1,0 +1,55 @@
+"""Sparse matrix formats of the GPU kernels: one class a format, chosen at set-up.
+
+Each format is a host class here (it lays a CSR pattern out in the format's
+arrays, with NumPy or CuPy, and says in NumPy what the kernel computes) and a
+device file ``kernels/<name>.cu`` implementing ``for_each_row_product`` (see
+``kernels/matrix.cu``). The PCG kernels are compiled with the chosen one, so a
+new format is one module here, one ``.cu`` file and their tests.
+
+* :class:`~.ell.ELL`: rows of nearly equal length (stencils), one thread a row.
+* :class:`~.sell.SELL`: anything else; rows sorted by length in slices of 32,
+  very long rows split into pieces shared by several warps.
+* :class:`~.csr.CSR`: plain CSR, a few lanes a row (on request).
+"""
+import numpy as np
+
+from ..errors import InputError
+from .csr import CSR
+from .ell import ELL
+from .sell import SELL
+
+FORMATS = {cls.name: cls for cls in (ELL, SELL, CSR)}
+
+
+def row_lengths(indptr, xp=np):
+    """Entries per row of a CSR pattern."""
+    return xp.diff(indptr)
+
+
+def choose_format(indptr, indices, xp=np, requested="auto"):
+    """The format for a CSR pattern: ``requested``, or by ``auto`` from its row lengths.
+
+    ``auto`` takes ELL when every row has nearly the mean length (at most 1.3 times
+    it plus one, and at most 32 entries: the padding stays small and each thread's
+    loads fit in registers), else SELL.
+
+    Parameters
+    ----------
+    indptr, indices : int32 arrays (NumPy or CuPy)
+    xp : module
+        ``numpy`` or ``cupy``: where the arrays live and the layout is built.
+    requested : {"auto", "ell", "sell", "csr"}
+
+    Returns
+    -------
+    ELL, SELL or CSR
+    """
+    if requested != "auto":
+        if requested not in FORMATS:
+            raise InputError(f"matrix format must be auto or one of {', '.join(FORMATS)}, not {requested!r}")
+        return FORMATS[requested](indptr, indices, xp)
+    n, nnz = int(indptr.size) - 1, int(indices.size)
+    width = int(row_lengths(indptr, xp).max()) if n else 0
+    if ELL.suits(width, nnz, n):
+        return ELL(indptr, indices, xp)
+    return SELL(indptr, indices, xp)

@@ -1,0 +1,65 @@
+"""What every matrix format provides (see :mod:`solvers.formats`)."""
+import numpy as np
+
+from ..kernels.structs import Struct
+
+
+class MatrixFormat:
+    """A CSR pattern laid out for one ``kernels/<name>.cu``.
+
+    Subclasses set ``name`` and ``fields`` (the device struct ``Matrix``, whose
+    pointer fields name array attributes of the instance, except ``val``, the
+    values array passed to :meth:`pack`), build their arrays in ``__init__`` and
+    record ``_pos``, the position of every CSR entry in ``val`` (or None when
+    the order is unchanged), and ``size``, the length of ``val``.
+
+    Attributes
+    ----------
+    n, nnz : int
+    defines : tuple of (str, str)
+        Preprocessor definitions the format's kernel file needs.
+    """
+
+    name = None
+    fields = ()
+    defines = ()
+
+    def __init__(self, indptr, xp):
+        self.xp = xp
+        self.n = int(indptr.size) - 1
+        self.nnz = int(indptr[-1]) if self.n else 0
+        self.struct = Struct("Matrix", self.fields)
+
+    def values(self, data, out=None):
+        """CSR-ordered ``data`` in the format's order (written into ``out`` when given)."""
+        if out is None:
+            out = self.xp.zeros(self.size, dtype=data.dtype)
+        if self._pos is None:
+            out[...] = data
+        else:
+            out[self._pos] = data
+        return out
+
+    def pack(self, val):
+        """The device struct ``Matrix`` over this layout's arrays and the values ``val``."""
+        values = {}
+        for field, _ in self.fields:
+            values[field] = val if field == "val" else getattr(self, field)
+        return self.struct.pack(**values)
+
+    def threads(self):
+        """Threads a product kernel can keep busy (a grid of more has idle blocks)."""
+        raise NotImplementedError
+
+    def describe(self):
+        """One line for reports: the format and what its set-up found."""
+        return self.name
+
+    def product(self, val, v):
+        """NumPy meaning of ``for_each_row_product``: ``A @ v`` from the layout's arrays (host arrays)."""
+        raise NotImplementedError
+
+
+def host(a):
+    """A CuPy array's host copy (NumPy arrays unchanged)."""
+    return a.get() if hasattr(a, "get") else np.asarray(a)

@@ -1,0 +1,48 @@
+"""ELL: fixed-width rows, column-major (``kernels/ell.cu``)."""
+from ..errors import InputError
+from .base import MatrixFormat, host
+
+
+class ELL(MatrixFormat):
+    """Entry k of row i at ``k * n + i``; padding has value 0 and points at its own row.
+
+    One thread a row, every load coalesced; the width is a compile-time constant,
+    so the kernel keeps a whole row's loads in flight. For stencils.
+    """
+
+    name = "ell"
+    fields = (("col", "const int*"), ("val", "const real_t*"), ("n", "int"))
+    AUTO_WIDTH = 32  # the longest rows auto lays out as ELL
+    MAX_WIDTH = 64   # the longest rows the kernel's unrolled loop takes
+
+    @classmethod
+    def suits(cls, width, nnz, n):
+        """True when rows of at most ``width`` entries (``nnz`` in ``n`` rows) pad little."""
+        return 0 < width <= cls.AUTO_WIDTH and width <= 1.3 * nnz / n + 1
+
+    def __init__(self, indptr, indices, xp):
+        super().__init__(indptr, xp)
+        n, nnz = self.n, self.nnz
+        self.width = int(xp.diff(indptr).max()) if n else 0
+        if not 0 < self.width <= self.MAX_WIDTH or self.width * n >= 2**31 - 1:
+            raise InputError(f"ELL needs rows of 1 to {self.MAX_WIDTH} entries and fewer than 2^31 slots (the "
+                             f"longest row has {self.width}); use the sell or csr matrix format")
+        rows = xp.searchsorted(indptr, xp.arange(nnz, dtype=indptr.dtype), side="right") - 1
+        self._pos = ((xp.arange(nnz) - indptr[rows]) * n + rows).astype(xp.int32)
+        self.col = xp.tile(xp.arange(n, dtype=xp.int32), self.width)
+        self.col[self._pos] = indices
+        self.size = self.width * n
+        self.defines = (("ELL_WIDTH", str(self.width)),)
+
+    def threads(self):
+        return self.n
+
+    def describe(self):
+        return f"ell (width {self.width}, {self.size / max(self.nnz, 1) - 1:.1%} padding)"
+
+    def product(self, val, v):
+        val, col, n = host(val), host(self.col), self.n
+        out = 0.0
+        for k in range(self.width):
+            out = out + val[k * n:(k + 1) * n] * v[col[k * n:(k + 1) * n]]
+        return out

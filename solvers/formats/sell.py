@@ -1,0 +1,162 @@
+"""SELL-C-sigma with long rows split into pieces (``kernels/sell.cu``)."""
+import numpy as np
+
+from ..errors import InputError
+from .base import MatrixFormat, host
+
+SLICE = 32  # rows a slice: one warp, a thread a row
+
+
+class SELL(MatrixFormat):
+    """Rows sorted by length within windows of ``sigma`` rows, stored in slices of 32.
+
+    Entry k of the row in lane l of slice s sits at ``slice_ptr[s] + 32 k + l``
+    (column-major within the slice), so a warp's loads are coalesced; sorting
+    makes the rows of a slice nearly equally long, so the padding (value 0) stays
+    small. ``sigma`` is the smallest window in :attr:`SIGMAS` that keeps the
+    padding at most :attr:`MAX_PADDING` (small windows keep the results each warp
+    writes close together).
+
+    Rows longer than :attr:`LONG_ROW` entries are kept apart, in CSR order after
+    the slices, and cut into pieces of at most :attr:`PIECE_LENGTH` entries, a
+    warp a piece: a row far longer than the rest (a graph's hub) is shared by
+    many warps instead of holding one back; the pieces' sums are added in a fixed
+    order.
+    """
+
+    name = "sell"
+    fields = (("n", "int"), ("slices", "int"), ("pieces", "int"), ("slice_ptr", "const int*"),
+              ("slice_rows", "const int*"), ("col", "const int*"), ("val", "const real_t*"),
+              ("piece_ptr", "const int*"), ("piece_row", "const int*"), ("long_rows", "const int*"),
+              ("row_pieces", "const int*"), ("piece_sums", "real_t*"), ("tickets", "unsigned int*"))
+    SIGMAS = (256, 1024, 4096, 16384, 65536)
+    MAX_PADDING = 0.05
+    LONG_ROW = 64
+    PIECE_LENGTH = 512
+
+    def __init__(self, indptr, indices, xp):
+        super().__init__(indptr, xp)
+        n = self.n
+        i32 = lambda a: xp.ascontiguousarray(a, dtype=xp.int32)  # noqa: E731
+        lengths = xp.diff(indptr).astype(xp.int64)
+        is_long = lengths > self.LONG_ROW
+        short_rows = xp.nonzero(~is_long)[0]
+        long_rows = xp.nonzero(is_long)[0]
+        short_len = lengths[short_rows]
+
+        self.sigma = self._choose_sigma(short_len)
+        order = self._sort_in_windows(short_len, self.sigma)
+        sorted_rows = short_rows[order]
+        ns = int(sorted_rows.size)
+        self.slices = -(-ns // SLICE)
+        slot_rows = xp.full(self.slices * SLICE, -1, dtype=xp.int64)
+        slot_rows[:ns] = sorted_rows
+        slot_len = xp.zeros(self.slices * SLICE, dtype=xp.int64)
+        slot_len[:ns] = lengths[sorted_rows]
+        widths = slot_len.reshape(self.slices, SLICE).max(axis=1) if self.slices else slot_len[:0]
+        slice_ptr = xp.concatenate([xp.zeros(1, dtype=xp.int64), xp.cumsum(widths * SLICE)])
+        sliced = int(slice_ptr[-1])
+
+        long_len = lengths[long_rows]
+        long_start = xp.concatenate([xp.zeros(1, dtype=xp.int64), xp.cumsum(long_len)])
+        pieces_of = -(-long_len // self.PIECE_LENGTH)
+        row_pieces = xp.concatenate([xp.zeros(1, dtype=xp.int64), xp.cumsum(pieces_of)])
+        self.pieces = int(row_pieces[-1])
+        piece_row = xp.searchsorted(row_pieces, xp.arange(self.pieces), side="right") - 1
+        within = xp.arange(self.pieces) - row_pieces[piece_row]
+        piece_ptr = xp.concatenate([sliced + long_start[piece_row] + within * self.PIECE_LENGTH,
+                                    xp.asarray([sliced + int(long_start[-1])], dtype=xp.int64)])
+        self.size = sliced + int(long_start[-1])
+        if self.size >= 2**31 - 1:
+            raise InputError("the SELL layout needs 2^31 or more entries (int32 offsets): use the csr matrix format")
+
+        # position of every CSR entry: its slot's column in the slices, or its place among the long rows
+        row_of = xp.searchsorted(indptr, xp.arange(self.nnz, dtype=indptr.dtype), side="right") - 1
+        k = xp.arange(self.nnz) - indptr[row_of]
+        slot_of_row = xp.zeros(n, dtype=xp.int64)
+        slot_of_row[sorted_rows] = xp.arange(ns)
+        long_index = xp.zeros(n, dtype=xp.int64)
+        long_index[long_rows] = xp.arange(long_rows.size)
+        slot = slot_of_row[row_of]
+        self._pos = i32(xp.where(is_long[row_of], sliced + long_start[long_index[row_of]] + k,
+                                 slice_ptr[slot // SLICE] + SLICE * k + slot % SLICE))
+
+        # padding points at its lane's own row (0 for lanes without one): it gathers nothing new
+        position = xp.arange(sliced)
+        in_slice = xp.searchsorted(slice_ptr, position, side="right") - 1
+        pad_col = xp.maximum(slot_rows[in_slice * SLICE + (position - slice_ptr[in_slice]) % SLICE], 0)
+        col = xp.concatenate([pad_col, xp.zeros(self.size - sliced, dtype=xp.int64)])
+        col[self._pos] = indices
+        self.col = i32(col)
+        self.slice_ptr, self.slice_rows = i32(slice_ptr), i32(slot_rows)
+        self.piece_ptr, self.piece_row, self.long_rows = i32(piece_ptr), i32(piece_row), i32(long_rows)
+        self.row_pieces = i32(row_pieces)
+        self.tickets = xp.zeros(max(int(long_rows.size), 1), dtype=xp.uint32)
+        self._piece_sums = {}
+        self.padding = (sliced - int(short_len.sum())) / max(self.nnz, 1)
+
+    @classmethod
+    def _slots(cls, short_len, sigma, xp):
+        """Slots the slices of windows of ``sigma`` rows take (rows sorted by length within each window).
+
+        In a window, the number of slices whose longest row has at least L entries is
+        ceil(c_L / 32), c_L the rows with at least L entries; the slots are 32 times the
+        sum of these over L.
+        """
+        if short_len.size == 0:
+            return 0
+        top = cls.LONG_ROW + 1
+        window = xp.arange(short_len.size) // sigma
+        counts = xp.bincount(window * top + short_len, minlength=int(window[-1] + 1) * top).reshape(-1, top)
+        at_least = xp.cumsum(counts[:, ::-1], axis=1)[:, ::-1]
+        return int(SLICE * (-(-at_least[:, 1:] // SLICE)).sum())
+
+    def _choose_sigma(self, short_len):
+        total = int(short_len.sum())
+        for sigma in self.SIGMAS:
+            if self._slots(short_len, sigma, self.xp) <= (1 + self.MAX_PADDING) * total:
+                return sigma
+        return self.SIGMAS[-1]
+
+    def _sort_in_windows(self, short_len, sigma):
+        """Order of the short rows: by window, longest first within a window, then by row (unique keys)."""
+        xp = self.xp
+        ns = short_len.size
+        position = xp.arange(ns, dtype=xp.int64)
+        key = ((position // sigma) * (self.LONG_ROW + 1) + (self.LONG_ROW - short_len)) * ns + position
+        return xp.argsort(key)
+
+    @property
+    def piece_sums(self):
+        """Scratch for the pieces' sums, of the values' type (set by :meth:`pack`)."""
+        return self._piece_sums[self._dtype]
+
+    def pack(self, val):
+        self._dtype = np.dtype(val.dtype)
+        if self._dtype not in self._piece_sums:
+            self._piece_sums[self._dtype] = self.xp.zeros(max(self.pieces, 1), dtype=self._dtype)
+        return super().pack(val)
+
+    def threads(self):
+        return SLICE * (self.slices + self.pieces)
+
+    def describe(self):
+        text = f"sell (C={SLICE}, sigma={self.sigma}, {self.padding:.1%} padding"
+        if self.pieces:
+            text += f"; {int(self.long_rows.size)} rows over {self.LONG_ROW} entries in {self.pieces} pieces"
+        return text + ")"
+
+    def product(self, val, v):
+        val, col = host(val), host(self.col)
+        slice_ptr, slot_rows = host(self.slice_ptr).astype(np.int64), host(self.slice_rows)
+        out = np.zeros(self.n, dtype=np.result_type(val, v))
+        position = np.arange(int(slice_ptr[-1]))
+        in_slice = np.searchsorted(slice_ptr, position, side="right") - 1
+        rows = slot_rows[in_slice * SLICE + (position - slice_ptr[in_slice]) % SLICE]
+        keep = rows >= 0
+        np.add.at(out, rows[keep], val[position[keep]] * v[col[position[keep]]])
+        piece_ptr, piece_row, long_rows = host(self.piece_ptr), host(self.piece_row), host(self.long_rows)
+        for pc in range(self.pieces):
+            span = slice(int(piece_ptr[pc]), int(piece_ptr[pc + 1]))
+            out[long_rows[piece_row[pc]]] += val[span] @ v[col[span]]
+        return out

@@ -1,0 +1,115 @@
+"""Matrix formats: each layout reproduces the product, and auto picks the format the rows call for."""
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from solvers.errors import InputError
+from solvers.formats import CSR, ELL, SELL, choose_format
+from solvers.formats.csr import row_lanes
+from solvers.gallery import poisson, power_law_laplacian, random_geometric_laplacian, stencil27
+
+
+def one_long_row(n=300, length=2000):
+    """A diagonal matrix plus one row (and column) coupled to ``length`` others: pieces of a long row."""
+    A = sp.diags(np.full(n + length, 4.0)).tolil()
+    A[n // 2, n:] = 1e-3
+    A[n:, n // 2] = 1e-3
+    return sp.csr_matrix(A)
+
+
+def with_empty_rows(n=200):
+    A = sp.random(n, n, density=0.03, random_state=np.random.default_rng(4), format="csr")
+    A = sp.csr_matrix(A + A.T)
+    A.data[:] = 1.0
+    keep = np.ones(n, bool)
+    keep[::7] = False  # rows (and columns) with no entries at all
+    return sp.csr_matrix(sp.diags(keep.astype(float)) @ A @ sp.diags(keep.astype(float)))
+
+
+MATRICES = {
+    "poisson2d": lambda: poisson((23, 17)),
+    "poisson3d": lambda: poisson((7, 9, 5)),
+    "stencil27": lambda: stencil27((9, 8, 7)),
+    "geometric": lambda: random_geometric_laplacian(3000, seed=2),
+    "power_law": lambda: power_law_laplacian(4000, seed=3),
+    "one_long_row": one_long_row,
+    "empty_rows": with_empty_rows,
+}
+
+
+def arrays(A):
+    return A.indptr.astype(np.int32), A.indices.astype(np.int32)
+
+
+@pytest.mark.parametrize("name", MATRICES)
+@pytest.mark.parametrize("fmt", ["ell", "sell", "csr"])
+def test_layout_reproduces_the_product(name, fmt):
+    A = MATRICES[name]()
+    try:
+        layout = choose_format(*arrays(A), np, fmt)
+    except InputError as exc:
+        assert fmt == "ell" and "ELL needs rows" in str(exc)
+        assert np.diff(A.indptr).max() > ELL.MAX_WIDTH or np.diff(A.indptr).min() == 0
+        return
+    x = np.random.default_rng(0).standard_normal(A.shape[1])
+    val = layout.values(A.data)
+    np.testing.assert_allclose(layout.product(val, x), A @ x, rtol=1e-13, atol=1e-12)
+    # new values in place, same layout (update_values)
+    val2 = layout.values(2.0 * A.data, out=val)
+    np.testing.assert_allclose(layout.product(val2, x), 2.0 * (A @ x), rtol=1e-13, atol=1e-12)
+    assert layout.struct.dtype.names == tuple(f for f, _ in layout.fields)
+
+
+@pytest.mark.parametrize("name, expected", [("poisson2d", "ell"), ("poisson3d", "ell"), ("stencil27", "ell"),
+                                            ("geometric", "sell"), ("power_law", "sell"),
+                                            ("one_long_row", "sell")])
+def test_auto_follows_row_lengths(name, expected):
+    assert choose_format(*arrays(MATRICES[name]()), np).name == expected
+
+
+def test_ell_padding_points_at_its_own_row():
+    A = poisson((7, 9, 5))
+    layout = ELL(*arrays(A), np)
+    n, val = A.shape[0], layout.values(A.data)
+    pad = val == 0
+    assert layout.width == 7 and pad.any()
+    assert np.array_equal(layout.col[pad], np.tile(np.arange(n), 7)[pad])
+
+
+def test_sell_slices_sorted_within_windows_and_padding_small():
+    A = random_geometric_laplacian(20000, seed=1)
+    layout = SELL(*arrays(A), np)
+    lengths = np.diff(A.indptr)
+    rows = layout.slice_rows
+    slot_len = np.where(rows >= 0, lengths[np.maximum(rows, 0)], 0)
+    for w in range(0, rows.size, layout.sigma):  # non-increasing within each window
+        chunk = slot_len[w:w + layout.sigma]
+        assert np.all(np.diff(chunk[rows[w:w + layout.sigma] >= 0]) <= 0)
+    assert sorted(rows[rows >= 0].tolist()) == list(range(A.shape[0]))  # every row once
+    assert layout.padding <= SELL.MAX_PADDING
+    assert layout.sigma == min(s for s in SELL.SIGMAS
+                               if SELL._slots(lengths.astype(np.int64), s, np) <= 1.05 * A.nnz)
+
+
+def test_sell_cuts_long_rows_into_pieces():
+    A = one_long_row(n=300, length=2000)
+    layout = SELL(*arrays(A), np)
+    assert layout.long_rows.tolist() == [150] and layout.pieces == -(-2001 // SELL.PIECE_LENGTH)
+    assert layout.row_pieces.tolist() == [0, layout.pieces]
+    sizes = np.diff(layout.piece_ptr)
+    assert sizes.sum() == 2001 and sizes.max() <= SELL.PIECE_LENGTH
+    assert "1 rows over 64 entries in 4 pieces" in layout.describe()
+
+
+def test_csr_lanes_follow_mean_row_length():
+    assert row_lanes(7 * 100, 100) == 8 and row_lanes(3 * 100, 100) == 4 and row_lanes(100, 100) == 2
+    assert row_lanes(1000 * 10, 10) == 32
+    A = power_law_laplacian(1000, seed=0)
+    layout = CSR(*arrays(A), np)
+    assert layout.lanes == row_lanes(A.nnz, 1000)
+    np.testing.assert_array_equal(layout.values(A.data), A.data)
+
+
+def test_unknown_format_is_refused():
+    with pytest.raises(InputError, match="matrix format must be auto or one of ell, sell, csr"):
+        choose_format(*arrays(poisson((4, 4))), np, "bsr")
