@@ -42,6 +42,14 @@ def build_parser():
                    help="classic PCG, or the single-reduction (Chronopoulos-Gear) form: one grid-wide "
                         "reduction per iteration (one allreduce under mpiexec); "
                         "auto: single-reduction for small systems on one GPU, else classic")
+    p.add_argument("--format", choices=("auto", "ell", "sell", "csr"), default="auto",
+                   help="matrix storage on the GPU: ELL (rows of nearly equal length, e.g. stencils), "
+                        "SELL-C-sigma (any rows; very long ones split over several warps) or CSR; "
+                        "auto: ELL when the rows allow, else SELL")
+    p.add_argument("--reorder", choices=("auto", "none", "rcm"), default="auto",
+                   help="reverse Cuthill-McKee reordering at set-up, undone on the solution; "
+                        "auto: on the GPU for a matrix whose product reads are scattered and for "
+                        "which it pays off (the report says what was done and why)")
     g = p.add_mutually_exclusive_group()
     g.add_argument("-q", "--quiet", action="store_true", help="print one summary line")
     g.add_argument("-v", "--verbose", action="store_true", help="print more detail")
@@ -54,6 +62,8 @@ def _report(problem, solver, result, error):
         "device": result.device, "device_name": getattr(solver, "device_name", None),
         "mode": result.mode, "mode_note": result.mode_note,
         "preconditioner": solver.preconditioner, "variant": solver.variant, "dtype": str(solver.dtype),
+        "format": getattr(solver, "format", None), "reordering": getattr(solver, "reordering", None),
+        "reorder_time_s": getattr(solver, "reorder_time", 0.0),
         "converged": result.converged, "reason": result.reason.label, "info": result.info,
         "iterations": result.iterations,
         "residual_norm": result.residual_norm, "true_residual_norm": result.true_residual_norm,
@@ -76,6 +86,13 @@ def _print_report(rep, args):
         f"matrix                  {rep['matrix']}  (n = {rep['n']:,}, nnz = {rep['nnz']:,})",
         f"device                  {where}, mode {rep['mode']}",
         f"preconditioner          {rep['preconditioner']}, {rep['dtype']}, {rep['variant']} PCG",
+    ]
+    if rep["format"]:
+        lines.append(f"matrix format           {rep['format']}")
+    if rep["reordering"] and (rep["device"] == "gpu" or rep["reorder_time_s"]):
+        timing = f" ({rep['reorder_time_s'] * 1e3:.3f} ms)" if rep["reorder_time_s"] else ""
+        lines.append(f"reordering              {rep['reordering']}{timing}")
+    lines += [
         f"result                  {status} {'in' if rep['converged'] else 'after'} {rep['iterations']} iterations",
         f"true relative residual  {rep['true_relative_residual']:.3e}  "
         f"(||b - A x|| / ||b||; stop when ||r|| <= {rep['tolerance']:.3e})",
@@ -168,7 +185,8 @@ def main(argv=None):
         problem = load_problem(args.matrix, args.rhs, args.x0, dtype=args.dtype)
         solver = PCG(problem.A, preconditioner=args.precond, rtol=args.rtol, atol=args.atol,
                      maxiter=args.maxiter, device=args.device, mode=args.mode, dtype=args.dtype,
-                     unroll=args.unroll, record_history=bool(args.plot or args.json), variant=args.variant)
+                     unroll=args.unroll, record_history=bool(args.plot or args.json), variant=args.variant,
+                     matrix_format=args.format, reorder=args.reorder)
         result = solver.solve(problem.b, problem.x0, progress=_LiveProgress() if args.progress else None)
         if args.progress:
             print(file=sys.stderr)

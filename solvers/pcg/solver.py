@@ -7,6 +7,7 @@ import scipy.sparse.linalg as spla
 
 from ..backend import is_device_array, require_cupy, resolve_device
 from ..errors import DeviceError, InputError
+from ..reorder import choose_reordering
 from .cpu import CPUPCG, resolve_variant
 from .preconditioners import make_preconditioner
 from .result import SolveResult
@@ -83,11 +84,20 @@ class PCG:
         which on the GPU halves the grid-wide barriers. ``auto`` takes
         single-reduction on the GPU for small systems (latency bound), classic
         otherwise; the ``variant`` attribute says which ran.
+    matrix_format : {"auto", "ell", "sell", "csr"}
+        Storage of A on the GPU (:mod:`solvers.formats`): ``auto`` takes ELL for
+        rows of nearly equal length (stencils), else SELL; ``format`` says which.
+    reorder : {"auto", "none", "rcm"}
+        Symmetric reordering applied at set-up (reverse Cuthill-McKee), hidden
+        from the caller: ``b``, ``x0`` and ``x`` stay in the original numbering.
+        ``auto`` decides from how scattered the product's reads are
+        (:func:`solvers.reorder.choose_reordering`); ``reordering`` says what was
+        done and why, ``reorder_time`` what it cost.
     """
 
     def __init__(self, A, *, preconditioner="jacobi", M=None, rtol=1e-5, atol=0.0, maxiter=None,
                  device="auto", mode="auto", dtype="float64", unroll=32, record_history=False,
-                 variant="auto"):
+                 variant="auto", matrix_format="auto", reorder="auto"):
         t0 = time.perf_counter()
         if str(np.dtype(dtype)) not in DTYPES:
             raise InputError(f"dtype must be float64 or float32, not {dtype}")
@@ -95,7 +105,13 @@ class PCG:
         self.rtol, self.atol, self.maxiter = float(rtol), float(atol), maxiter
         self.record_history = record_history
         self.device, self.device_note = self._choose_device(A, M, device, mode)
+        self._order, self.reordering = self._choose_reordering(A, reorder)
+        if self._order is not None:
+            A = self._order.matrix(A.get() if _is_cupy_sparse(A) else A)
+        self.reorder_time = self._order.seconds if self._order is not None else 0.0
         if self.device == "cpu":
+            if matrix_format != "auto":
+                raise InputError(f"matrix format {matrix_format!r} is a GPU storage; the CPU solver takes 'auto'")
             if mode not in ("auto", "eager"):
                 raise DeviceError(f"mode {mode!r} runs CUDA graphs and needs a GPU; use --mode eager or auto on the CPU")
             A = _host_matrix(A, self.dtype)
@@ -105,14 +121,22 @@ class PCG:
             self._impl = CPUPCG(A, precond, self.dtype, variant)
         else:
             from .gpu import GPUPCG
-            self._impl = GPUPCG(A, preconditioner, self.dtype, mode, unroll, record_history, variant)
+            self._impl = GPUPCG(A, preconditioner, self.dtype, mode, unroll, record_history, variant,
+                                matrix_format)
             self.shape = self._impl.shape
             variant = self._impl.variant
         if self.shape[0] != self.shape[1]:
             raise InputError(f"A must be square, got shape {self.shape}")
         self.preconditioner = "user" if M is not None else preconditioner
         self.variant = variant
+        self.format = self._impl.describe() if self.device == "gpu" else None
         self.setup_time = time.perf_counter() - t0
+
+    def _choose_reordering(self, A, reorder):
+        """``(Reordering or None, note)``; a matrix already on the GPU is reordered only on request."""
+        if reorder == "auto" and (_is_cupy_sparse(A) or is_device_array(A)):
+            return None, "none (the matrix is on the GPU)"
+        return choose_reordering(A.get() if _is_cupy_sparse(A) else A, reorder, self.device)
 
     @staticmethod
     def _choose_device(A, M, device, mode):
@@ -194,11 +218,20 @@ class PCG:
         b = self._impl.check_vector(b, "b")
         if x0 is not None:
             x0 = self._impl.check_vector(x0, "x0")
+        order = self._order
+        if order is not None:
+            b = order.forward(b)
+            x0 = None if x0 is None else order.forward(x0)
+            if callback is not None:
+                user_callback = callback
+                callback = lambda xk: user_callback(order.backward(xk))  # noqa: E731
         b_norm = self._impl.norm(b)
         tol = max(atol, rtol * b_norm)
         x, reason, its, rnorm, history = self._impl.solve(b, x0, tol, maxiter, callback, self.record_history,
                                                           progress)
         true_rnorm = self._impl.true_residual_norm(b, x)
+        if order is not None:
+            x = order.backward(x)
         return SolveResult(x=x, reason=reason, iterations=int(its), residual_norm=float(rnorm),
                            true_residual_norm=true_rnorm, b_norm=b_norm, tolerance=tol,
                            setup_time=self.setup_time, solve_time=time.perf_counter() - t0,

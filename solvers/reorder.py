@@ -1,0 +1,140 @@
+"""Bandwidth-reducing reordering of a symmetric matrix, hidden from the caller.
+
+A :class:`Reordering` is a symmetric permutation ``P A P^T`` applied once at
+set-up; right-hand sides and initial guesses are permuted on the way in and
+solutions permuted back on the way out, so callers never see it. Reverse
+Cuthill-McKee (``scipy.sparse.csgraph``) brings each row's neighbours close in
+memory, so the product's gathers share cache lines.
+
+:func:`gather_sectors` measures how scattered a product's reads are; the PCG
+solver's ``reorder="auto"`` decides from it (see :func:`choose_reordering`).
+"""
+import time
+
+import numpy as np
+import scipy.sparse as sp
+
+from .errors import InputError
+
+REORDERINGS = ("auto", "none", "rcm")
+#: 32-byte memory sectors a warp's gathers touch per nonzero above which a matrix counts as scattered.
+SCATTERED = 0.4
+#: Rows up to which ``auto`` reorders a scattered matrix: there reverse Cuthill-McKee and the
+#: permutation cost less than a few hundred of the iterations they speed up.
+AUTO_MAX_ROWS = 262_144
+#: Longest row ``auto`` reorders: Cuthill-McKee orders each vertex's neighbours by degree, which on
+#: a graph with a hub row costs minutes (126 s for a 1M-row power-law graph).
+AUTO_MAX_ROW_LENGTH = 1024
+
+
+def gather_sectors(indptr, indices, rows_per_warp=32, itemsize=8, samples=2048):
+    """Distinct 32-byte sectors of the multiplied vector that a warp's rows read, per nonzero.
+
+    The rows are taken ``rows_per_warp`` at a time, in storage order, as one warp
+    of the product kernels reads them; ``samples`` such groups, evenly spaced, are
+    counted (all of them for smaller matrices). About 1 for random numbering (each
+    gather a memory transaction of its own), well below 1 for banded matrices.
+    """
+    n = int(indptr.size) - 1
+    groups = -(-n // rows_per_warp)
+    chosen = np.unique(np.linspace(0, groups - 1, min(groups, samples)).astype(np.int64))
+    first = chosen * rows_per_warp
+    last = np.minimum(first + rows_per_warp, n)
+    counts = indptr[last] - indptr[first]
+    if counts.sum() == 0:
+        return 0.0
+    group = np.repeat(np.arange(chosen.size), counts)
+    starts = np.cumsum(counts) - counts
+    entries = np.arange(int(counts.sum())) - starts[group] + indptr[first][group]
+    sectors = -(-(n * itemsize) // 32)
+    keys = group * sectors + indices[entries].astype(np.int64) * itemsize // 32
+    keys.sort()
+    return (1 + np.count_nonzero(np.diff(keys))) / entries.size
+
+
+class Reordering:
+    """A symmetric permutation: row (and column) ``i`` of the reordered matrix is ``perm[i]`` of the original.
+
+    Parameters
+    ----------
+    perm : ndarray of int
+        A permutation of ``range(n)``.
+    name : str
+        What produced it (for reports).
+    seconds : float
+        Time it took to compute and apply (set by :func:`choose_reordering`).
+    """
+
+    def __init__(self, perm, name, seconds=0.0):
+        self.perm = np.asarray(perm, dtype=np.int64)
+        self.inverse = np.empty_like(self.perm)
+        self.inverse[self.perm] = np.arange(self.perm.size)
+        self.name = name
+        self.seconds = seconds
+        self._device = {}
+
+    def matrix(self, A):
+        """``P A P^T`` of a SciPy sparse matrix, as CSR with sorted indices."""
+        coo = sp.coo_matrix(A)
+        out = sp.csr_matrix((coo.data, (self.inverse[coo.row], self.inverse[coo.col])), shape=A.shape)
+        out.sort_indices()
+        return out
+
+    def _index(self, which, like):
+        if isinstance(like, np.ndarray):
+            return getattr(self, which)
+        key = (which, id(type(like)))
+        if key not in self._device:
+            import cupy
+            self._device[key] = cupy.asarray(getattr(self, which))
+        return self._device[key]
+
+    def forward(self, v):
+        """``P v``: a vector in the original numbering, in the reordered one (NumPy or CuPy)."""
+        return v[self._index("perm", v)]
+
+    def backward(self, v):
+        """``P^T v``: a vector in the reordered numbering, back in the original one."""
+        return v[self._index("inverse", v)]
+
+
+def choose_reordering(A, requested, device):
+    """The reordering of ``A`` (SciPy CSR) that ``requested`` asks for, with why, or None.
+
+    ``auto`` reorders on the GPU only, a matrix whose product reads are scattered
+    (:func:`gather_sectors` above :data:`SCATTERED`), of at most
+    :data:`AUTO_MAX_ROWS` rows, with no row longer than :data:`AUTO_MAX_ROW_LENGTH`.
+
+    Returns
+    -------
+    (Reordering or None, str)
+        The reordering, and a note for the report (why, or why not).
+    """
+    if requested not in REORDERINGS:
+        raise InputError(f"reorder must be one of {', '.join(REORDERINGS)}, not {requested!r}")
+    if requested == "none":
+        return None, "none"
+    if not sp.issparse(A):
+        if requested == "rcm":
+            raise InputError("reorder='rcm' needs an explicit sparse matrix")
+        return None, "none (not a sparse matrix)"
+    A = sp.csr_matrix(A)
+    if requested == "auto":
+        if device != "gpu":
+            return None, "none (auto reorders on the GPU only)"
+        n = A.shape[0]
+        longest = int(np.diff(A.indptr).max()) if n else 0
+        scattered = gather_sectors(A.indptr, A.indices)
+        if scattered <= SCATTERED:
+            return None, f"none (local reads: {scattered:.2f} sectors a nonzero)"
+        if n > AUTO_MAX_ROWS:
+            return None, (f"none (scattered reads, {scattered:.2f} sectors a nonzero, but at {n:,} rows RCM "
+                          "costs more than it saves)")
+        if longest > AUTO_MAX_ROW_LENGTH:
+            return None, f"none (scattered reads, but a row of {longest:,} entries makes RCM slow)"
+    from scipy.sparse.csgraph import reverse_cuthill_mckee
+
+    t0 = time.perf_counter()
+    order = Reordering(reverse_cuthill_mckee(A, symmetric_mode=True), "rcm")
+    order.seconds = time.perf_counter() - t0
+    return order, "rcm"
