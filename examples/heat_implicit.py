@@ -70,7 +70,7 @@ def main(argv=None):
     u = None
     for mode in modes:
         u, per_step, its, solver = run_project(A, u0, steps, device, mode, rtol)
-        print(f"graphsolve {device} {solver.mode:>6}: {per_step * 1e3:8.3f} ms per step "
+        print(f"graphsolve-cuda {device} {solver.mode:>6}: {per_step * 1e3:8.3f} ms per step "
               f"({its:.1f} PCG iterations per step, graph instantiations {solver.instantiations})")
     u_ref, per_step = run_scipy(A, u0, steps, rtol)
     print(f"SciPy cg (CPU)     : {per_step * 1e3:8.3f} ms per step")

@@ -74,7 +74,7 @@ def main(argv=None):
         print("matplotlib not installed: no plot")
     else:
         fig, ax = plt.subplots(figsize=(6, 4))
-        ax.plot(r, g, label=f"graphsolve ({state.n} atoms, T {temp})")
+        ax.plot(r, g, label=f"graphsolve-cuda ({state.n} atoms, T {temp})")
         ax.axvline(REFERENCE["peak_r"], ls="--", c="gray", label="reference peak / minimum")
         ax.axvline(REFERENCE["min_r"], ls="--", c="gray")
         ax.set_xlabel("r (sigma)")

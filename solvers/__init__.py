@@ -1,10 +1,12 @@
-"""graphsolve: iterative solvers whose whole solve is one CUDA graph launch.
+"""graphsolve-cuda: iterative solvers whose whole solve is one CUDA graph launch.
 
 The package imports and runs without CuPy (CPU path); the GPU path is used
 when CuPy and a CUDA device are present.
 """
-from .errors import DeviceError, InputError
-from .pcg import PCG, Reason, SolveResult, cg
+__version__ = "0.1.0"
+DISTRIBUTION = "graphsolve-cuda"
+
+from .errors import DeviceError, InputError  # noqa: E402
+from .pcg import PCG, Reason, SolveResult, cg  # noqa: E402
 
 __all__ = ["cg", "PCG", "Reason", "SolveResult", "InputError", "DeviceError"]
-__version__ = "0.1.0"

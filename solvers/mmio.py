@@ -136,4 +136,4 @@ def write_vector(path, x):
     if path.endswith(".npy"):
         np.save(path, x)
     else:
-        scipy.io.mmwrite(path, x.reshape(-1, 1), comment="solution written by graphsolve")
+        scipy.io.mmwrite(path, x.reshape(-1, 1), comment="solution written by graphsolve-cuda")

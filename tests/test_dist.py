@@ -4,6 +4,7 @@ The ``mpi`` tests start ``mpiexec -n 2`` and ``-n 3`` (an uneven split) on
 ``tests/test_dist_mpi.py`` and on the CLI. Without ``mpiexec`` or mpi4py they
 are skipped, unless ``REQUIRE_MPI=1``, in which case they fail.
 """
+import json
 import os
 import pathlib
 import shutil
@@ -214,9 +215,20 @@ def test_cli_more_ranks_than_rows(tmp_path):
 
 
 @pytest.mark.mpi
-def test_cli_mode_is_rejected_under_mpi():
-    proc = run_mpi(2, "-m", "solvers.pcg", "--matrix", EXAMPLE, "--mode", "while", timeout=60)
-    assert proc.returncode == 2 and proc.stderr.count("--mode applies to single-process runs") == 1
+@pytest.mark.parametrize("option", [["--mode", "while"], ["--progress"]])
+def test_cli_single_process_options_are_rejected_under_mpi(option):
+    proc = run_mpi(2, "-m", "solvers.pcg", "--matrix", EXAMPLE, *option, timeout=60)
+    assert proc.returncode == 2 and proc.stderr.count(f"{option[0]} applies to single-process runs") == 1
+
+
+@pytest.mark.mpi
+def test_cli_bundled_example_and_json_to_stdout_under_mpi():
+    proc = run_mpi(2, "-m", "solvers.pcg", "--example", "lap2D_5pt_n100", "--device", "cpu", "--json", "-",
+                   timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    rep = json.loads(proc.stdout)
+    assert rep["ranks"] == 2 and rep["converged"] and rep["matrix"] == "lap2D_5pt_n100.mtx"
+    assert proc.stderr.count("matrix ") == 1 and "ranks                   2" in proc.stderr
 
 
 # A solve in which one rank fails part-way: the others are blocked in MPI calls and must be ended.

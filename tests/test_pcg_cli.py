@@ -1,14 +1,20 @@
 """The ``python -m solvers.pcg`` command line: reports, files and every bad input."""
+import io
 import json
+import pathlib
 import shutil
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 import scipy.io
 
-from solvers.pcg.__main__ import main
+import solvers
+from solvers.pcg.__main__ import build_parser, main
+from solvers.pcg.progress import ResidualProgress
 
-EXAMPLE = "examples/data/lap2D_5pt_n100.mtx"
+EXAMPLE = str(pathlib.Path(__file__).resolve().parent.parent / "examples" / "data" / "lap2D_5pt_n100.mtx")
 
 
 @pytest.fixture
@@ -165,9 +171,82 @@ def test_unwritable_output_is_reported(capsys, tmp_path):
     assert code == 2 and "cannot write solution" in err
 
 
-def test_module_entry_point_runs_as_subprocess():
-    import subprocess
-    import sys
-    proc = subprocess.run([sys.executable, "-m", "solvers.pcg", "--matrix", EXAMPLE, "-q", "--device", "cpu"],
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0 and "converged" in proc.stdout
+def test_module_entry_point_runs_bundled_example_from_any_directory(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "solvers.pcg", "--example", "lap2D_5pt_n100", "-q", "--device", "cpu"],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("lap2D_5pt_n100.mtx: converged, 183 iterations")
+
+
+def test_unknown_example_is_usage_error(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["--example", "nonesuch"])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "unknown example matrix 'nonesuch'" in err and "lap2D_5pt_n100" in err
+
+
+def test_matrix_and_example_exclude_each_other(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["--matrix", EXAMPLE, "--example", "lap2D_5pt_n100"])
+    assert exc.value.code == 2 and "not allowed with argument" in capsys.readouterr().err
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    assert exc.value.code == 0
+    assert capsys.readouterr().out.strip() == f"python -m solvers.pcg ({solvers.DISTRIBUTION} {solvers.__version__})"
+
+
+def test_every_option_has_help():
+    undocumented = [a.option_strings for a in build_parser()._actions if not a.help or a.help == "==SUPPRESS=="]
+    assert undocumented == []
+
+
+def test_help_states_where_cli_and_library_defaults_differ(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "rtol 1e-8" in text and "scipy.sparse.linalg.cg (rtol 1e-5" in text
+
+
+def test_json_dash_writes_report_to_stdout_and_human_report_to_stderr(capsys):
+    code, out, err = run_cli(capsys, "--matrix", EXAMPLE, "--device", "cpu", "--json", "-")
+    assert code == 0
+    rep = json.loads(out)
+    assert rep["converged"] and rep["iterations"] == 183 and len(rep["history"]) == 184
+    assert "converged in 183 iterations" in err and "true relative residual" in err
+
+
+class _Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_progress_in_a_log_is_plain_lines_ending_with_the_final_state(capsys):
+    code, out, err = run_cli(capsys, "--matrix", EXAMPLE, "--device", "cpu", "--progress")
+    assert code == 0 and "converged in 183 iterations" in out
+    assert "\r" not in err
+    lines = err.splitlines()
+    assert lines and all(line.startswith("PCG: iteration ") for line in lines)
+    assert lines[-1].startswith("PCG: iteration 183  ||r|| = ")
+
+
+def test_progress_on_a_terminal_redraws_one_line_and_ends_with_the_final_state(capsys, monkeypatch):
+    terminal = _Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    code = main(["--matrix", EXAMPLE, "--device", "cpu", "--progress", "--json", "-"])
+    rep = json.loads(capsys.readouterr().out)
+    shown = terminal.getvalue()
+    assert code == 0 and shown.endswith("\n")
+    final = shown.rstrip("\n").split("\r")[-1]
+    assert final.startswith("PCG: 183 iterations") and f"||r|| = {rep['residual_norm']:.3e}" in final
+
+
+def test_progress_display_rate_limits_plain_lines():
+    log = io.StringIO()
+    progress = ResidualProgress(log, interval=3600.0)
+    for it in range(1, 1000):
+        progress(it, 1.0 / it)
+    progress.close(1000, 1e-3)
+    assert log.getvalue().splitlines() == ["PCG: iteration 1  ||r|| = 1.000e+00", "PCG: iteration 1,000  ||r|| = 1.000e-03"]

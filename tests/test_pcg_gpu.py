@@ -252,7 +252,7 @@ def test_progress_is_fed_while_the_graph_runs(cupy):
 def test_auto_mode_and_cli_on_gpu(cupy, capsys):
     from solvers.pcg.__main__ import main
     for mode in ("auto", "eager", "graph", "while"):
-        code = main(["--matrix", "examples/data/lap2D_5pt_n100.mtx", "--device", "gpu", "--mode", mode])
+        code = main(["--example", "lap2D_5pt_n100", "--device", "gpu", "--mode", mode])
         out = capsys.readouterr().out
         assert code == 0 and "converged in" in out, out
         assert f"mode {'while' if mode == 'auto' else mode}" in out

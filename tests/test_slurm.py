@@ -264,7 +264,7 @@ def test_pcg_sbatch_two_ranks(cluster, pcg_reference, how):
         job = cluster.sbatch(SLURM_SCRIPTS / "pcg.sbatch", env={"DEVICE": "cpu", "RTOL": str(PCG_RTOL)})
     job.assert_ok()
     out = job.out
-    assert f"=== graphsolve PCG, job {job.id}" in out, job.describe()
+    assert f"=== graphsolve-cuda PCG, job {job.id}" in out, job.describe()
     assert re.search(r"^tasks +2 \(2 per node\)", out, re.M), job.describe()
     assert re.search(r"^matrix +\S*/examples/data/lap2D_5pt_n100\.mtx$", out, re.M), job.describe()
     assert "=== exit status 0" in out, job.describe()

@@ -4,7 +4,7 @@
 # Bash only; the callers run with `set -euo pipefail`.
 
 # --- Python ------------------------------------------------------------------
-# The interpreter that has graphsolve's dependencies (numpy, scipy, mpi4py,
+# The interpreter that has graphsolve-cuda's dependencies (numpy, scipy, mpi4py,
 # cupy). sbatch passes the submitting shell's environment on (--export=ALL is
 # the default), so an activated venv or conda env is found through PATH;
 # PYTHON=/path/to/venv/bin/python pins one explicitly.
@@ -105,7 +105,7 @@ gs_srun() {
 gs_header() {
     local rev
     rev="$(git -C "$GS_ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)"
-    echo "=== graphsolve $1, job ${SLURM_JOB_ID:-none} ($(date -u '+%Y-%m-%d %H:%M:%S UTC'))"
+    echo "=== graphsolve-cuda $1, job ${SLURM_JOB_ID:-none} ($(date -u '+%Y-%m-%d %H:%M:%S UTC'))"
     echo "repo           $GS_ROOT @ $rev"
     echo "nodes          ${SLURM_JOB_NUM_NODES:-1} (${SLURM_JOB_NODELIST:-$(hostname -s)})"
     echo "tasks          ${SLURM_NTASKS:-1} (${SLURM_NTASKS_PER_NODE:-?} per node), ${SLURM_CPUS_PER_TASK:-1} CPU(s) each"

@@ -10,7 +10,7 @@
 #   scripts/slurm/local_cluster.sh stop      # stop the three daemons by their pid files
 #
 # Everything (slurm.conf, munge key and socket, spool/state dirs, logs, pid
-# files) lives in one folder, GS_SLURM_DIR (default ${TMPDIR:-/tmp}/graphsolve-slurm).
+# files) lives in one folder, GS_SLURM_DIR (default ${TMPDIR:-/tmp}/graphsolve-cuda-slurm).
 # Nothing in /etc is read or written: munged gets a private key and socket
 # through its options, and slurm.conf points the auth/munge plugin at that
 # socket (AuthInfo=socket=...). Clients find the cluster through SLURM_CONF:
@@ -34,7 +34,7 @@
 set -euo pipefail
 PATH="$PATH:/usr/sbin:/sbin"  # slurmctld, slurmd, munged live in sbin
 
-DIR="${GS_SLURM_DIR:-${TMPDIR:-/tmp}/graphsolve-slurm}"
+DIR="${GS_SLURM_DIR:-${TMPDIR:-/tmp}/graphsolve-cuda-slurm}"
 CONF="$DIR/slurm.conf"
 MUNGE_SOCKET="$DIR/munge/munge.socket.2"
 PACKAGES=(slurmctld slurmd slurm-client munge)
@@ -110,7 +110,7 @@ write_conf() {
 
     cat >"$CONF" <<EOF
 # Written by scripts/slurm/local_cluster.sh: one node, everything under $DIR
-ClusterName=graphsolve-local
+ClusterName=graphsolve-cuda-local
 # Job ids start at a random value: MPICH names its shared-memory segment
 # (/dev/shm/mpich_shm_*) after the PMI job id "<job>.<step>", and a segment
 # left behind by an aborted job of an earlier cluster breaks MPI_Init of a new

@@ -28,8 +28,9 @@ def run_distributed(args, cli):
     args : argparse.Namespace
         Parsed options of ``python -m solvers.pcg``.
     cli : module
-        The CLI module, whose ``_report``, ``_print_report``, ``_require_matplotlib``,
-        ``_write_output``, ``_write_json`` and ``_plot`` format and write the results.
+        The CLI module, whose ``_report``, ``_print_report``, ``_human_stream``,
+        ``_require_matplotlib``, ``_write_output``, ``_write_json`` and ``_plot``
+        format and write the results.
     """
     try:
         comm = world()
@@ -54,6 +55,9 @@ def _run(comm, root, args, cli):
         if args.mode != "auto":
             raise InputError("--mode applies to single-process runs; distributed runs always use "
                              "graph segments between NCCL calls on GPUs")
+        if args.progress:
+            raise InputError("--progress applies to single-process runs; distributed runs read the "
+                             "device status only every --unroll iterations")
         if args.unroll < 1:
             raise InputError("--unroll must be >= 1")
         if args.reorder == "rcm":
@@ -82,7 +86,7 @@ def _run(comm, root, args, cli):
             return
         cli._print_report(rep, args)
         if not args.quiet:
-            print("\n".join(_split_lines(rep)))
+            print("\n".join(_split_lines(rep)), file=cli._human_stream(args))
         if args.output:
             cli._write_output(args.output, x)
         if args.json:

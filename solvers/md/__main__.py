@@ -5,6 +5,7 @@ Exit codes: 0 finished, 1 the run blew up (non-finite values), 2 bad input or un
 import argparse
 import sys
 
+from ..cli_common import add_version_option
 from ..errors import DeviceError, InputError
 from .forcefield import LennardJones
 from .integrators import Langevin, VelocityVerlet
@@ -23,6 +24,7 @@ def build_parser():
         prog="python -m solvers.md",
         description="Lennard-Jones molecular dynamics (NVE or Langevin); on a GPU each chunk of "
                     "timesteps between outputs is one CUDA graph launch. Output follows LAMMPS's log format.")
+    add_version_option(p)
     src = p.add_argument_group("system (default: an fcc lattice like LAMMPS bench/in.lj)")
     src.add_argument("--data", help="LAMMPS dump with id x y z [vx vy vz] (gzip allowed); box from the dump")
     src.add_argument("--resume", help="continue exactly from a restart file written by --restart")

@@ -5,43 +5,89 @@ Exit codes: 0 converged, 1 not converged or breakdown, 2 bad input or unusable d
 import argparse
 import json
 import sys
-import time
 
+from ..bundled import EXAMPLE_MATRICES, example_matrix
+from ..cli_common import add_version_option
 from ..distributed.launch import world_size
 from ..errors import DeviceError, InputError
 from .problem import load_problem
+from .progress import ResidualProgress
 from .solver import PCG
 
 EXIT_CONVERGED, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 
 
+DEFAULTS_NOTE = """\
+defaults: this command stops at rtol 1e-8 with the Jacobi preconditioner. The
+library differs: solvers.cg follows scipy.sparse.linalg.cg (rtol 1e-5, atol 0,
+no preconditioner, maxiter 10 n); solvers.PCG uses rtol 1e-5 with Jacobi.
+
+under an MPI launcher (mpiexec -n N python -m solvers.pcg ...) the same options
+run one distributed solve over the ranks; rank 0 reads the matrix and prints the
+report. --mode and --progress apply to single-process runs only (refused there),
+--unroll is the number of iterations between host status reads, and
+--variant auto takes single-reduction below 500,000 rows per rank.
+
+exit codes: 0 converged, 1 not converged (maximum iterations, breakdown,
+NaN/Inf), 2 bad input or no usable device."""
+
+
+def _example_path(name):
+    """argparse type of ``--example``: the bundled file's path, or a usage error."""
+    try:
+        return str(example_matrix(name))
+    except InputError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def build_parser():
     p = argparse.ArgumentParser(
         prog="python -m solvers.pcg",
-        description="Solve A x = b (A symmetric positive definite) by preconditioned CG; "
-                    "on a GPU the whole solve is one CUDA graph launch.")
-    p.add_argument("--matrix", required=True, help="Matrix Market file (.mtx or .mtx.gz)")
-    p.add_argument("--rhs", help="right-hand side (.mtx, .npy or .txt); default b = A @ ones")
+        description="Solve A x = b (A symmetric positive definite) by preconditioned CG;\n"
+                    "on a GPU the whole solve is one CUDA graph launch.",
+        epilog=DEFAULTS_NOTE, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_version_option(p)
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--matrix", help="Matrix Market file (.mtx or .mtx.gz): coordinate or array, "
+                                      "real or integer, general or symmetric")
+    src.add_argument("--example", dest="matrix", type=_example_path, metavar="{" + ",".join(EXAMPLE_MATRICES) + "}",
+                     help="a matrix shipped with the package instead of --matrix: "
+                          + "; ".join(f"{k}: {v}" for k, v in EXAMPLE_MATRICES.items()))
+    p.add_argument("--rhs", help="right-hand side b (.mtx, .npy or .txt); default b = A @ ones, "
+                                 "so the report can give the error against the known solution x = ones")
     p.add_argument("--x0", help="initial guess (.mtx, .npy or .txt); default zeros")
-    p.add_argument("--rtol", type=float, default=1e-8, help="relative tolerance (default 1e-8)")
+    p.add_argument("--rtol", type=float, default=1e-8,
+                   help="relative tolerance: stop when ||r|| <= max(atol, rtol ||b||) "
+                        "(default 1e-8; the library's default is SciPy's 1e-5)")
     p.add_argument("--atol", type=float, default=0.0, help="absolute tolerance (default 0)")
-    p.add_argument("--maxiter", type=int, help="iteration limit (default 10 n)")
-    p.add_argument("--precond", choices=("none", "jacobi"), default="jacobi")
-    p.add_argument("--device", choices=("auto", "cpu", "gpu"), default="auto")
+    p.add_argument("--maxiter", type=int, help="iteration limit (default 10 n, as in SciPy)")
+    p.add_argument("--precond", choices=("none", "jacobi"), default="jacobi",
+                   help="preconditioner: jacobi (divide by the diagonal) or none (plain CG) "
+                        "(default jacobi; solvers.cg's default is none, as in SciPy)")
+    p.add_argument("--device", choices=("auto", "cpu", "gpu"), default="auto",
+                   help="where to solve: gpu needs CuPy and a CUDA device; auto takes the GPU when "
+                        "there is one, else the CPU, and the report's note says why (default auto)")
     p.add_argument("--mode", choices=("auto", "eager", "graph", "while"), default="auto",
-                   help="GPU driver (graph and while need a GPU)")
+                   help="GPU driver: eager (plain launches), graph (a captured graph relaunched) or "
+                        "while (one launch, a WHILE node decides on the GPU); auto takes while where "
+                        "CUDA supports it (>= 12.4), else graph; the CPU takes auto or eager (default auto)")
     p.add_argument("--unroll", type=int, default=32,
-                   help="iterations per graph launch (graph) or per WHILE pass (while)")
-    p.add_argument("--dtype", choices=("float64", "float32"), default="float64")
-    p.add_argument("--output", help="write the solution (.mtx or .npy)")
-    p.add_argument("--json", help="write the report as JSON")
+                   help="iterations per kernel launch on the GPU, hence per graph launch (graph) or "
+                        "per WHILE pass (while) (default 32)")
+    p.add_argument("--dtype", choices=("float64", "float32"), default="float64",
+                   help="floating-point type of the matrix, vectors and arithmetic (default float64)")
+    p.add_argument("--output", help="write the solution x (.mtx, else .npy)")
+    p.add_argument("--json", metavar="FILE",
+                   help="write the report, with the residual history, as JSON to FILE; "
+                        "'-' writes it to stdout and the human-readable report to stderr")
     p.add_argument("--plot", help="plot the convergence history to this PNG (needs matplotlib)")
     p.add_argument("--progress", action="store_true",
-                   help="show iteration and residual live on stderr while solving")
+                   help="show the iteration and residual norm live on stderr while solving "
+                        "(a redrawn line on a terminal, plain lines once a second otherwise)")
     p.add_argument("--variant", choices=("auto", "classic", "single-reduction"), default="auto",
                    help="classic PCG, or the single-reduction (Chronopoulos-Gear) form: one grid-wide "
                         "reduction per iteration (one allreduce under mpiexec); "
-                        "auto: single-reduction for small systems on one GPU, else classic")
+                        "auto: single-reduction on one GPU up to 131,072 rows, else classic (default auto)")
     p.add_argument("--format", choices=("auto", "ell", "sell", "csr"), default="auto",
                    help="matrix storage on the GPU: ELL (rows of nearly equal length, e.g. stencils), "
                         "SELL-C-sigma (any rows; very long ones split over several warps) or CSR; "
@@ -52,7 +98,8 @@ def build_parser():
                         "which it pays off (the report says what was done and why)")
     g = p.add_mutually_exclusive_group()
     g.add_argument("-q", "--quiet", action="store_true", help="print one summary line")
-    g.add_argument("-v", "--verbose", action="store_true", help="print more detail")
+    g.add_argument("-v", "--verbose", action="store_true",
+                   help="also print the recursive and true residual norms and ||b||")
     return p
 
 
@@ -75,11 +122,17 @@ def _report(problem, solver, result, error):
     }
 
 
+def _human_stream(args):
+    """Where the human-readable report goes: stderr when ``--json -`` takes stdout."""
+    return sys.stderr if args.json == "-" else sys.stdout
+
+
 def _print_report(rep, args):
     status = "converged" if rep["converged"] else "NOT CONVERGED: " + rep["reason"]
+    out = _human_stream(args)
     if args.quiet:
         print(f"{rep['matrix']}: {status}, {rep['iterations']} iterations, "
-              f"true relative residual {rep['true_relative_residual']:.3e}")
+              f"true relative residual {rep['true_relative_residual']:.3e}", file=out)
         return
     where = rep["device"] + (f" ({rep['device_name']})" if rep["device_name"] else "")
     lines = [
@@ -109,20 +162,7 @@ def _print_report(rep, args):
         lines.append(f"recursive residual      {rep['residual_norm']:.6e}")
         lines.append(f"true residual norm      {rep['true_residual_norm']:.6e}")
         lines.append(f"||b||                   {rep['b_norm']:.6e}")
-    print("\n".join(lines))
-
-
-class _LiveProgress:
-    """Overwrite one stderr line with the iteration and residual, at most ten times a second."""
-
-    def __init__(self):
-        self._last = 0.0
-
-    def __call__(self, iteration, rnorm):
-        now = time.monotonic()
-        if now - self._last >= 0.1:
-            self._last = now
-            print(f"\r  iteration {iteration:>9,}   ||r|| = {rnorm:.3e}", end="", file=sys.stderr, flush=True)
+    print("\n".join(lines), file=out)
 
 
 def _require_matplotlib(path):
@@ -152,6 +192,10 @@ def _plot(path, history, title):
 
 
 def _write_json(path, rep):
+    if path == "-":
+        json.dump(rep, sys.stdout, indent=2)
+        print()
+        return
     try:
         with open(path, "w", encoding="utf-8") as f:
             json.dump(rep, f, indent=2)
@@ -165,6 +209,19 @@ def _write_output(path, x):
         write_vector(path, x.get() if hasattr(x, "get") else x)
     except OSError as exc:
         raise InputError(f"cannot write solution ({exc.strerror})", path) from None
+
+
+def _solve(solver, problem, show_progress):
+    if not show_progress:
+        return solver.solve(problem.b, problem.x0)
+    progress = ResidualProgress()
+    try:
+        result = solver.solve(problem.b, problem.x0, progress=progress)
+    except BaseException:
+        progress.close()
+        raise
+    progress.close(result.iterations, result.residual_norm)
+    return result
 
 
 def main(argv=None):
@@ -187,9 +244,7 @@ def main(argv=None):
                      maxiter=args.maxiter, device=args.device, mode=args.mode, dtype=args.dtype,
                      unroll=args.unroll, record_history=bool(args.plot or args.json), variant=args.variant,
                      matrix_format=args.format, reorder=args.reorder)
-        result = solver.solve(problem.b, problem.x0, progress=_LiveProgress() if args.progress else None)
-        if args.progress:
-            print(file=sys.stderr)
+        result = _solve(solver, problem, args.progress)
         rep = _report(problem, solver, result, problem.solution_error(result.x))
         _print_report(rep, args)
         if args.output:
