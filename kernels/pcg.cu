@@ -199,12 +199,15 @@ __device__ int single_reduction_decision(State* st, bool start, int it, double r
 // run the same kernel, so they produce the same bits. The set-up pass is an iteration taken while
 // st->iteration is -1.
 
-// Threads per block of the persistent kernels (the loader may set it); at least RUN_MIN_BLOCKS of
-// them fit on one SM (caps the registers): more threads resident, more rows in flight at once.
+// Threads per block of the persistent kernels (the loader may set it), and the threads each SM must
+// hold at once (caps the registers): more threads resident, more loads in flight at once.
 #ifndef RUN_BLOCK
 #define RUN_BLOCK 256
 #endif
-#define RUN_MIN_BLOCKS (RUN_BLOCK >= 512 ? 1 : 512 / RUN_BLOCK)
+#ifndef RUN_SM_THREADS
+#define RUN_SM_THREADS 512
+#endif
+#define RUN_MIN_BLOCKS (RUN_BLOCK >= RUN_SM_THREADS ? 1 : RUN_SM_THREADS / RUN_BLOCK)
 
 // Settle the decision of iteration `it` in the block's copy `s` (thread 0); block 0 publishes it.
 __device__ void settle(State& s, State* st, int it, double rnorm, int status, double* history,

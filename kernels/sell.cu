@@ -2,14 +2,15 @@
 // Host side: solvers/formats/sell.py; NumPy meaning: its reference_product.
 //
 // Rows up to the long-row threshold are sorted by length, longest first, within windows of sigma
-// rows, and stored in slices of 32 (one warp, a thread a row): entry k of a slice's lane l sits at
-// slice_ptr[s] + 32 k + l, so every load of a step is coalesced, and sorting keeps the padding
-// (value 0, column of the lane's own row, or 0 for lanes without a row) to a few percent. Longer rows
+// rows, and stored in slices of one warp: 32 / SELL_LANES rows, SELL_LANES lanes a row. Entry k of
+// the row in a slice's position j sits at slice_ptr[s] + 32 (k / SELL_LANES) + j SELL_LANES +
+// k % SELL_LANES, so every load of a step is coalesced, and sorting keeps the padding (value 0,
+// column of the lane's own row, or 0 for lanes without a row) to a few percent. Longer rows
 // are cut into pieces of at most PIECE_LENGTH consecutive entries, a warp a piece: a row much longer
 // than the others (a graph's hub) is spread over many warps instead of holding one back. The pieces of
 // a row add their sums in a fixed order, so nothing depends on which warp finishes first.
 //
-// struct Matrix (generated): n; slices, slice_ptr, slice_rows (row of each slot, -1 for none), col,
+// struct Matrix (generated): n; slices, slice_ptr, slice_rows (row of each lane, -1 for none), col,
 // val; pieces, piece_ptr (offsets into col/val), piece_row (index into long_rows), long_rows,
 // row_pieces (first piece of each long row, and one past the last), piece_sums, tickets (per long row,
 // zero between products).
@@ -77,6 +78,8 @@ __device__ __forceinline__ void for_each_row_product(const Matrix& A, V v, F fin
 #pragma unroll 4
         for (int k = A.slice_ptr[s] + lane; k < end; k += 32)
             sum += matrix_load(&A.val[k]) * v(matrix_load(&A.col[k]));
-        if (row >= 0) finish(row, sum, WHOLE_ROW);
+#pragma unroll
+        for (int o = SELL_LANES / 2; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+        if (row >= 0 && lane % SELL_LANES == 0) finish(row, sum, WHOLE_ROW);
     }
 }

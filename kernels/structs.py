@@ -74,9 +74,11 @@ class Struct:
         lines = [f"struct {self.name} {{"]
         lines += ["    " + self._declaration(f, t) for f, t in self.fields]
         lines.append("};")
-        for f, _ in self.fields:
-            lines.append(f"static_assert(__builtin_offsetof({self.name}, {f}) == {self.dtype.fields[f][1]}, "
-                         f"\"{self.name}.{f}: host and device offsets differ\");")
+        for f, _ in self.fields:  # with equal sizes and alignments, C's rules give equal offsets
+            field = self.dtype.fields[f][0]
+            lines.append(f"static_assert(sizeof({self.name}::{f}) == {field.itemsize} && "
+                         f"alignof(decltype({self.name}::{f})) == {field.alignment}, "
+                         f"\"{self.name}.{f}: host and device layouts differ\");")
         lines.append(f"static_assert(sizeof({self.name}) == {self.dtype.itemsize}, "
                      f"\"{self.name}: host and device sizes differ\");")
         return "\n".join(lines) + "\n"

@@ -34,6 +34,16 @@ def matrices(quick):
     yield "Poisson 160^3", lambda: poisson((160, 160, 160))
 
 
+def sweep(A):
+    """SELL with a stored gather: lanes a row, threads an SM must hold, and the cache hint."""
+    out = []
+    for variant in ("classic", "single-reduction"):
+        for lanes in (1, 2, 4):
+            for sm_threads in (512, 1024, 2048):
+                out.append(("sell", "stored", variant, False, lanes, sm_threads))
+    return out + [("sell", "stored", "classic", True, 1, 2048), ("csr", "stored", "classic", False, 1, 2048)]
+
+
 def configs(A):
     """(format, gather, variant, stream) tuples worth timing on A."""
     width = int(np.diff(A.indptr).max())
@@ -50,9 +60,9 @@ def configs(A):
     return out + [("sell", "stored", "classic", True), ("sell", "formed", "classic", True)]
 
 
-def per_iteration(A, b, fmt, gather, variant, stream):
+def per_iteration(A, b, fmt, gather, variant, stream, lanes=1, sm_threads=512):
     import cupy
-    g = GPUPCG(A, "jacobi", np.float64, "while", 32, False, variant, fmt, gather, stream)
+    g = GPUPCG(A, "jacobi", np.float64, "while", 32, False, variant, fmt, gather, stream, lanes, sm_threads)
     bd = g.check_vector(b, "b")
     g.solve(bd, None, 0.0, ITERATIONS, None, False)  # warm-up: capture
     times = []
@@ -89,9 +99,10 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--only", nargs="*", help="matrix names to run (substring match)")
+    ap.add_argument("--sweep", action="store_true", help="irregular matrices only: SELL lanes, occupancy, hint")
     args = ap.parse_args(argv)
-    rows = ["| matrix | n | nnz | sectors/nnz | order | format | gather | variant | stream | us/it | x SpMV "
-            "| cupyx/ours | conversion ms | layout |", "|" + "---|" * 14]
+    rows = ["| matrix | n | nnz | sectors/nnz | order | format | gather | variant | stream | lanes | SM threads "
+            "| us/it | x SpMV | cupyx/ours | conversion ms | layout |", "|" + "---|" * 16]
     print(rows[0], flush=True)
     for name, make in matrices(args.quick):
         if args.only and not any(o in name for o in args.only):
@@ -102,30 +113,34 @@ def main(argv=None):
         b = A @ np.ones(n)
         print(f"# {name}: generated in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
         spmv, cupyx_it = peers(A, b)
+        if args.sweep and np.diff(A.indptr).max() <= 32:
+            continue
         orders = [("given", A, 0.0)]
-        if n <= 2_100_000 and np.diff(A.indptr).max() <= 1024 and gather_sectors(A.indptr, A.indices) > 0.4:
+        if not args.sweep and n <= 2_100_000 and np.diff(A.indptr).max() <= 1024 and gather_sectors(A.indptr, A.indices) > 0.4:
             order, _ = choose_reordering(A, "rcm", "gpu")
             t1 = time.perf_counter()
             B = order.matrix(A)
             orders.append((f"rcm {order.seconds + time.perf_counter() - t1:.3f} s", B, order.seconds))
         for label, M, _ in orders:
             sectors = gather_sectors(M.indptr, M.indices)
-            for fmt, gather, variant, stream in configs(M):
+            for config in (sweep(M) if args.sweep else [c + (1, 512) for c in configs(M)]):
+                fmt, gather, variant, stream, lanes, sm_threads = config
                 if label != "given" and (variant != "classic" or stream):
                     continue
                 try:
-                    t, conv, layout = per_iteration(M, b, fmt, gather, variant, stream)
+                    t, conv, layout = per_iteration(M, b, *config)
                 except Exception as exc:  # report and go on: one failing configuration is a result too
-                    print(f"| {name} | {fmt} {gather} {variant} | failed: {type(exc).__name__}: {exc} |", flush=True)
+                    print(f"| {name} | {config} | failed: {type(exc).__name__}: {exc} |", flush=True)
                     continue
                 row = (f"| {name} | {n:,} | {A.nnz:,} | {sectors:.2f} | {label} | {fmt} | {gather} | {variant} "
-                       f"| {int(stream)} | {t * 1e6:.1f} | {t / spmv:.2f} | {cupyx_it / t:.1f} | {conv * 1e3:.1f} "
-                       f"| {layout} |")
+                       f"| {int(stream)} | {lanes} | {sm_threads} | {t * 1e6:.1f} | {t / spmv:.2f} "
+                       f"| {cupyx_it / t:.1f} | {conv * 1e3:.1f} | {layout} |")
                 rows.append(row)
                 print(row, flush=True)
         print(f"| {name} | cuSPARSE SpMV {spmv * 1e6:.1f} us, cupyx cg {cupyx_it * 1e6:.1f} us/it |", flush=True)
-        rows.append(f"| {name} | {n:,} | {A.nnz:,} | | | cuSPARSE SpMV | | | | {spmv * 1e6:.1f} | 1.00 | | | |")
-        rows.append(f"| {name} | {n:,} | {A.nnz:,} | | | cupyx cg | | | | {cupyx_it * 1e6:.1f} | "
+        rows.append(f"| {name} | {n:,} | {A.nnz:,} | | | cuSPARSE SpMV | | | | | | {spmv * 1e6:.1f} | 1.00 "
+                    "| | | |")
+        rows.append(f"| {name} | {n:,} | {A.nnz:,} | | | cupyx cg | | | | | | {cupyx_it * 1e6:.1f} | "
                     f"{cupyx_it / spmv:.2f} | 1.0 | | |")
         import cupy
         cupy.get_default_memory_pool().free_all_blocks()

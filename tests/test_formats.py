@@ -76,6 +76,18 @@ def test_ell_padding_points_at_its_own_row():
     assert np.array_equal(layout.col[pad], np.tile(np.arange(n), 7)[pad])
 
 
+@pytest.mark.parametrize("lanes", [1, 2, 4, 8])
+@pytest.mark.parametrize("name", ["geometric", "power_law", "one_long_row", "empty_rows"])
+def test_sell_with_several_lanes_a_row_reproduces_the_product(name, lanes):
+    A = MATRICES[name]()
+    layout = SELL(*arrays(A), np, lanes=lanes)
+    x = np.random.default_rng(1).standard_normal(A.shape[1])
+    np.testing.assert_allclose(layout.product(layout.values(A.data), x), A @ x, rtol=1e-13, atol=1e-12)
+    rows = layout.slice_rows.reshape(-1, lanes)
+    assert np.all(rows == rows[:, :1])  # the lanes of a row agree on it
+    assert dict(layout.defines)["SELL_LANES"] == str(lanes)
+
+
 def test_sell_slices_sorted_within_windows_and_padding_small():
     A = random_geometric_laplacian(20000, seed=1)
     layout = SELL(*arrays(A), np)

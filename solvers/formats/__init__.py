@@ -26,7 +26,7 @@ def row_lengths(indptr, xp=np):
     return xp.diff(indptr)
 
 
-def choose_format(indptr, indices, xp=np, requested="auto"):
+def choose_format(indptr, indices, xp=np, requested="auto", sell_lanes=1):
     """The format for a CSR pattern: ``requested``, or by ``auto`` from its row lengths.
 
     ``auto`` takes ELL when every row has nearly the mean length (at most 1.3 times
@@ -39,17 +39,21 @@ def choose_format(indptr, indices, xp=np, requested="auto"):
     xp : module
         ``numpy`` or ``cupy``: where the arrays live and the layout is built.
     requested : {"auto", "ell", "sell", "csr"}
+    sell_lanes : int
+        Threads a row of SELL (:class:`~.sell.SELL`).
 
     Returns
     -------
     ELL, SELL or CSR
     """
+    if requested not in ("auto", *FORMATS):
+        raise InputError(f"matrix format must be auto or one of {', '.join(FORMATS)}, not {requested!r}")
+    if requested == "sell":
+        return SELL(indptr, indices, xp, sell_lanes)
     if requested != "auto":
-        if requested not in FORMATS:
-            raise InputError(f"matrix format must be auto or one of {', '.join(FORMATS)}, not {requested!r}")
         return FORMATS[requested](indptr, indices, xp)
     n, nnz = int(indptr.size) - 1, int(indices.size)
     width = int(row_lengths(indptr, xp).max()) if n else 0
     if ELL.suits(width, nnz, n):
         return ELL(indptr, indices, xp)
-    return SELL(indptr, indices, xp)
+    return SELL(indptr, indices, xp, sell_lanes)

@@ -8,14 +8,17 @@ SLICE = 32  # rows a slice: one warp, a thread a row
 
 
 class SELL(MatrixFormat):
-    """Rows sorted by length within windows of ``sigma`` rows, stored in slices of 32.
+    """Rows sorted by length within windows of ``sigma`` rows, stored in slices of one warp.
 
-    Entry k of the row in lane l of slice s sits at ``slice_ptr[s] + 32 k + l``
-    (column-major within the slice), so a warp's loads are coalesced; sorting
-    makes the rows of a slice nearly equally long, so the padding (value 0) stays
-    small. ``sigma`` is the smallest window in :attr:`SIGMAS` that keeps the
-    padding at most :attr:`MAX_PADDING` (small windows keep the results each warp
-    writes close together).
+    A slice holds ``32 / lanes`` rows, ``lanes`` threads a row: entry k of the
+    row at position j of slice s sits at ``slice_ptr[s] + 32 (k // lanes) +
+    j lanes + k % lanes`` (column-major within the slice), so a warp's loads are
+    coalesced; sorting makes the rows of a slice nearly equally long, so the
+    padding (value 0) stays small. ``sigma`` is the smallest window in
+    :attr:`SIGMAS` that keeps the padding at most :attr:`MAX_PADDING` (small
+    windows keep the results each warp writes close together). More lanes a row
+    shorten each thread's chain of dependent loads (small systems, where there
+    are few rows a thread); one lane a row wastes no lanes on short rows.
 
     Rows longer than :attr:`LONG_ROW` entries are kept apart, in CSR order after
     the slices, and cut into pieces of at most :attr:`PIECE_LENGTH` entries, a
@@ -34,8 +37,13 @@ class SELL(MatrixFormat):
     LONG_ROW = 64
     PIECE_LENGTH = 512
 
-    def __init__(self, indptr, indices, xp):
+    def __init__(self, indptr, indices, xp, lanes=1):
         super().__init__(indptr, xp)
+        if lanes not in (1, 2, 4, 8):
+            raise InputError(f"SELL lanes a row must be 1, 2, 4 or 8, not {lanes}")
+        self.lanes = lanes
+        self.defines = (("SELL_LANES", str(lanes)),)
+        rows_per_slice = SLICE // lanes
         n = self.n
         i32 = lambda a: xp.ascontiguousarray(a, dtype=xp.int32)  # noqa: E731
         lengths = xp.diff(indptr).astype(xp.int64)
@@ -48,14 +56,16 @@ class SELL(MatrixFormat):
         order = self._sort_in_windows(short_len, self.sigma)
         sorted_rows = short_rows[order]
         ns = int(sorted_rows.size)
-        self.slices = -(-ns // SLICE)
-        slot_rows = xp.full(self.slices * SLICE, -1, dtype=xp.int64)
-        slot_rows[:ns] = sorted_rows
-        slot_len = xp.zeros(self.slices * SLICE, dtype=xp.int64)
-        slot_len[:ns] = lengths[sorted_rows]
-        widths = slot_len.reshape(self.slices, SLICE).max(axis=1) if self.slices else slot_len[:0]
-        slice_ptr = xp.concatenate([xp.zeros(1, dtype=xp.int64), xp.cumsum(widths * SLICE)])
+        self.slices = -(-ns // rows_per_slice)
+        position_rows = xp.full(self.slices * rows_per_slice, -1, dtype=xp.int64)
+        position_rows[:ns] = sorted_rows
+        position_len = xp.zeros(self.slices * rows_per_slice, dtype=xp.int64)
+        position_len[:ns] = lengths[sorted_rows]
+        longest = (position_len.reshape(self.slices, rows_per_slice).max(axis=1) if self.slices
+                   else position_len[:0])
+        slice_ptr = xp.concatenate([xp.zeros(1, dtype=xp.int64), xp.cumsum(-(-longest // lanes) * SLICE)])
         sliced = int(slice_ptr[-1])
+        slot_rows = xp.repeat(position_rows, lanes) if lanes > 1 else position_rows  # the row of every lane
 
         long_len = lengths[long_rows]
         long_start = xp.concatenate([xp.zeros(1, dtype=xp.int64), xp.cumsum(long_len)])
@@ -68,7 +78,8 @@ class SELL(MatrixFormat):
                                     xp.asarray([sliced + int(long_start[-1])], dtype=xp.int64)])
         self.size = sliced + int(long_start[-1])
         if self.size >= 2**31 - 1:
-            raise InputError("the SELL layout needs 2^31 or more entries (int32 offsets): use the csr matrix format")
+            raise InputError("the SELL layout needs 2^31 or more entries (int32 offsets): "
+                             "use the csr matrix format")
 
         # position of every CSR entry: its slot's column in the slices, or its place among the long rows
         row_of = xp.searchsorted(indptr, xp.arange(self.nnz, dtype=indptr.dtype), side="right") - 1
@@ -77,14 +88,15 @@ class SELL(MatrixFormat):
         slot_of_row[sorted_rows] = xp.arange(ns)
         long_index = xp.zeros(n, dtype=xp.int64)
         long_index[long_rows] = xp.arange(long_rows.size)
-        slot = slot_of_row[row_of]
-        self._pos = i32(xp.where(is_long[row_of], sliced + long_start[long_index[row_of]] + k,
-                                 slice_ptr[slot // SLICE] + SLICE * k + slot % SLICE))
+        place = slot_of_row[row_of]  # the row's position among the sliced rows
+        sliced_pos = (slice_ptr[place // rows_per_slice] + SLICE * (k // lanes) + (place % rows_per_slice) * lanes
+                      + k % lanes)
+        self._pos = i32(xp.where(is_long[row_of], sliced + long_start[long_index[row_of]] + k, sliced_pos))
 
         # padding points at its lane's own row (0 for lanes without one): it gathers nothing new
         position = xp.arange(sliced)
-        in_slice = xp.searchsorted(slice_ptr, position, side="right") - 1
-        pad_col = xp.maximum(slot_rows[in_slice * SLICE + (position - slice_ptr[in_slice]) % SLICE], 0)
+        slice_of = xp.searchsorted(slice_ptr, position, side="right") - 1
+        pad_col = xp.maximum(slot_rows[slice_of * SLICE + (position - slice_ptr[slice_of]) % SLICE], 0)
         col = xp.concatenate([pad_col, xp.zeros(self.size - sliced, dtype=xp.int64)])
         col[self._pos] = indices
         self.col = i32(col)
@@ -96,12 +108,13 @@ class SELL(MatrixFormat):
         self.padding = (sliced - int(short_len.sum())) / max(self.nnz, 1)
 
     @classmethod
-    def _slots(cls, short_len, sigma, xp):
+    def _slots(cls, short_len, sigma, xp, lanes=1):
         """Slots the slices of windows of ``sigma`` rows take (rows sorted by length within each window).
 
-        In a window, the number of slices whose longest row has at least L entries is
-        ceil(c_L / 32), c_L the rows with at least L entries; the slots are 32 times the
-        sum of these over L.
+        A slice of R = 32 / lanes rows takes 32 slots for each ``lanes`` entries of
+        its longest row. In a window, ceil(c_m / R) slices have a row of at least m
+        entries, c_m the rows with at least m entries; so the slots are 32 times the
+        sum of ceil(c_m / R) over m = 1, 1 + lanes, 1 + 2 lanes, ...
         """
         if short_len.size == 0:
             return 0
@@ -109,12 +122,13 @@ class SELL(MatrixFormat):
         window = xp.arange(short_len.size) // sigma
         counts = xp.bincount(window * top + short_len, minlength=int(window[-1] + 1) * top).reshape(-1, top)
         at_least = xp.cumsum(counts[:, ::-1], axis=1)[:, ::-1]
-        return int(SLICE * (-(-at_least[:, 1:] // SLICE)).sum())
+        rows_per_slice = SLICE // lanes
+        return int(SLICE * (-(-at_least[:, 1::lanes] // rows_per_slice)).sum())
 
     def _choose_sigma(self, short_len):
         total = int(short_len.sum())
         for sigma in self.SIGMAS:
-            if self._slots(short_len, sigma, self.xp) <= (1 + self.MAX_PADDING) * total:
+            if self._slots(short_len, sigma, self.xp, self.lanes) <= (1 + self.MAX_PADDING) * total:
                 return sigma
         return self.SIGMAS[-1]
 
@@ -141,7 +155,8 @@ class SELL(MatrixFormat):
         return SLICE * (self.slices + self.pieces)
 
     def describe(self):
-        text = f"sell (C={SLICE}, sigma={self.sigma}, {self.padding:.1%} padding"
+        text = (f"sell (C={SLICE // self.lanes}, {self.lanes} lanes a row, sigma={self.sigma}, "
+                f"{self.padding:.1%} padding")
         if self.pieces:
             text += f"; {int(self.long_rows.size)} rows over {self.LONG_ROW} entries in {self.pieces} pieces"
         return text + ")"
@@ -152,7 +167,7 @@ class SELL(MatrixFormat):
         out = np.zeros(self.n, dtype=np.result_type(val, v))
         position = np.arange(int(slice_ptr[-1]))
         in_slice = np.searchsorted(slice_ptr, position, side="right") - 1
-        rows = slot_rows[in_slice * SLICE + (position - slice_ptr[in_slice]) % SLICE]
+        rows = slot_rows[in_slice * SLICE + (position - slice_ptr[in_slice]) % SLICE]  # the lane's row
         keep = rows >= 0
         np.add.at(out, rows[keep], val[position[keep]] * v[col[position[keep]]])
         piece_ptr, piece_row, long_rows = host(self.piece_ptr), host(self.piece_row), host(self.long_rows)

@@ -77,10 +77,11 @@ class SingleReduction(Variant):
 VARIANTS = {cls.name: cls for cls in (Classic, SingleReduction)}
 
 
-def kernel_program(matrix_format, real, run_block_size, gather_stored, stream_matrix=False):
+def kernel_program(matrix_format, real, run_block_size, gather_stored, stream_matrix=False, sm_threads=512):
     """Arguments of :func:`kernels.module` for the PCG kernels over ``matrix_format``."""
     defines = tuple(matrix_format.defines) + (("RUN_BLOCK", str(run_block_size)),
-                                              ("GATHER_STORED", "1" if gather_stored else "0"))
+                                              ("GATHER_STORED", "1" if gather_stored else "0"),
+                                              ("RUN_SM_THREADS", str(sm_threads)))
     if stream_matrix:
         defines += (("STREAM_MATRIX", "1"),)
     structs = (STATE, PROGRESS) + tuple(v.struct(matrix_format.struct) for v in VARIANTS.values())
@@ -149,12 +150,16 @@ class GPUPCG:
         stored for the other formats.
     stream_matrix : bool
         Load the matrix with evict-first hints (``STREAM_MATRIX`` in ``kernels/matrix.cu``).
+    sell_lanes : int
+        Threads a row of the SELL format.
+    sm_threads : int
+        Threads of the persistent kernel each SM must hold at once (caps its registers).
     """
 
     device = "gpu"
 
     def __init__(self, A, preconditioner, dtype, mode, unroll, record_history, variant="auto",
-                 matrix_format="auto", gather="auto", stream_matrix=False):
+                 matrix_format="auto", gather="auto", stream_matrix=False, sell_lanes=1, sm_threads=512):
         cupy = require_cupy()
         if preconditioner not in ("none", "jacobi"):
             raise InputError(f"preconditioner {preconditioner!r} is not available on the GPU")
@@ -165,6 +170,7 @@ class GPUPCG:
         self.requested_format = matrix_format
         self.requested_gather = gather
         self.stream_matrix = bool(stream_matrix)
+        self.sell_lanes, self.sm_threads = int(sell_lanes), int(sm_threads)
         self.dtype = np.dtype(dtype)
         self.preconditioner = preconditioner
         self.record_history = record_history
@@ -197,7 +203,7 @@ class GPUPCG:
         self._pattern = (indptr, indices)
         cupy.cuda.Device().synchronize()
         t0 = time.perf_counter()
-        self.format = choose_format(indptr, indices, cupy, self.requested_format)
+        self.format = choose_format(indptr, indices, cupy, self.requested_format, self.sell_lanes)
         self.val = self.format.values(data)
         cupy.cuda.Device().synchronize()
         self.format_time = time.perf_counter() - t0
@@ -208,7 +214,7 @@ class GPUPCG:
 
         self.run_block = run_block(n)
         program = kernel_program(self.format, kernels.ctype(self.dtype), self.run_block, gather == "stored",
-                                 self.stream_matrix)
+                                 self.stream_matrix, self.sm_threads)
         mod = kernels.module(**program)
         self.k_residual = mod.get_function("matrix_residual")
         variant = VARIANTS[self.variant]
