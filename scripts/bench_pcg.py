@@ -1,13 +1,17 @@
 """Side-by-side PCG benchmark: this project's drivers against CuPy, JAX, SciPy and one cuSPARSE SpMV.
 
-Run on a GPU machine: ``python scripts/bench_pcg.py [--quick]``. Prints a markdown
-table (time per iteration, iterations, time to solution, ratios) and saves it
-under ``scripts/results/`` with the date and the GPU name.
+Run on a GPU machine: ``python scripts/bench_pcg.py [--quick] [--only NAME ...]``.
+Prints a markdown table (time per iteration, iterations, time to solution, set-up
+costs, ratios) and saves it under ``scripts/results/`` with the date and the GPU
+name.
 
-Peers run plain CG (no preconditioner; on these Poisson matrices Jacobi is a
-scaled identity, so the iteration counts agree) for a fixed number of
-iterations to measure time per iteration; their time to solution is that times
-the iterations this project needed.
+Problems: Poisson stencils, the shared SuiteSparse matrices, and unstructured
+classes from :mod:`solvers.gallery` (random geometric and power-law graph
+Laplacians with random numbering, a 27-point stencil), once more with reverse
+Cuthill-McKee reordering (``reorder="rcm"``) where it applies. Peers run plain CG
+for a fixed number of iterations to measure time per iteration (on the Poisson
+matrices Jacobi is a scaled identity, so the iteration counts agree); their time
+to solution is that times the iterations this project needed.
 """
 import argparse
 import datetime
@@ -24,21 +28,30 @@ import scipy.sparse.linalg as spla  # noqa: E402
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 import provenance  # noqa: E402
 import solvers  # noqa: E402
-from solvers.gallery import poisson  # noqa: E402
+from solvers.gallery import poisson, power_law_laplacian, random_geometric_laplacian, stencil27  # noqa: E402
 from solvers.mmio import read_matrix  # noqa: E402
 
 RTOL = 1e-8
 
 
 def problems(quick, data_dir):
+    """``(name, make, options)``: ``options`` go to this project's solver only."""
     shapes = [(64, 64), (256, 256), (64, 64, 64), (1024, 1024), (160, 160, 160)]
     if not quick:
         shapes.append((256, 256, 256))
     for shape in shapes:
-        yield ("Poisson " + "x".join(map(str, shape)), lambda s=shape: poisson(s))
+        yield ("Poisson " + "x".join(map(str, shape)), lambda s=shape: poisson(s), {})
     if data_dir and data_dir.is_dir():
         for name in ("1138_bus.mtx", "gr_900_900_crg.mtx", "lap2D_5pt_n100.mtx"):
-            yield (name, lambda p=data_dir / name: read_matrix(str(p)))
+            yield (name, lambda p=data_dir / name: read_matrix(str(p)), {})
+    big = 200_000 if quick else 2_000_000
+    yield ("geometric 50k", lambda: random_geometric_laplacian(50_000), {})
+    yield ("power-law 100k", lambda: power_law_laplacian(100_000), {})
+    yield (f"geometric {big // 1000}k", lambda: random_geometric_laplacian(big), {})
+    yield (f"geometric {big // 1000}k, rcm", lambda: random_geometric_laplacian(big), {"reorder": "rcm"})
+    yield (f"power-law {big // 2000}k", lambda: power_law_laplacian(big // 2), {})
+    side = 48 if quick else 128
+    yield (f"27-point {side}^3", lambda: stencil27((side, side, side)), {})
 
 
 def median_time(fn, reps):
@@ -50,14 +63,14 @@ def median_time(fn, reps):
     return float(np.median(times))
 
 
-def bench_ours(A, b, mode, reps, variant="classic"):
+def bench_ours(A, b, mode, reps, variant="classic", **options):
     solver = solvers.PCG(A, preconditioner="jacobi", rtol=RTOL, device="gpu", mode=mode, maxiter=100000,
-                         variant=variant)
+                         variant=variant, **options)
     res = solver.solve(b)  # warm-up: compile and capture
     results = [solver.solve(b) for _ in range(reps)]
     loop = float(np.median([r.loop_time for r in results]))
     total = float(np.median([r.solve_time for r in results]))
-    return loop / max(res.iterations, 1), res.iterations, total, res.relative_residual
+    return loop / max(res.iterations, 1), res.iterations, total, res.relative_residual, solver
 
 
 def bench_cupyx(Ad, bd, iters, cupy):
@@ -115,6 +128,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="skip the largest problem")
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--only", nargs="*", help="problem names to run (substring match)")
     ap.add_argument("--out", default=str(pathlib.Path(__file__).resolve().parent / "results"))
     args = ap.parse_args(argv)
     import cupy
@@ -123,22 +137,28 @@ def main(argv=None):
     repo = pathlib.Path(__file__).resolve().parent.parent
     data = next((d for d in (repo.parent / "shared" / "data" / "matrices", repo / "shared" / "data" / "matrices")
                  if d.is_dir()), None)
-    header = ("| problem | n | nnz | iters | while us/it | graph us/it | eager us/it | 1-red. iters "
+    header = ("| problem | n | nnz | storage | iters | while us/it | graph us/it | eager us/it | 1-red. iters "
               "| 1-red. while us/it | cupyx cg us/it | JAX cg us/it | SciPy us/it | cuSPARSE SpMV us "
-              "| best while time to sol. ms | cupyx/best | JAX/best | best/SpMV | rel. residual |")
+              "| best while time to sol. ms | format ms | reorder ms | cupyx/best | JAX/best | best/SpMV "
+              "| rel. residual |")
     rows = [header, "|" + "---|" * (header.count("|") - 1)]
-    for name, make in problems(args.quick, data):
+    for name, make, options in problems(args.quick, data):
+        if args.only and not any(o in name for o in args.only):
+            continue
         A = make()
         n = A.shape[0]
         b = A @ np.ones(n)
         print(f"{name}: n={n:,} nnz={A.nnz:,}", file=sys.stderr, flush=True)
         per_it = {}
         for mode in ("while", "graph", "eager"):
-            t_it, its, t_s, res = bench_ours(A, b, mode, args.reps if mode == "while" else max(1, args.reps // 2))
+            reps = args.reps if mode == "while" else max(1, args.reps // 2)
+            t_it, its, t_s, res, solver = bench_ours(A, b, mode, reps, **options)
             per_it[mode] = t_it
             if mode == "while":
                 iters, t_sol, rel = its, t_s, res
-        t1, iters1, t_sol1, rel1 = bench_ours(A, b, "while", args.reps, "single-reduction")
+                storage, format_ms = solver.format, solver._impl.format_time * 1e3
+                reorder_ms = solver.reorder_time * 1e3 if solver.reorder_time else None
+        t1, iters1, t_sol1, rel1, _ = bench_ours(A, b, "while", args.reps, "single-reduction", **options)
         best = min(per_it["while"], t1)
         if t_sol1 < t_sol:
             t_sol, rel = t_sol1, rel1
@@ -149,9 +169,11 @@ def main(argv=None):
         jx = bench_jax(A, b, peer_iters)
         sc = bench_scipy(A, b, min(peer_iters, 20 if n > 500_000 else 200))
         us = lambda t: f"{t * 1e6:.1f}"  # noqa: E731
-        rows.append(f"| {name} | {n:,} | {A.nnz:,} | {iters} | {us(per_it['while'])} | {us(per_it['graph'])} "
-                    f"| {us(per_it['eager'])} | {iters1} | {us(t1)} | {us(cu)} | {us(jx)} | {us(sc)} | {us(spmv)} "
-                    f"| {t_sol * 1e3:.2f} | {cu / best:.1f}x | {jx / best:.1f}x | {best / spmv:.2f} | {rel:.1e} |")
+        reorder_text = f"{reorder_ms:.0f}" if reorder_ms is not None else "-"
+        rows.append(f"| {name} | {n:,} | {A.nnz:,} | {storage} | {iters} | {us(per_it['while'])} "
+                    f"| {us(per_it['graph'])} | {us(per_it['eager'])} | {iters1} | {us(t1)} | {us(cu)} | {us(jx)} "
+                    f"| {us(sc)} | {us(spmv)} | {t_sol * 1e3:.2f} | {format_ms:.1f} | {reorder_text} "
+                    f"| {cu / best:.1f}x | {jx / best:.1f}x | {best / spmv:.2f} | {rel:.1e} |")
         print(rows[-1], flush=True)
         del Ad, bd
         cupy.get_default_memory_pool().free_all_blocks()
@@ -161,8 +183,9 @@ def main(argv=None):
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
     text = (f"# PCG benchmark, {stamp}, {gpu}, commit {commit}\n\n"
             f"float64, Jacobi PCG to rtol {RTOL:g} for this project (classic in three modes, single-reduction "
-            f"(1-red.) in while mode; 'best' is the faster while variant); peers plain CG, fixed iteration "
-            f"count.\n\n"
+            f"(1-red.) in while mode; 'best' is the faster while variant; 'storage' is the automatic "
+            f"choice of matrix format; 'format ms' its conversion, 'reorder ms' the reordering where asked "
+            f"for); peers plain CG, fixed iteration count.\n\n"
             + "\n".join(rows) + "\n")
     print("\n" + text)
     out = pathlib.Path(args.out)

@@ -35,13 +35,13 @@ def matrices(quick):
 
 
 def sweep(A):
-    """SELL with a stored gather: lanes a row, threads an SM must hold, and the cache hint."""
+    """SELL with a stored gather: lanes a row and threads a block of the persistent kernel."""
     out = []
     for variant in ("classic", "single-reduction"):
-        for lanes in (1, 2, 4):
-            for sm_threads in (512, 1024, 2048):
-                out.append(("sell", "stored", variant, False, lanes, sm_threads))
-    return out + [("sell", "stored", "classic", True, 1, 2048), ("csr", "stored", "classic", False, 1, 2048)]
+        for lanes in (2, 4, 8):
+            for block in (256, 512, 1024):
+                out.append(("sell", "stored", variant, None, lanes, block))
+    return out
 
 
 def configs(A):
@@ -49,20 +49,20 @@ def configs(A):
     width = int(np.diff(A.indptr).max())
     if width <= 32:  # a stencil: ELL as today against the new options
         return [("ell", "formed", "classic", False), ("ell", "formed", "classic", True),
-                ("ell", "stored", "classic", False), ("sell", "formed", "classic", False),
-                ("sell", "stored", "classic", False), ("ell", "formed", "single-reduction", False)]
+                ("ell", "stored", "classic", None), ("sell", "formed", "classic", None),
+                ("sell", "stored", "classic", None), ("ell", "formed", "single-reduction", None)]
     out = []
     for variant in ("classic", "single-reduction"):
         for gather in ("formed", "stored"):
-            out.append(("sell", gather, variant, False))
+            out.append(("sell", gather, variant, None))
             if width <= 1024:  # CSR gives a row to one group of lanes: hopeless on a hub row
-                out.append(("csr", gather, variant, False))
-    return out + [("sell", "stored", "classic", True), ("sell", "formed", "classic", True)]
+                out.append(("csr", gather, variant, None))
+    return out
 
 
-def per_iteration(A, b, fmt, gather, variant, stream, lanes=1, sm_threads=512):
+def per_iteration(A, b, fmt, gather, variant, stream=None, lanes=None, block=None):
     import cupy
-    g = GPUPCG(A, "jacobi", np.float64, "while", 32, False, variant, fmt, gather, stream, lanes, sm_threads)
+    g = GPUPCG(A, "jacobi", np.float64, "while", 32, False, variant, fmt, gather, stream, lanes, block=block)
     bd = g.check_vector(b, "b")
     g.solve(bd, None, 0.0, ITERATIONS, None, False)  # warm-up: capture
     times = []
@@ -101,7 +101,7 @@ def main(argv=None):
     ap.add_argument("--only", nargs="*", help="matrix names to run (substring match)")
     ap.add_argument("--sweep", action="store_true", help="irregular matrices only: SELL lanes, occupancy, hint")
     args = ap.parse_args(argv)
-    rows = ["| matrix | n | nnz | sectors/nnz | order | format | gather | variant | stream | lanes | SM threads "
+    rows = ["| matrix | n | nnz | sectors/nnz | order | format | gather | variant | stream | lanes | block "
             "| us/it | x SpMV | cupyx/ours | conversion ms | layout |", "|" + "---|" * 16]
     print(rows[0], flush=True)
     for name, make in matrices(args.quick):
@@ -123,17 +123,17 @@ def main(argv=None):
             orders.append((f"rcm {order.seconds + time.perf_counter() - t1:.3f} s", B, order.seconds))
         for label, M, _ in orders:
             sectors = gather_sectors(M.indptr, M.indices)
-            for config in (sweep(M) if args.sweep else [c + (1, 512) for c in configs(M)]):
-                fmt, gather, variant, stream, lanes, sm_threads = config
+            for config in (sweep(M) if args.sweep else [c + (None, None) for c in configs(M)]):
+                fmt, gather, variant, stream, lanes, block = config
                 if label != "given" and (variant != "classic" or stream):
                     continue
                 try:
                     t, conv, layout = per_iteration(M, b, *config)
                 except Exception as exc:  # report and go on: one failing configuration is a result too
-                    print(f"| {name} | {config} | failed: {type(exc).__name__}: {exc} |", flush=True)
+                    print(f"| {name} | {config} | failed: {type(exc).__name__}: {exc} |", file=sys.stderr, flush=True)
                     continue
                 row = (f"| {name} | {n:,} | {A.nnz:,} | {sectors:.2f} | {label} | {fmt} | {gather} | {variant} "
-                       f"| {int(stream)} | {lanes} | {sm_threads} | {t * 1e6:.1f} | {t / spmv:.2f} "
+                       f"| {stream} | {lanes} | {block} | {t * 1e6:.1f} | {t / spmv:.2f} "
                        f"| {cupyx_it / t:.1f} | {conv * 1e3:.1f} | {layout} |")
                 rows.append(row)
                 print(row, flush=True)

@@ -19,12 +19,18 @@ from .errors import InputError
 REORDERINGS = ("auto", "none", "rcm")
 #: 32-byte memory sectors a warp's gathers touch per nonzero above which a matrix counts as scattered.
 SCATTERED = 0.4
-#: Rows up to which ``auto`` reorders a scattered matrix: there reverse Cuthill-McKee and the
-#: permutation cost less than a few hundred of the iterations they speed up.
-AUTO_MAX_ROWS = 262_144
 #: Longest row ``auto`` reorders: Cuthill-McKee orders each vertex's neighbours by degree, which on
 #: a graph with a hub row costs minutes (126 s for a 1M-row power-law graph).
 AUTO_MAX_ROW_LENGTH = 1024
+# The cost model of ``auto`` (H200 and its host, scripts/probe_formats.py, MEASUREMENTS.md): SciPy's
+# reverse Cuthill-McKee takes about 34 ns a nonzero (1.0 s for a 2M-row random geometric graph,
+# 29.6M nonzeros); a sector of gathered reads saved saves about 4.7 ps an iteration (that graph: 324
+# us an iteration at 0.95 sectors a nonzero, 213 us after RCM at 0.16).
+RCM_SECONDS_PER_NONZERO = 34e-9
+SECONDS_PER_SECTOR = 4.7e-12
+SECTORS_AFTER_RCM = 0.16
+#: Iterations the reordering must pay for itself within: the solve's own count is unknown at set-up.
+AUTO_ITERATIONS = 1000
 
 
 def gather_sectors(indptr, indices, rows_per_warp=32, itemsize=8, samples=2048):
@@ -74,10 +80,18 @@ class Reordering:
         self._device = {}
 
     def matrix(self, A):
-        """``P A P^T`` of a SciPy sparse matrix, as CSR with sorted indices."""
-        coo = sp.coo_matrix(A)
-        out = sp.csr_matrix((coo.data, (self.inverse[coo.row], self.inverse[coo.col])), shape=A.shape)
+        """``P A P^T`` of a SciPy or cupyx sparse matrix, as CSR with sorted indices, where A lives."""
+        t0 = time.perf_counter()
+        if type(A).__module__.startswith("cupyx"):
+            import cupyx.scipy.sparse as csp
+            coo = A.tocoo()
+            inverse = self._index("inverse", coo.row)
+            out = csp.coo_matrix((coo.data, (inverse[coo.row], inverse[coo.col])), shape=A.shape).tocsr()
+        else:
+            coo = sp.coo_matrix(A)
+            out = sp.csr_matrix((coo.data, (self.inverse[coo.row], self.inverse[coo.col])), shape=A.shape)
         out.sort_indices()
+        self.seconds += time.perf_counter() - t0
         return out
 
     def _index(self, which, like):
@@ -102,8 +116,9 @@ def choose_reordering(A, requested, device):
     """The reordering of ``A`` (SciPy CSR) that ``requested`` asks for, with why, or None.
 
     ``auto`` reorders on the GPU only, a matrix whose product reads are scattered
-    (:func:`gather_sectors` above :data:`SCATTERED`), of at most
-    :data:`AUTO_MAX_ROWS` rows, with no row longer than :data:`AUTO_MAX_ROW_LENGTH`.
+    (:func:`gather_sectors` above :data:`SCATTERED`), with no row longer than
+    :data:`AUTO_MAX_ROW_LENGTH`, and only when the model above predicts that the
+    reordering costs less than it saves over :data:`AUTO_ITERATIONS` iterations.
 
     Returns
     -------
@@ -122,19 +137,20 @@ def choose_reordering(A, requested, device):
     if requested == "auto":
         if device != "gpu":
             return None, "none (auto reorders on the GPU only)"
-        n = A.shape[0]
-        longest = int(np.diff(A.indptr).max()) if n else 0
+        longest = int(np.diff(A.indptr).max()) if A.shape[0] else 0
         scattered = gather_sectors(A.indptr, A.indices)
         if scattered <= SCATTERED:
             return None, f"none (local reads: {scattered:.2f} sectors a nonzero)"
-        if n > AUTO_MAX_ROWS:
-            return None, (f"none (scattered reads, {scattered:.2f} sectors a nonzero, but at {n:,} rows RCM "
-                          "costs more than it saves)")
         if longest > AUTO_MAX_ROW_LENGTH:
             return None, f"none (scattered reads, but a row of {longest:,} entries makes RCM slow)"
+        cost = RCM_SECONDS_PER_NONZERO * A.nnz
+        saving = SECONDS_PER_SECTOR * max(scattered - SECTORS_AFTER_RCM, 0.0) * A.nnz
+        if cost > saving * AUTO_ITERATIONS:
+            return None, (f"none (scattered reads, {scattered:.2f} sectors a nonzero, but RCM would pay for "
+                          f"itself only after about {cost / saving:,.0f} iterations)")
     from scipy.sparse.csgraph import reverse_cuthill_mckee
 
     t0 = time.perf_counter()
     order = Reordering(reverse_cuthill_mckee(A, symmetric_mode=True), "rcm")
-    order.seconds = time.perf_counter() - t0
+    order.seconds = time.perf_counter() - t0  # the permutation of A adds its time (Reordering.matrix)
     return order, "rcm"

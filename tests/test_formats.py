@@ -88,9 +88,16 @@ def test_sell_with_several_lanes_a_row_reproduces_the_product(name, lanes):
     assert dict(layout.defines)["SELL_LANES"] == str(lanes)
 
 
+def test_sell_lanes_follow_mean_row_length():
+    assert SELL.auto_lanes(15 * 100, 100) == 4 and SELL.auto_lanes(7.7 * 100, 100) == 2
+    assert SELL.auto_lanes(3 * 100, 100) == 1 and SELL.auto_lanes(60 * 100, 100) == 8
+    A = power_law_laplacian(4000, seed=3)
+    assert SELL(*arrays(A), np).lanes == SELL.auto_lanes(A.nnz, A.shape[0])
+
+
 def test_sell_slices_sorted_within_windows_and_padding_small():
     A = random_geometric_laplacian(20000, seed=1)
-    layout = SELL(*arrays(A), np)
+    layout = SELL(*arrays(A), np, lanes=1)
     lengths = np.diff(A.indptr)
     rows = layout.slice_rows
     slot_len = np.where(rows >= 0, lengths[np.maximum(rows, 0)], 0)

@@ -26,7 +26,7 @@ def row_lengths(indptr, xp=np):
     return xp.diff(indptr)
 
 
-def choose_format(indptr, indices, xp=np, requested="auto", sell_lanes=1):
+def choose_format(indptr, indices, xp=np, requested="auto", sell_lanes=None):
     """The format for a CSR pattern: ``requested``, or by ``auto`` from its row lengths.
 
     ``auto`` takes ELL when every row has nearly the mean length (at most 1.3 times
@@ -39,8 +39,8 @@ def choose_format(indptr, indices, xp=np, requested="auto", sell_lanes=1):
     xp : module
         ``numpy`` or ``cupy``: where the arrays live and the layout is built.
     requested : {"auto", "ell", "sell", "csr"}
-    sell_lanes : int
-        Threads a row of SELL (:class:`~.sell.SELL`).
+    sell_lanes : int, optional
+        Threads a row of SELL (default :meth:`~.sell.SELL.auto_lanes`).
 
     Returns
     -------

@@ -60,6 +60,13 @@ class MatrixFormat:
         raise NotImplementedError
 
 
+def entry_rows(indptr, xp):
+    """The row of every entry of a CSR pattern (a scan, not a search: one pass over the entries)."""
+    n, nnz = int(indptr.size) - 1, int(indptr[-1])
+    starts = xp.bincount(indptr[1:n], minlength=nnz + 1)  # empty rows put several starts at one entry
+    return xp.cumsum(starts[:nnz], dtype=xp.int32)
+
+
 def host(a):
     """A CuPy array's host copy (NumPy arrays unchanged)."""
     return a.get() if hasattr(a, "get") else np.asarray(a)

@@ -1,6 +1,6 @@
 """ELL: fixed-width rows, column-major (``kernels/ell.cu``)."""
 from ..errors import InputError
-from .base import MatrixFormat, host
+from .base import MatrixFormat, entry_rows, host
 
 
 class ELL(MatrixFormat):
@@ -27,8 +27,8 @@ class ELL(MatrixFormat):
         if not 0 < self.width <= self.MAX_WIDTH or self.width * n >= 2**31 - 1:
             raise InputError(f"ELL needs rows of 1 to {self.MAX_WIDTH} entries and fewer than 2^31 slots (the "
                              f"longest row has {self.width}); use the sell or csr matrix format")
-        rows = xp.searchsorted(indptr, xp.arange(nnz, dtype=indptr.dtype), side="right") - 1
-        self._pos = ((xp.arange(nnz) - indptr[rows]) * n + rows).astype(xp.int32)
+        rows = entry_rows(indptr, xp)
+        self._pos = (xp.arange(nnz, dtype=xp.int32) - indptr[rows]) * xp.int32(n) + rows
         self.col = xp.tile(xp.arange(n, dtype=xp.int32), self.width)
         self.col[self._pos] = indices
         self.size = self.width * n

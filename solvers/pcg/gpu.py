@@ -148,18 +148,24 @@ class GPUPCG:
         (no grid barrier before the product), or stored first (one vector
         gathered). ``auto``: formed for ELL, whose neighbours sit close in memory,
         stored for the other formats.
-    stream_matrix : bool
-        Load the matrix with evict-first hints (``STREAM_MATRIX`` in ``kernels/matrix.cu``).
-    sell_lanes : int
-        Threads a row of the SELL format.
+    stream_matrix : bool, optional
+        Load the matrix with evict-first hints (``STREAM_MATRIX`` in ``kernels/matrix.cu``);
+        by default when the matrix is larger than the L2 cache, so it would not stay
+        there anyway (H200, per iteration with and without: 27-point 128^3 219.6 / 224.0
+        us, random geometric graph 2M rows 314.6 / 323.7 us).
+    sell_lanes : int, optional
+        Threads a row of the SELL format (default: :meth:`solvers.formats.SELL.auto_lanes`).
     sm_threads : int
         Threads of the persistent kernel each SM must hold at once (caps its registers).
+    block : int, optional
+        Threads per block of the persistent kernel (default :func:`run_block`).
     """
 
     device = "gpu"
 
     def __init__(self, A, preconditioner, dtype, mode, unroll, record_history, variant="auto",
-                 matrix_format="auto", gather="auto", stream_matrix=False, sell_lanes=1, sm_threads=512):
+                 matrix_format="auto", gather="auto", stream_matrix=None, sell_lanes=None, sm_threads=512,
+                 block=None):
         cupy = require_cupy()
         if preconditioner not in ("none", "jacobi"):
             raise InputError(f"preconditioner {preconditioner!r} is not available on the GPU")
@@ -169,8 +175,8 @@ class GPUPCG:
         self.requested_variant = variant
         self.requested_format = matrix_format
         self.requested_gather = gather
-        self.stream_matrix = bool(stream_matrix)
-        self.sell_lanes, self.sm_threads = int(sell_lanes), int(sm_threads)
+        self.requested_stream = stream_matrix
+        self.sell_lanes, self.sm_threads, self.requested_block = sell_lanes, int(sm_threads), block
         self.dtype = np.dtype(dtype)
         self.preconditioner = preconditioner
         self.record_history = record_history
@@ -211,8 +217,12 @@ class GPUPCG:
         if gather == "auto":
             gather = "formed" if self.format.name == "ell" else "stored"
         self.gather = gather
+        self.stream_matrix = self.requested_stream
+        if self.stream_matrix is None:
+            l2 = int(cupy.cuda.Device().attributes["L2CacheSize"])
+            self.stream_matrix = self.val.nbytes + self.format.col.nbytes > l2
 
-        self.run_block = run_block(n)
+        self.run_block = self.requested_block or run_block(n)
         program = kernel_program(self.format, kernels.ctype(self.dtype), self.run_block, gather == "stored",
                                  self.stream_matrix, self.sm_threads)
         mod = kernels.module(**program)
@@ -273,8 +283,8 @@ class GPUPCG:
         return self.engine.instantiations
 
     def describe(self):
-        """What the set-up chose, for reports: format, gather, variant."""
-        return f"{self.format.describe()}, gather {self.gather}"
+        """What the set-up chose, for reports: format, gather, the matrix loads' cache hint."""
+        return f"{self.format.describe()}, gather {self.gather}" + (", streamed" if self.stream_matrix else "")
 
     def update_values(self, A):
         """New values in place (same pattern: the graph is kept), else a fresh set-up."""

@@ -107,11 +107,12 @@ class PCG:
         self.device, self.device_note = self._choose_device(A, M, device, mode)
         self._order, self.reordering = self._choose_reordering(A, reorder)
         if self._order is not None:
-            A = self._order.matrix(A.get() if _is_cupy_sparse(A) else A)
+            A = self._order.matrix(self._where_solved(A))
         self.reorder_time = self._order.seconds if self._order is not None else 0.0
         if self.device == "cpu":
             if matrix_format != "auto":
-                raise InputError(f"matrix format {matrix_format!r} is a GPU storage; the CPU solver takes 'auto'")
+                raise InputError(f"matrix format {matrix_format!r} is a GPU storage; "
+                                 "the CPU solver takes 'auto'")
             if mode not in ("auto", "eager"):
                 raise DeviceError(f"mode {mode!r} runs CUDA graphs and needs a GPU; use --mode eager or auto on the CPU")
             A = _host_matrix(A, self.dtype)
@@ -131,6 +132,13 @@ class PCG:
         self.variant = variant
         self.format = self._impl.describe() if self.device == "gpu" else None
         self.setup_time = time.perf_counter() - t0
+
+    def _where_solved(self, A):
+        """A sparse matrix on the device the solve runs on (a reordering permutes it there)."""
+        if self.device == "gpu" and not _is_cupy_sparse(A):
+            import cupyx.scipy.sparse as csp
+            return csp.csr_matrix(sp.csr_matrix(A))
+        return A.get() if _is_cupy_sparse(A) and self.device == "cpu" else A
 
     def _choose_reordering(self, A, reorder):
         """``(Reordering or None, note)``; a matrix already on the GPU is reordered only on request."""
