@@ -153,11 +153,13 @@ def main(argv=None):
         for mode in ("while", "graph", "eager"):
             reps = args.reps if mode == "while" else max(1, args.reps // 2)
             t_it, its, t_s, res, solver = bench_ours(A, b, mode, reps, **options)
-            per_it[mode] = t_it
+            # the fastest of the set-ups: the first also compiles CuPy's own kernels, once a process
+            format_ms = min(format_ms, solver._impl.format_time * 1e3) if per_it else solver._impl.format_time * 1e3
             if mode == "while":
                 iters, t_sol, rel = its, t_s, res
-                storage, format_ms = solver.format, solver._impl.format_time * 1e3
+                storage = solver.format
                 reorder_ms = solver.reorder_time * 1e3 if solver.reorder_time else None
+            per_it[mode] = t_it
         t1, iters1, t_sol1, rel1, _ = bench_ours(A, b, "while", args.reps, "single-reduction", **options)
         best = min(per_it["while"], t1)
         if t_sol1 < t_sol:
