@@ -100,6 +100,11 @@ class CpuBackend:
         """``(sum m v^2, sum E_pair, sum r.F)`` at the current step."""
         return md_ref.thermo_sums(self.v, self.mass, self.pe_atom, self.vir_atom)
 
+    def memory_bytes(self):
+        """Bytes held in per-particle and per-pair arrays."""
+        g = self.pairs._gather
+        return sum(a.nbytes for a in (self.x, self.v, self.f, self.img, self.hold, g.data, g.indices, g.indptr)) * 2
+
     def arrays(self):
         """Host copies of the per-particle arrays a restart needs."""
         return {"positions": self.x.copy(), "velocities": self.v.copy(), "images": self.img.copy(),

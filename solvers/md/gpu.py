@@ -312,6 +312,10 @@ class GpuBackend:
         with self.stream:
             return int(self.ctl[C_BUILDS].get())
 
+    def memory_bytes(self):
+        """Bytes of the device arrays this backend holds."""
+        return sum(a.nbytes for a in vars(self).values() if isinstance(a, self._cp.ndarray))
+
     def arrays(self):
         """Host copies of the per-particle arrays a restart needs."""
         with self.stream:
