@@ -184,17 +184,27 @@ def run(args, comm=None):
     ``comm``: the MPI communicator of a distributed run (every rank calls this), or None.
     """
     root = comm is None or comm.Get_rank() == 0
-    log = _Log(args.log, root)
-    dump = None
+    opened = {}
+
+    def setup():
+        opened["log"] = _Log(args.log, root)
+        opened["sim"] = _simulation(args, comm)
+        if args.dump and root:
+            opened["dump"] = DumpWriter(args.dump, species=args.species)
+
     try:
-        sim = _simulation(args, comm)
+        if comm is None:
+            setup()
+        else:
+            from ..distributed.comm import agree
+            agree(comm, setup)
+        log, sim, dump = opened["log"], opened["sim"], opened.get("dump")
         if sim.device_note:
             log(f"note: {sim.device_note}")
         n, ranks = sim.state.n, sim.ranks
         where = f", {ranks} ranks (grid {' x '.join(map(str, sim.rank_grid))})" if ranks > 1 else ""
         log(f"graphsolve md: {n} atoms, box {' '.join(f'{b:.10g}' for b in sim.state.box)}, "
             f"{sim.forcefield.name} pair, device {sim.device} (mode {sim.mode}, precision {sim.precision}){where}")
-        dump = DumpWriter(args.dump, species=args.species) if args.dump and root else None
         log(memory_line(sim.memory_mb()))
         log(header())
         elapsed = sim.run(args.steps, thermo_every=args.thermo, dump=dump, dump_every=args.dump_every,
@@ -208,9 +218,9 @@ def run(args, comm=None):
         if args.restart:
             sim.write_restart(args.restart)
     finally:
-        if dump is not None:
-            dump.close()
-        log.close()
+        for name in ("dump", "log"):
+            if name in opened:
+                opened[name].close()
     return EXIT_OK
 
 
