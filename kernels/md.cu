@@ -33,6 +33,7 @@
 #define C_FORCED 9    // step whose forces are computed
 #define C_SYNC 10     // md_run's grid barrier counter (grid_sync)
 #define C_ARRIVE 11   // blocks of md_force done (last-block counter)
+#define C_DRIFTED 12  // blocks of md_kick_drift done (last-block counter)
 #define CTL_SIZE 16
 
 #ifndef MD_BLOCK
@@ -43,6 +44,7 @@
 #define ST_DONE 1
 #define ST_OVERFLOW 2
 #define ST_UNSTABLE 3
+#define ST_REBUILD 4   // distributed runs: the ranks agreed on a list build, which the host does
 
 struct __align__(4 * sizeof(real_t)) vec4 {
     real_t x, y, z, w;
@@ -484,11 +486,18 @@ __device__ __forceinline__ void publish_block_sums(double (&acc)[3], double *par
 // Forces of the current step, one lane group per particle, after a list rebuild (and at setup, with
 // setup != 0: forces of the current state, no kick, no control changes). Returns at once when md_run
 // has computed this step's forces. The last block records why the chunk stops (or that it goes on).
-extern "C" __global__ void __launch_bounds__(MD_BLOCK) md_force(const MdParams p, int setup, u64 while_handle) {
+// ranks != 0 (a distributed run, where ctl[C_REQ] and ctl[C_BAD] hold the values reduced over the
+// ranks): a list build or an unstable particle is recorded in ctl[C_STATUS] instead, for the host.
+extern "C" __global__ void __launch_bounds__(MD_BLOCK)
+md_force(const MdParams p, int setup, u64 while_handle, int ranks) {
     u64 *const ctl = p.ctl;
     const int n = p.n, tpp = p.tpp;
     u64 step = ctl[C_STEP];
     if (!setup && (ctl[C_STATUS] != ST_RUNNING || ctl[C_FORCED] == step)) return;  // done, or past the stop
+    if (ranks && !setup && (ctl[C_BAD] || ctl[C_REQ])) {
+        if (blockIdx.x == 0 && threadIdx.x == 0) ctl[C_STATUS] = ctl[C_BAD] ? ST_UNSTABLE : ST_REBUILD;
+        return;
+    }
     bool reduce = setup || step >= ctl[C_TARGET];
     int t = blockIdx.x * blockDim.x + threadIdx.x;
     int base = (threadIdx.x & 31) & ~(tpp - 1);
@@ -510,6 +519,33 @@ extern "C" __global__ void __launch_bounds__(MD_BLOCK) md_force(const MdParams p
             if (while_handle) cudaGraphSetConditional(while_handle, status == ST_RUNNING ? 1u : 0u);
         }
     }
+}
+
+// Distributed runs, a step in kernels between which the ranks exchange ghosts: md_kick_drift (the
+// first kick and the drift of the own particles, in place; any rebuild request or unstable particle
+// in ctl), md_pack (the send buffer), then md_force with ranks != 0. Past the chunk's stop, or once
+// the status is not ST_RUNNING, nothing moves.
+extern "C" __global__ void __launch_bounds__(MD_BLOCK) md_kick_drift(const MdParams p) {
+    u64 *const ctl = p.ctl;
+    const u64 step = ctl[C_STEP];
+    const bool live = ctl[C_STATUS] == ST_RUNNING && ctl[C_FORCED] == step && step < ctl[C_TARGET];
+    if (!live) return;  // the same in every block: the previous kernels set these
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    bool req = false;
+    if (i < p.n)
+        req = kick_drift(i, p.pos, p.pos, p.vel, p.frc, p.img, p.hold, ctl, p.n, p.dt, p.half_dt_m, p.box,
+                         p.trigger_sq, p.max_move_sq);
+    if (__any_sync(0xffffffffu, req) && (threadIdx.x & 31) == 0) atomicOr(&ctl[C_REQ], 1ull);
+    if (last_block(&ctl[C_DRIFTED]) && threadIdx.x == 0) ctl[C_STEP] = step + 1;
+}
+
+// sendbuf[k] = pos[send_index[k]] + shift[k]: the own particles a neighbour holds as ghosts, in its frame.
+extern "C" __global__ void md_pack(const MdParams p, const int *__restrict__ send_index,
+                                   const vec4 *__restrict__ shift, vec4 *__restrict__ sendbuf, int count) {
+    int k = blockIdx.x * blockDim.x + threadIdx.x;
+    if (k >= count) return;
+    vec4 a = p.pos[send_index[k]], b = shift[k];
+    sendbuf[k] = vec4{a.x + b.x, a.y + b.y, a.z + b.z, (real_t)0};
 }
 
 // Up to `count` steps of the chunk (see the top of this file). Every block tracks the step and the

@@ -20,9 +20,9 @@ from ..engine import GraphEngine
 from .thermo import UnstableRunError
 
 # Indices into the control block; kernels/md.cu defines the same.
-C_STEP, C_TARGET, C_REQ, C_REBUILD, C_BUILDS, C_STATUS, C_NBMAX, C_CELLMAX, C_BAD = range(9)
+C_STEP, C_TARGET, C_REQ, C_REBUILD, C_BUILDS, C_STATUS, C_NBMAX, C_CELLMAX, C_BAD, C_FORCED = range(10)
 CTL_SIZE = 16
-ST_RUNNING, ST_DONE, ST_OVERFLOW, ST_UNSTABLE = range(4)
+ST_RUNNING, ST_DONE, ST_OVERFLOW, ST_UNSTABLE, ST_REBUILD = range(5)
 BLOCK = 128
 RUN_BLOCK = 256  # md_run's threads per block (kernels/md.cu)
 # Below this many particles a step is latency bound: more lanes per particle, and the list build's
@@ -236,7 +236,8 @@ class GpuBackend:
         k["md_neigh_build_flat" if self.n < _SMALL_SYSTEM_MAX else "md_neigh_build"]((self._grid_tpp,), (BLOCK,), (p,))
 
     def _launch_force(self, while_handle, setup=False):
-        self._k["md_force"]((self._grid_tpp,), (BLOCK,), (self.params, np.int32(setup), np.uint64(while_handle)))
+        self._k["md_force"]((self._grid_tpp,), (BLOCK,),
+                            (self.params, np.int32(setup), np.uint64(while_handle), np.int32(0)))
 
     def _launch_step(self, stream, loop):
         self._run(self._grid_run, (self.params, loop.condition("rebuild"), loop.handle), stream=stream)
