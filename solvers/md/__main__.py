@@ -15,7 +15,7 @@ from ..errors import DeviceError, InputError
 from .forcefield import LennardJones, Morse
 from .integrators import Langevin, VelocityVerlet
 from .io import DumpWriter
-from .simulation import PRECISIONS, STEPS_PER_LAUNCH, Simulation
+from .simulation import PRECISIONS, STEPS_PER_CHECK, STEPS_PER_LAUNCH, Simulation
 from .state import lattice_state, read_dump
 from .thermo import UnstableRunError, format_row, header
 
@@ -85,8 +85,10 @@ def build_parser():
     run.add_argument("--precision", choices=PRECISIONS,
                      help="double, or mixed (float32 state, float64 sums) (default: mixed on the GPU, double on "
                           "the CPU)")
-    run.add_argument("--unroll", type=int, default=STEPS_PER_LAUNCH,
-                     help=f"GPU steps per kernel launch (per graph launch or WHILE pass; default {STEPS_PER_LAUNCH})")
+    run.add_argument("--unroll", type=int,
+                     help=f"one GPU: steps per kernel launch (per graph launch or WHILE pass; default "
+                          f"{STEPS_PER_LAUNCH}); GPU ranks: steps enqueued between two reads of the device status "
+                          f"(default {STEPS_PER_CHECK})")
     return p
 
 
@@ -136,7 +138,7 @@ def _check_counts(args):
     for name, value in (("--steps", args.steps), ("--thermo", args.thermo), ("--dump-every", args.dump_every)):
         if value < 0:
             raise InputError(f"must be >= 0, got {value}", name)
-    if args.unroll < 1:
+    if args.unroll is not None and args.unroll < 1:
         raise InputError(f"must be >= 1, got {args.unroll}", "--unroll")
 
 

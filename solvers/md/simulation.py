@@ -15,6 +15,9 @@ PRECISIONS = ("double", "mixed")
 # GPU steps per kernel launch: a launch ends early at a list rebuild; beyond ~32 steps the launch
 # cost is already small against the steps' own (H200, 4,000 particles: 12.9 us a step at 8, 12.2 at 32).
 STEPS_PER_LAUNCH = 32
+# Over GPU ranks, steps enqueued between two reads of the device status: a list build (every ~10 steps
+# in a liquid) is seen at the next read, and the steps enqueued after it change nothing.
+STEPS_PER_CHECK = 4
 
 
 class Simulation:
@@ -41,9 +44,10 @@ class Simulation:
     precision : {"double", "mixed"}, optional
         ``mixed`` (float32 positions/velocities/forces, float64 energy and
         virial sums) is the GPU default; the CPU runs ``double`` only.
-    unroll : int
+    unroll : int, optional
         GPU steps per kernel launch, hence per graph launch (``graph``) or
-        WHILE pass (``while``).
+        WHILE pass (``while``); 32 by default. Over GPU ranks: steps enqueued
+        between two reads of the device status (4 by default).
     neighbor_capacity : int, optional
         Initial neighbours per particle the GPU list holds; it grows by itself
         when a build overflows (the chunk is redone), so this only matters for tests.
@@ -69,7 +73,7 @@ class Simulation:
     """
 
     def __init__(self, state, forcefield, integrator, *, skin=0.3, device="auto", mode="auto",
-                 precision=None, unroll=STEPS_PER_LAUNCH, neighbor_capacity=None, threads_per_particle=None, cell_order=None,
+                 precision=None, unroll=None, neighbor_capacity=None, threads_per_particle=None, cell_order=None,
                  source=None, comm=None, _restart=None):
         if not isinstance(state, State):
             raise TypeError("state must be a solvers.md.State")
@@ -104,8 +108,8 @@ class Simulation:
                                                 precision=precision, restart=restart, unroll=unroll)
         elif self.device == "gpu":
             from .gpu import GpuBackend
-            self._backend = GpuBackend(state, forcefield, integrator, skin, mode=mode,
-                                       precision=precision, unroll=unroll, restart=restart,
+            self._backend = GpuBackend(state, forcefield, integrator, skin, mode=mode, precision=precision,
+                                       unroll=STEPS_PER_LAUNCH if unroll is None else unroll, restart=restart,
                                        neighbor_capacity=neighbor_capacity, tpp=tpp, cell_order=cell_order)
         else:
             from .cpu import CpuBackend
@@ -272,7 +276,7 @@ class Simulation:
             agree(self.comm, write)
 
     @classmethod
-    def from_restart(cls, path, *, device="auto", mode="auto", unroll=STEPS_PER_LAUNCH, comm=None):
+    def from_restart(cls, path, *, device="auto", mode="auto", unroll=None, comm=None):
         """Continue a run saved by :meth:`write_restart` (same physics, precision and list).
 
         A restart written by any number of ranks continues on any number (``comm``).
