@@ -4,12 +4,15 @@
 user sees: one log, restarts across rank counts, errors and failures that end
 every rank.
 """
+import os
 import re
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
-from test_dist import TIMEOUT, run_mpi
+from test_dist import REPO, TIMEOUT, _mpi_command, run_mpi
 
 pytestmark = pytest.mark.mpi
 SMALL = ["--cells", "6", "6", "6", "--device", "cpu", "--thermo", "10"]
@@ -98,3 +101,16 @@ def test_failing_rank_ends_the_job(fault):
     if fault == "raise":
         assert "error: rank 1: MemoryError: injected failure" in proc.stderr
     assert proc.seconds < 30
+
+
+def test_benchmark_script_on_cpu_ranks(tmp_path):
+    _mpi_command(1, os.environ)  # skip (or fail) without MPI, like the other launches
+    proc = subprocess.run([sys.executable, "scripts/bench_dist_md.py", "--gpus", "1", "2", "--sizes", "4000",
+                           "--device", "cpu", "--precision", "double", "--seconds", "0.2", "--out", str(tmp_path)],
+                          cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"},
+                          capture_output=True, text=True, timeout=TIMEOUT)
+    assert proc.returncode == 0, proc.stderr
+    table = next(tmp_path.glob("bench_dist_md_*.md")).read_text()
+    lines = [line for line in table.splitlines() if line.startswith("| 4,000 |")]
+    assert len(lines) == 2 and "one process" in lines[0] and "2 rank(s)" in lines[1]
+    assert lines[0].split(" | ")[-1] == lines[1].split(" | ")[-1]  # the same list builds
