@@ -3,7 +3,7 @@
 // energies and virials are always accumulated in double.
 // Every kernel takes one MdParams (and at most a few per-launch values); the loader puts its
 // definition, and that of Box, Cells, Bath and the pair parameters, ahead of this file
-// (kernels/md_params.py, the single definition of their fields). MD_PAIR, defined by the
+// (kernels/md_params.py, the single definition of their fields, through kernels/structs.py). MD_PAIR, defined by the
 // loader, names the pair functor below (PairLJ or PairMorse) the kernels are compiled for.
 //
 // The graph body is three nodes:  md_run -> IF rebuild [md_cell_clear, md_cell_bin,
@@ -45,6 +45,8 @@
 #define ST_OVERFLOW 2
 #define ST_UNSTABLE 3
 #define ST_REBUILD 4   // distributed runs: the ranks agreed on a list build, which the host does
+
+typedef unsigned long long u64;
 
 struct __align__(4 * sizeof(real_t)) vec4 {
     real_t x, y, z, w;

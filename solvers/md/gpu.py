@@ -37,6 +37,13 @@ _KERNELS = ("md_cell_clear", "md_cell_bin", "md_cell_scan", "md_cell_sort", "md_
 SCAN_THREADS = 1024
 
 
+def kernel_program(real, pair):
+    """Arguments of :func:`solvers.kernels.program` for the MD kernels: ``real`` "double" or "float",
+    ``pair`` the potential's functor (``PairLJ``, ``PairMorse``)."""
+    return dict(name="md", real=real, defines=(("MD_BLOCK", str(BLOCK)), ("MD_PAIR", pair)),
+                structs=md_params.all_structs(real, pair))
+
+
 def threads_per_particle(n):
     """Lanes per particle in the force and list kernels: a power of 2 from 2 to 32.
 
@@ -102,10 +109,8 @@ class GpuBackend:
                  restart=None, neighbor_capacity=None, tpp=None, cell_order=None):
         cp = self._cp = require_cupy()
         self.real = np.float64 if precision == "double" else np.float32
-        self._pair = forcefield.functor
-        mod = module("md", real="double" if precision == "double" else "float",
-                     defines=(("MD_BLOCK", str(BLOCK)), ("MD_PAIR", self._pair)),
-                     prelude=md_params.c_source(self._pair))
+        self._real_c, self._pair = ("double" if precision == "double" else "float"), forcefield.functor
+        mod = module(**kernel_program(self._real_c, self._pair))
         self._k = {name: mod.get_function(name) for name in _KERNELS}
         # md_run takes `unroll` steps a launch: the engine launches the body once a pass.
         self.unroll = int(unroll)
@@ -198,7 +203,7 @@ class GpuBackend:
     def params(self):
         """The packed MdParams every kernel takes (by value)."""
         if self._params is None:
-            self._params = md_params.pack(self.real, self._pair, self._param_values())
+            self._params = md_params.pack(self._real_c, self._pair, self._param_values())
         return self._params
 
     def _allocate_lists(self):

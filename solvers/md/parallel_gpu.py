@@ -30,7 +30,8 @@ from ..errors import DeviceError
 from ..kernels import md_params, module
 from .domain import Domain, choose_grid
 from .gpu import (BLOCK, C_BAD, C_BUILDS, C_CELLMAX, C_FORCED, C_NBMAX, C_REBUILD, C_REQ, C_STATUS, C_STEP,
-                  C_TARGET, CTL_SIZE, ST_DONE, ST_REBUILD, ST_RUNNING, ST_UNSTABLE, threads_per_particle)
+                  C_TARGET, CTL_SIZE, ST_DONE, ST_REBUILD, ST_RUNNING, ST_UNSTABLE, kernel_program,
+                  threads_per_particle)
 from .parallel import agreed
 from .simulation import STEPS_PER_CHECK
 from .thermo import UnstableRunError
@@ -59,10 +60,8 @@ class DistGpuBackend:
         self.comm, self.ranks = comm, comm.Get_size()
         self.device_name = bind_device(comm)
         self.real = np.float64 if precision == "double" else np.float32
-        self._pair = forcefield.functor
-        mod = module("md", real="double" if precision == "double" else "float",
-                     defines=(("MD_BLOCK", str(BLOCK)), ("MD_PAIR", self._pair)),
-                     prelude=md_params.c_source(self._pair))
+        self._real_c, self._pair = ("double" if precision == "double" else "float"), forcefield.functor
+        mod = module(**kernel_program(self._real_c, self._pair))
         self._k = {name: mod.get_function(name) for name in _KERNELS}
         self.check_every = STEPS_PER_CHECK if unroll is None else int(unroll)
         self.ff, self.integ, self.mass = forcefield, integrator, state.mass
@@ -202,7 +201,7 @@ class DistGpuBackend:
         self.nlist = cp.zeros(self.maxnb * max(self.n, 1), np.int32)
         self.ncount = cp.zeros(max(self.n, 1), np.int32)
         self.x_alt = self.x  # md_run's second buffer: not used by the split step
-        self.params = md_params.pack(self.real, self._pair, self._param_values())
+        self.params = md_params.pack(self._real_c, self._pair, self._param_values())
 
     def _param_values(self):
         it = self.integ
