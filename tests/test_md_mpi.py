@@ -19,7 +19,7 @@ from mpi4py import MPI  # noqa: E402
 from solvers.md import Langevin, LennardJones, Morse, Simulation, VelocityVerlet, lattice_state, read_dump  # noqa: E402
 from solvers.errors import InputError  # noqa: E402
 
-from test_md_cpu import KEYS, REFERENCE, assert_reference  # noqa: E402
+from test_md_cpu import KEYS, assert_reference  # noqa: E402
 
 COMM = MPI.COMM_WORLD
 

@@ -16,7 +16,7 @@ import sys
 
 import numpy as np
 
-from ..distributed.comm import RankError, abort_on_error, agree, world
+from ..distributed.comm import RankError, abort_on_error, world
 from ..errors import DeviceError, InputError
 from ..kernels import md_ref
 from .cpu import langevin_force
