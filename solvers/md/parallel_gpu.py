@@ -132,9 +132,9 @@ class DistGpuBackend:
         self._plan_ghosts(build)
         g = self.ghosts
         self.n, self.n_local = n, n + g
-        self.x = cp.zeros((n + g, 4), self.real)
-        self.x[:n] = build
-        self.hold = cp.zeros_like(self.x)
+        self.frame = cp.zeros((n + g, 4), self.real)
+        self.frame[:n] = build
+        self.hold = cp.zeros_like(self.frame)
         self.f = cp.zeros((n, 4), self.real)
         self.pe = cp.zeros(n, np.float64)
         self.vir = cp.zeros(n, np.float64)
@@ -159,7 +159,7 @@ class DistGpuBackend:
             self._allocate_lists()
         self.ctl[C_REBUILD] = 0
         if hold_from is not None:
-            self.x[:n] = own
+            self.frame[:n] = own
             self._pack(self.stream)
             self._exchange(self.stream)
         self._capture_step()
@@ -200,7 +200,6 @@ class DistGpuBackend:
         self.order = cp.arange(max(self.n, 1), dtype=np.int32)
         self.nlist = cp.zeros(self.maxnb * max(self.n, 1), np.int32)
         self.ncount = cp.zeros(max(self.n, 1), np.int32)
-        self.x_alt = self.x  # md_run's second buffer: not used by the split step
         self.params = md_params.pack(self._real_c, self._pair, self._param_values())
 
     def _param_values(self):
@@ -215,7 +214,7 @@ class DistGpuBackend:
         ptr = {name: getattr(self, name).data.ptr for name in (
             "hold", "pe", "vir", "partial", "thermo", "nlist", "ncount", "order", "ids", "ctl", "cell_count",
             "cell_atoms", "cell_sorted", "cell_pos", "cell_start")}
-        ptr.update(pos=self.x.data.ptr, pos_alt=self.x_alt.data.ptr, vel=self.v.data.ptr, frc=self.f.data.ptr,
+        ptr.update(pos=self.frame.data.ptr, pos_alt=self.frame.data.ptr, vel=self.v.data.ptr, frc=self.f.data.ptr,
                    img=self.img.data.ptr)
         e = self.extent
         return {**ptr, "n": self.n, "n_local": self.n_local, "tpp": self.tpp, "by_cell": 0,
@@ -232,7 +231,7 @@ class DistGpuBackend:
         k, p, s = self._k, self.params, self.stream
         ncells = self.cell_count.size
         k["md_cell_clear"](((ncells + 255) // 256,), (256,), (p,), stream=s)
-        k["md_cell_bin"]((max(1, -(-self.n_local // BLOCK)),), (BLOCK,), (p, self.x, np.int32(1)), stream=s)
+        k["md_cell_bin"]((max(1, -(-self.n_local // BLOCK)),), (BLOCK,), (p, self.frame, np.int32(1)), stream=s)
         k["md_cell_sort"](((ncells * self.cellcap + BLOCK - 1) // BLOCK,), (BLOCK,), (p,), stream=s)
         k["md_neigh_build"]((max(1, -(-self.n * self.tpp // BLOCK)),), (BLOCK,), (p,), stream=s)
 
@@ -262,7 +261,7 @@ class DistGpuBackend:
                 sends.append((self.sendbuf.data.ptr + sent * row, int(4 * self.send_counts[peer]), dtype, peer))
                 sent += int(self.send_counts[peer])
             if self.recv_counts[peer]:
-                recvs.append((self.x.data.ptr + received * row, int(4 * self.recv_counts[peer]), dtype, peer))
+                recvs.append((self.frame.data.ptr + received * row, int(4 * self.recv_counts[peer]), dtype, peer))
                 received += int(self.recv_counts[peer])
         self.nccl.exchange((sends, recvs), s)
 
@@ -283,7 +282,7 @@ class DistGpuBackend:
         """The agreed list build at the current step: wrap, migrate, lay out again, finish the step's forces."""
         cp = self._cp
         n = self.n
-        x = self.x[:n, :3].astype(cp.float64) + cp.asarray(self.origin)
+        x = self.frame[:n, :3].astype(cp.float64) + cp.asarray(self.origin)
         wraps = cp.floor(x / cp.asarray(self.box))
         x -= wraps * cp.asarray(self.box)
         img = self.img[:, :3] + wraps.astype(np.int32)
@@ -343,6 +342,11 @@ class DistGpuBackend:
         return self._sums
 
     # -- access ----------------------------------------------------------------------
+    @property
+    def x(self):
+        """The own particles' positions, in this rank's frame (offset from the box, not wrapped): a view."""
+        return self.frame[:self.n]
+
     def sums(self):
         """``(sum m v^2, sum E_pair, sum r.F)`` over all ranks at the current step."""
         return self._sums
@@ -365,7 +369,7 @@ class DistGpuBackend:
     def arrays(self):
         """The restart arrays of all particles, in the starting state's order, on rank 0 (None elsewhere)."""
         with self.stream:
-            x = self.x[:self.n, :3].get().astype(np.float64) + self.origin
+            x = self.frame[:self.n, :3].get().astype(np.float64) + self.origin
             wraps = np.floor(x / self.box)
             mine = {"gidx": self.gidx.get(), "positions": x - wraps * self.box,
                     "images": self.img[:, :3].get().astype(np.int64) + wraps.astype(np.int64),
