@@ -61,6 +61,8 @@ def test_cli_bad_input_ends_every_rank_with_one_message(tmp_path):
     assert proc.stderr.count("error:") == 1 and "missing.dump: no such file" in proc.stderr
     thin = run_mpi(3, "-m", "solvers.md", "--cells", "3", "3", "3", "--skin", "0.2", "--device", "cpu", timeout=60)
     assert thin.returncode == 2 and thin.stderr.count("cannot split the box") == 1, thin.stderr
+    mode = run_mpi(2, "-m", "solvers.md", "--cells", "6", "6", "6", "--mode", "while", "--device", "cpu", timeout=60)
+    assert mode.returncode == 2 and mode.stderr.count("--mode: applies to single-process runs") == 1, mode.stderr
 
 
 def test_cli_blowup_exit_1_on_every_rank():

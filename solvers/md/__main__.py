@@ -144,6 +144,9 @@ def _check_counts(args):
 
 def _simulation(args, comm=None):
     _check_counts(args)
+    if comm is not None and args.mode != "auto":
+        raise InputError("applies to single-process runs; over ranks a step is graph segments with the "
+                         "communication between them", "--mode")
     if args.resume:
         given = [n for n in _FIXED_BY_RESTART if getattr(args, n) is not None]
         if given:
