@@ -173,9 +173,9 @@ def test_lists_built_in_run_or_between_launches_are_the_same(monkeypatch, tpp):
 
 @pytest.mark.parametrize("precision, rtol", [("double", 1e-8), ("mixed", 1e-4)])
 def test_morse_matches_lammps(precision, rtol):
-    from test_md_cpu import KEYS, MORSE_LOG, lammps_log
+    from test_md_cpu import KEYS, morse_reference
     from solvers.md import Morse
-    ref = lammps_log(MORSE_LOG)
+    ref, _ = morse_reference()
     sim = Simulation(lattice_state(0.8442, (6, 6, 6), 1.44, 87287), Morse(1.0, 6.0, 1.122462, rc=2.5),
                      VelocityVerlet(0.005), device="gpu", mode="while", precision=precision)
     sim.run(200, thermo_every=50)

@@ -16,7 +16,7 @@ from mpi4py import MPI  # noqa: E402
 
 from solvers.md import Langevin, LennardJones, Morse, Simulation, VelocityVerlet, lattice_state, read_dump  # noqa: E402
 
-from test_md_cpu import KEYS, MORSE_LOG, assert_reference, lammps_log  # noqa: E402
+from test_md_cpu import KEYS, assert_reference, morse_reference  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 COMM = MPI.COMM_WORLD
@@ -55,7 +55,7 @@ def test_reference_table(md_data_dir):
 
 
 def test_morse_matches_lammps():
-    ref = lammps_log(MORSE_LOG)
+    ref, _ = morse_reference()
     sim = Simulation(lattice_state(0.8442, (6, 6, 6), 1.44, 87287), Morse(1.0, 6.0, 1.122462, rc=2.5),
                      VelocityVerlet(0.005), device="gpu", precision="double", comm=COMM)
     sim.run(200, thermo_every=50)
