@@ -2,7 +2,7 @@
 import numpy as np
 
 from ..kernels import md_ref
-from .neighbor_cpu import PairForces, build_frame, build_pairs, build_shifts
+from .neighbor_cpu import PairForces, build_frame, build_pairs
 from .thermo import UnstableRunError
 
 
@@ -67,7 +67,7 @@ class CpuBackend:
     def _build(self, at):
         self.hold = at.copy()
         i, j = build_pairs(at, self.box, self.rlist)
-        self.pairs = PairForces(i, j, self.n, build_shifts(at, i, j, self.box))
+        self.pairs = PairForces(i, j, self.n, periodic=(at, self.box))
 
     def _forces(self, y, step, energy):
         self.f, pe, vir = self.pairs.compute(y, self.ff, self.n, energy)

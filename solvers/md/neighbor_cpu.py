@@ -53,15 +53,6 @@ def build_frame(x, hold, box):
     return hold + disp, disp
 
 
-def build_shifts(x, i, j, box):
-    """Periodic shift of each pair at the build: ``x[j] - x[i] + shift`` is the minimum image."""
-    d = x[j] - x[i]
-    d /= box
-    np.rint(d, out=d)
-    d *= -box
-    return d
-
-
 class PairForces:
     """Forces of a fixed pair list: separations and their reaction forces as sparse products.
 
@@ -71,11 +62,12 @@ class PairForces:
         Pairs (``i`` owned; ``j`` owned or a ghost).
     n_atoms : int
         Atoms the indices refer to (owned and ghosts).
-    shift : ndarray, shape (len(i), 3), optional
-        Added to ``y[j] - y[i]`` (periodic images of a single-process list).
+    periodic : (ndarray (n_atoms, 3), ndarray (3,)), optional
+        Build positions and box of a single-process list: each pair gets the periodic shift
+        that makes ``y[j] - y[i]`` its minimum image at the build.
     """
 
-    def __init__(self, i, j, n_atoms, shift=None):
+    def __init__(self, i, j, n_atoms, periodic=None):
         m = len(i)
         self.i, self.j, self.n_atoms = i, j, n_atoms
         # Row p of the gather: +1 at j, -1 at i, so gather @ y = y[j] - y[i].
@@ -84,7 +76,12 @@ class PairForces:
         self._gather = sp.csr_matrix((np.tile([1.0, -1.0], m), cols, np.arange(0, 2 * m + 1, 2)), shape=(m, n_atoms))
         self._scatter = self._gather.T.tocsr()
         self._shift_rows = np.empty(0, np.int64)
-        if shift is not None:
+        if periodic is not None:
+            at, box = periodic
+            shift = self._gather @ at
+            shift /= box
+            np.rint(shift, out=shift)
+            shift *= -box
             self._shift_rows = np.flatnonzero(np.any(shift != 0.0, axis=1))
             self._shift = shift[self._shift_rows]
 
