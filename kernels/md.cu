@@ -1,6 +1,10 @@
-// Lennard-Jones molecular dynamics: timesteps as a handful of kernels that a CUDA graph
+// Pair-potential molecular dynamics: timesteps as a handful of kernels that a CUDA graph
 // captures once. real_t (double, or float for mixed precision) is typedef'd by the loader;
 // energies and virials are always accumulated in double.
+// Every kernel takes one MdParams (and at most a few per-launch values); the loader puts its
+// definition, and that of Box, Cells, Bath and the pair parameters, ahead of this file
+// (kernels/md_params.py, the single definition of their fields, through kernels/structs.py). MD_PAIR, defined by the
+// loader, names the pair functor below (PairLJ or PairMorse) the kernels are compiled for.
 //
 // The graph body is three nodes:  md_run -> IF rebuild [md_cell_clear, md_cell_bin,
 // (md_cell_scan), md_cell_sort, md_neigh_build] -> md_force.
@@ -29,6 +33,7 @@
 #define C_FORCED 9    // step whose forces are computed
 #define C_SYNC 10     // md_run's grid barrier counter (grid_sync)
 #define C_ARRIVE 11   // blocks of md_force done (last-block counter)
+#define C_DRIFTED 12  // blocks of md_kick_drift done (last-block counter)
 #define CTL_SIZE 16
 
 #ifndef MD_BLOCK
@@ -39,6 +44,7 @@
 #define ST_DONE 1
 #define ST_OVERFLOW 2
 #define ST_UNSTABLE 3
+#define ST_REBUILD 4   // distributed runs: the ranks agreed on a list build, which the host does
 
 typedef unsigned long long u64;
 
@@ -98,19 +104,33 @@ __device__ __forceinline__ double uniform_centered(unsigned bits) {
     return ((double)bits + 0.5) * 2.3283064365386963e-10 - 0.5;  // 2^-32
 }
 
-struct Box {
-    real_t lx, ly, lz;
+// Pair functors: the terms of one pair at squared distance rsq. Inside the cutoff they set
+// fr = F/r (force on j along r_j - r_i over r), wp = r.F and e (the pair energy, in double) and
+// return true. Each holds its parameters (kernels/md_params.py); MD_PAIR picks one at compile time.
+struct PairLJ {  // LAMMPS lj/cut; kernels/md_ref.lj_pair
+    PairLJParams c;
+    __device__ __forceinline__ bool operator()(real_t rsq, real_t &fr, real_t &wp, double &e) const {
+        if (!(rsq < c.rc_sq)) return false;
+        real_t sr2 = c.sigma_sq / rsq;
+        real_t sr6 = sr2 * sr2 * sr2;
+        wp = c.eps24 * sr6 * ((real_t)2 * sr6 - (real_t)1);
+        fr = wp / rsq;
+        e = (double)(c.eps4 * sr6 * (sr6 - (real_t)1)) - c.eshift;
+        return true;
+    }
 };
 
-struct PairLJ {
-    real_t rc_sq, sigma_sq, eps4, eps24;
-    double eshift;
-};
-
-struct Langevin {
-    int on;
-    double gamma_m, noise;
-    unsigned seed_lo, seed_hi;
+struct PairMorse {  // LAMMPS morse; kernels/md_ref.morse_pair
+    PairMorseParams c;
+    __device__ __forceinline__ bool operator()(real_t rsq, real_t &fr, real_t &wp, double &e) const {
+        if (!(rsq < c.rc_sq)) return false;
+        real_t r = sqrt(rsq);
+        real_t ex = exp(-c.alpha * (r - c.r0));
+        wp = (real_t)2 * c.alpha * c.d0 * ex * (ex - (real_t)1) * r;
+        fr = wp / rsq;
+        e = (double)(c.d0 * ex * (ex - (real_t)2)) - c.eshift;
+        return true;
+    }
 };
 
 // First half kick and drift of particle i from pos to pos_next; wrap into the box. Returns true when it has moved more
@@ -135,12 +155,6 @@ __device__ __forceinline__ bool kick_drift(int i, const vec4 *pos, vec4 *pos_nex
     pos_next[i] = x; vel[i] = v; img[i] = im;
     return hx * hx + hy * hy + hz * hz > trigger_sq;
 }
-
-// The cell grid of the list build: nx*ny*nz cells of capacity cap, s* = cells per unit length.
-struct Cells {
-    int nx, ny, nz, cap;
-    real_t sx, sy, sz;
-};
 
 __device__ __forceinline__ int cell_of(const vec4 &p, const Cells &cl) {
     return (cell_coord(p.x, cl.sx, cl.nx) * cl.ny + cell_coord(p.y, cl.sy, cl.ny)) * cl.nz + cell_coord(p.z, cl.sz, cl.nz);
@@ -202,36 +216,31 @@ __device__ __forceinline__ void sort_slot(long long t, const int *cell_count, co
     if (by_cell) order[cell_start[c] + rank] = v;
 }
 
-extern "C" __global__ void md_cell_clear(int *cell_count, int ncells, const u64 *ctl) {
-    if (!ctl[C_REBUILD]) return;
-    for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < ncells; c += gridDim.x * blockDim.x)
-        cell_count[c] = 0;
+extern "C" __global__ void md_cell_clear(const MdParams p) {
+    if (!p.ctl[C_REBUILD]) return;
+    for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < p.ncells; c += gridDim.x * blockDim.x)
+        p.cell_count[c] = 0;
 }
 
-extern "C" __global__ void md_cell_bin(const vec4 *__restrict__ src, vec4 *__restrict__ hold,
-                                       int *cell_count, int *cell_atoms, int cap, u64 *ctl, int n,
-                                       int nx, int ny, int nz, real_t sx, real_t sy, real_t sz, int copy) {
-    if (!ctl[C_REBUILD]) return;
+// Bins the n_local particles of src (the own, then any ghost copies).
+extern "C" __global__ void md_cell_bin(const MdParams p, const vec4 *__restrict__ src, int copy) {
+    if (!p.ctl[C_REBUILD]) return;
     int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) bin_particle(i, src, hold, cell_count, cell_atoms, Cells{nx, ny, nz, cap, sx, sy, sz}, ctl, copy);
+    if (i < p.n_local) bin_particle(i, src, p.hold, p.cell_count, p.cell_atoms, p.cells, p.ctl, copy);
 }
 
 #define SCAN_THREADS 1024
-extern "C" __global__ void __launch_bounds__(SCAN_THREADS)
-md_cell_scan(const int *__restrict__ cell_count, int *__restrict__ cell_start, int cap, int ncells,
-             const u64 *ctl) {
-    if (!ctl[C_REBUILD]) return;
-    scan_cells<SCAN_THREADS>(cell_count, cell_start, cap, ncells);
+extern "C" __global__ void __launch_bounds__(SCAN_THREADS) md_cell_scan(const MdParams p) {
+    if (!p.ctl[C_REBUILD]) return;
+    scan_cells<SCAN_THREADS>(p.cell_count, p.cell_start, p.cells.cap, p.ncells);
 }
 
-extern "C" __global__ void md_cell_sort(const int *__restrict__ cell_count, const int *__restrict__ cell_atoms,
-                                        int *__restrict__ cell_sorted, vec4 *__restrict__ cell_pos,
-                                        const int *__restrict__ cell_start, int *__restrict__ order, int by_cell,
-                                        const vec4 *__restrict__ hold, int cap, int ncells, const u64 *ctl) {
-    if (!ctl[C_REBUILD]) return;
+extern "C" __global__ void md_cell_sort(const MdParams p) {
+    if (!p.ctl[C_REBUILD]) return;
     long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (t < (long long)ncells * cap)
-        sort_slot(t, cell_count, cell_atoms, cell_sorted, cell_pos, cell_start, order, by_cell, hold, cap);
+    if (t < (long long)p.ncells * p.cells.cap)
+        sort_slot(t, p.cell_count, p.cell_atoms, p.cell_sorted, p.cell_pos, p.cell_start, p.order, p.by_cell, p.hold,
+                  p.cells.cap);
 }
 
 // Slot s of group g's neighbour list. Lanes of a group read consecutive slots and
@@ -356,40 +365,28 @@ __device__ __forceinline__ void build_list(int g, int lane, int base, int *cells
 
 // One lane group a particle. FLAT: shared rows for the block's groups.
 template <bool FLAT>
-__device__ __forceinline__ void neigh_build(const vec4 *hold, const int *cell_count, const int *cell_sorted,
-                                            const vec4 *cell_pos, int cap, const int *order, int by_cell, int *nlist,
-                                            int *ncount, int maxnb, u64 *ctl, int n, int tpp, int nx, int ny, int nz,
-                                            real_t sx, real_t sy, real_t sz, real_t lx, real_t ly, real_t lz,
-                                            real_t rlist_sq) {
+__device__ __forceinline__ void neigh_build(const MdParams &p) {
     __shared__ int stencil[FLAT ? MD_BLOCK : 1][STENCIL];       // per group of the block: its stencil cells
     __shared__ int first_of[FLAT ? MD_BLOCK : 1][STENCIL + 1];  // and the candidates before each
-    if (!ctl[C_REBUILD]) return;
+    if (!p.ctl[C_REBUILD]) return;
+    const int tpp = p.tpp;
     int t = blockIdx.x * blockDim.x + threadIdx.x;
     int g = t / tpp, lane = t & (tpp - 1);
-    if (g >= n) return;  // whole groups of lanes leave together
-    if (ctl[C_CELLMAX]) {  // cells overflowed (order is incomplete): the host redoes the chunk
-        if (lane == 0) ncount[g] = 0;
+    if (g >= p.n) return;  // whole groups of lanes leave together
+    if (p.ctl[C_CELLMAX]) {  // cells overflowed (order is incomplete): the host redoes the chunk
+        if (lane == 0) p.ncount[g] = 0;
         return;
     }
     int here = FLAT ? threadIdx.x / tpp : 0;
-    build_list<FLAT>(g, lane, (threadIdx.x & 31) & ~(tpp - 1), stencil[here], first_of[here], hold, cell_count,
-                     cell_sorted, cell_pos, Cells{nx, ny, nz, cap, sx, sy, sz}, order, by_cell, nlist, ncount, maxnb,
-                     ctl, n, tpp, Box{lx, ly, lz}, rlist_sq);
+    build_list<FLAT>(g, lane, (threadIdx.x & 31) & ~(tpp - 1), stencil[here], first_of[here], p.hold, p.cell_count,
+                     p.cell_sorted, p.cell_pos, p.cells, p.order, p.by_cell, p.nlist, p.ncount, p.maxnb, p.ctl, p.n,
+                     tpp, p.box, p.rlist_sq);
 }
 
-#define NEIGH_BUILD_KERNEL(NAME, FLAT)                                                                        \
-    extern "C" __global__ void __launch_bounds__(MD_BLOCK)                                                   \
-    NAME(const vec4 *__restrict__ hold, const int *__restrict__ cell_count, const int *__restrict__ cell_sorted, \
-         const vec4 *__restrict__ cell_pos, int cap, const int *__restrict__ order, int by_cell,             \
-         int *__restrict__ nlist, int *__restrict__ ncount, int maxnb, u64 *ctl, int n, int tpp, int nx, int ny, \
-         int nz, real_t sx, real_t sy, real_t sz, real_t lx, real_t ly, real_t lz, real_t rlist_sq) {        \
-        neigh_build<FLAT>(hold, cell_count, cell_sorted, cell_pos, cap, order, by_cell, nlist, ncount, maxnb,   \
-                          ctl, n, tpp, nx, ny, nz, sx, sy, sz, lx, ly, lz, rlist_sq);                          \
-    }
-NEIGH_BUILD_KERNEL(md_neigh_build, false)
-NEIGH_BUILD_KERNEL(md_neigh_build_flat, true)
+extern "C" __global__ void __launch_bounds__(MD_BLOCK) md_neigh_build(const MdParams p) { neigh_build<false>(p); }
+extern "C" __global__ void __launch_bounds__(MD_BLOCK) md_neigh_build_flat(const MdParams p) { neigh_build<true>(p); }
 
-// The Lennard-Jones force on particle i = order[g] (or g) from its list, by the tpp lanes of group
+// The pair force on particle i = order[g] (or g) from its list, by the tpp lanes of group
 // g: every lane of the group calls this, active or not (the shuffles need them all). Then in lane 0:
 // the Langevin force, frc[i], the second half kick (unless setup) and, at a reduce step, the
 // per-atom halves of energy and virial, with the particle's (v^2, e/2, w/2) added to acc.
@@ -398,7 +395,8 @@ __device__ __forceinline__ void force_group(int g, int lane, unsigned gmask, boo
                                             vec4 *vel, vec4 *frc, double *pe, double *vir, const int *nlist,
                                             const int *ncount, const int *order, int by_cell,
                                             const long long *__restrict__ ids, int n, int tpp, Box box,
-                                            PairLJ lj, Langevin bath, real_t half_dt_m, bool setup, bool reduce,
+                                            const MD_PAIR &potential, const Bath &bath, real_t half_dt_m, bool setup,
+                                            bool reduce,
                                             u64 step, double (&acc)[3]) {
     int i = active ? (by_cell ? order[g] : g) : 0;
     real_t fx = 0, fy = 0, fz = 0;
@@ -414,13 +412,11 @@ __device__ __forceinline__ void force_group(int g, int lane, unsigned gmask, boo
             real_t dy = min_image(q.y - p.y, box.ly, iy);
             real_t dz = min_image(q.z - p.z, box.lz, iz);
             real_t rsq = dx * dx + dy * dy + dz * dz;
-            if (rsq < lj.rc_sq) {
-                real_t sr2 = lj.sigma_sq / rsq;
-                real_t sr6 = sr2 * sr2 * sr2;
-                real_t wp = lj.eps24 * sr6 * ((real_t)2 * sr6 - (real_t)1);
-                real_t fr = wp / rsq;
+            real_t fr, wp;
+            double ep;
+            if (potential(rsq, fr, wp, ep)) {
                 fx -= fr * dx; fy -= fr * dy; fz -= fr * dz;
-                e += (double)(lj.eps4 * sr6 * (sr6 - (real_t)1)) - lj.eshift;
+                e += ep;
                 w += (double)wp;
             }
         };
@@ -492,25 +488,28 @@ __device__ __forceinline__ void publish_block_sums(double (&acc)[3], double *par
 // Forces of the current step, one lane group per particle, after a list rebuild (and at setup, with
 // setup != 0: forces of the current state, no kick, no control changes). Returns at once when md_run
 // has computed this step's forces. The last block records why the chunk stops (or that it goes on).
+// ranks != 0 (a distributed run, where ctl[C_REQ] and ctl[C_BAD] hold the values reduced over the
+// ranks): a list build or an unstable particle is recorded in ctl[C_STATUS] instead, for the host.
 extern "C" __global__ void __launch_bounds__(MD_BLOCK)
-md_force(const vec4 *pos, vec4 *vel, vec4 *frc, double *pe, double *vir, double *partial, double *thermo,
-         const int *__restrict__ nlist, const int *__restrict__ ncount, const int *__restrict__ order,
-         int by_cell, const long long *__restrict__ ids, u64 *ctl, int n, int tpp, real_t lx, real_t ly, real_t lz,
-         real_t rc_sq, real_t sigma_sq, real_t eps4, real_t eps24, double eshift,
-         real_t half_dt_m, double mass, int setup, int langevin, double gamma_m, double noise,
-         unsigned seed_lo, unsigned seed_hi, u64 while_handle) {
+md_force(const MdParams p, int setup, u64 while_handle, int ranks) {
+    u64 *const ctl = p.ctl;
+    const int n = p.n, tpp = p.tpp;
     u64 step = ctl[C_STEP];
     if (!setup && (ctl[C_STATUS] != ST_RUNNING || ctl[C_FORCED] == step)) return;  // done, or past the stop
+    if (ranks && !setup && (ctl[C_BAD] || ctl[C_REQ])) {
+        if (blockIdx.x == 0 && threadIdx.x == 0) ctl[C_STATUS] = ctl[C_BAD] ? ST_UNSTABLE : ST_REBUILD;
+        return;
+    }
     bool reduce = setup || step >= ctl[C_TARGET];
     int t = blockIdx.x * blockDim.x + threadIdx.x;
     int base = (threadIdx.x & 31) & ~(tpp - 1);
     double acc[3] = {0.0, 0.0, 0.0};
-    force_group(t / tpp, t & (tpp - 1), group_mask(tpp, base), t / tpp < n, pos, vel, frc, pe, vir, nlist,
-                ncount, order, by_cell, ids, n, tpp, Box{lx, ly, lz}, PairLJ{rc_sq, sigma_sq, eps4, eps24, eshift},
-                Langevin{langevin, gamma_m, noise, seed_lo, seed_hi}, half_dt_m, setup, reduce, step, acc);
-    if (reduce) publish_block_sums<MD_BLOCK>(acc, partial);  // uniform over the grid
+    force_group(t / tpp, t & (tpp - 1), group_mask(tpp, base), t / tpp < n, p.pos, p.vel, p.frc, p.pe, p.vir,
+                p.nlist, p.ncount, p.order, p.by_cell, p.ids, n, tpp, p.box, MD_PAIR{p.pair}, p.bath, p.half_dt_m,
+                setup, reduce, step, acc);
+    if (reduce) publish_block_sums<MD_BLOCK>(acc, p.partial);  // uniform over the grid
     if (!last_block(&ctl[C_ARRIVE])) return;
-    if (reduce) reduce_thermo<MD_BLOCK>(partial, thermo, mass);
+    if (reduce) reduce_thermo<MD_BLOCK>(p.partial, p.thermo, p.mass);
     if (threadIdx.x == 0) {
         ctl[C_FORCED] = step;
         if (!setup) {
@@ -522,6 +521,33 @@ md_force(const vec4 *pos, vec4 *vel, vec4 *frc, double *pe, double *vir, double 
             if (while_handle) cudaGraphSetConditional(while_handle, status == ST_RUNNING ? 1u : 0u);
         }
     }
+}
+
+// Distributed runs, a step in kernels between which the ranks exchange ghosts: md_kick_drift (the
+// first kick and the drift of the own particles, in place; any rebuild request or unstable particle
+// in ctl), md_pack (the send buffer), then md_force with ranks != 0. Past the chunk's stop, or once
+// the status is not ST_RUNNING, nothing moves.
+extern "C" __global__ void __launch_bounds__(MD_BLOCK) md_kick_drift(const MdParams p) {
+    u64 *const ctl = p.ctl;
+    const u64 step = ctl[C_STEP];
+    const bool live = ctl[C_STATUS] == ST_RUNNING && ctl[C_FORCED] == step && step < ctl[C_TARGET];
+    if (!live) return;  // the same in every block: the previous kernels set these
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    bool req = false;
+    if (i < p.n)
+        req = kick_drift(i, p.pos, p.pos, p.vel, p.frc, p.img, p.hold, ctl, p.n, p.dt, p.half_dt_m, p.box,
+                         p.trigger_sq, p.max_move_sq);
+    if (__any_sync(0xffffffffu, req) && (threadIdx.x & 31) == 0) atomicOr(&ctl[C_REQ], 1ull);
+    if (last_block(&ctl[C_DRIFTED]) && threadIdx.x == 0) ctl[C_STEP] = step + 1;
+}
+
+// sendbuf[k] = pos[send_index[k]] + shift[k]: the own particles a neighbour holds as ghosts, in its frame.
+extern "C" __global__ void md_pack(const MdParams p, const int *__restrict__ send_index,
+                                   const vec4 *__restrict__ shift, vec4 *__restrict__ sendbuf, int count) {
+    int k = blockIdx.x * blockDim.x + threadIdx.x;
+    if (k >= count) return;
+    vec4 a = p.pos[send_index[k]], b = shift[k];
+    sendbuf[k] = vec4{a.x + b.x, a.y + b.y, a.z + b.z, (real_t)0};
 }
 
 // Up to `count` steps of the chunk (see the top of this file). Every block tracks the step and the
@@ -536,28 +562,29 @@ md_force(const vec4 *pos, vec4 *vel, vec4 *frc, double *pe, double *vir, double 
 // launch with ST_OVERFLOW (the host grows the buffers and redoes the chunk).
 // Blocks of RUN_BLOCK threads: fewer, larger blocks than the other kernels' make the barriers cheaper.
 #define RUN_BLOCK 256
-#define RUN_PARAMS                                                                                              \
-    vec4 *pos, vec4 *pos_alt, vec4 *vel, vec4 *frc, int4 *img, vec4 *hold, double *pe, double *vir, double *partial, \
-        double *thermo, int *nlist, int *ncount, int *order, int by_cell, const long long *__restrict__ ids,       \
-        u64 *ctl, int n, int tpp, real_t dt, real_t half_dt_m, real_t lx, real_t ly, real_t lz, real_t trigger_sq, \
-        real_t max_move_sq, real_t rc_sq, real_t sigma_sq, real_t eps4, real_t eps24, double eshift, double mass,   \
-        int langevin, double gamma_m, double noise, unsigned seed_lo, unsigned seed_hi, int *cell_count,           \
-        int *cell_atoms, int *cell_sorted, vec4 *cell_pos, int *cell_start, int cap, int ncells, int nx, int ny,    \
-        int nz, real_t sx, real_t sy, real_t sz, int maxnb, real_t rlist_sq, u64 if_handle, u64 while_handle,       \
-        int count
-#define RUN_ARGS                                                                                               \
-    pos, pos_alt, vel, frc, img, hold, pe, vir, partial, thermo, nlist, ncount, order, by_cell, ids, ctl, n, tpp, dt, \
-        half_dt_m, lx, ly, lz, trigger_sq, max_move_sq, rc_sq, sigma_sq, eps4, eps24, eshift, mass, langevin,       \
-        gamma_m, noise, seed_lo, seed_hi, cell_count, cell_atoms, cell_sorted, cell_pos, cell_start, cap, ncells,    \
-        nx, ny, nz, sx, sy, sz, maxnb, rlist_sq, if_handle, while_handle, count
 template <bool REBUILD_HERE>
-__device__ __forceinline__ void run_steps(RUN_PARAMS) {
+__device__ __forceinline__ void run_steps(const MdParams &p, u64 if_handle, u64 while_handle) {
+    // The fields the loop reads, under the names it uses.
+    vec4 *const pos = p.pos, *const pos_alt = p.pos_alt, *const vel = p.vel, *const frc = p.frc, *const hold = p.hold;
+    int4 *const img = p.img;
+    double *const pe = p.pe, *const vir = p.vir, *const partial = p.partial, *const thermo = p.thermo;
+    int *const nlist = p.nlist, *const ncount = p.ncount, *const order = p.order;
+    const long long *__restrict__ ids = p.ids;
+    u64 *const ctl = p.ctl;
+    int *const cell_count = p.cell_count, *const cell_atoms = p.cell_atoms, *const cell_sorted = p.cell_sorted;
+    vec4 *const cell_pos = p.cell_pos;
+    int *const cell_start = p.cell_start;
+    const int n = p.n, n_local = p.n_local, tpp = p.tpp, by_cell = p.by_cell, cap = p.cells.cap;
+    const int ncells = p.ncells, maxnb = p.maxnb, count = p.count;
+    const real_t dt = p.dt, half_dt_m = p.half_dt_m, trigger_sq = p.trigger_sq, max_move_sq = p.max_move_sq;
+    const real_t rlist_sq = p.rlist_sq;
+    const double mass = p.mass;
     __shared__ u64 sync_target;
     __shared__ int verdict;  // 0: go on, 1: rebuild, 2: unstable / overflow
-    const Box box{lx, ly, lz};
-    const PairLJ lj{rc_sq, sigma_sq, eps4, eps24, eshift};
-    const Langevin bath{langevin, gamma_m, noise, seed_lo, seed_hi};
-    const Cells cl{nx, ny, nz, cap, sx, sy, sz};
+    const Box &box = p.box;
+    const MD_PAIR pair{p.pair};
+    const Bath &bath = p.bath;
+    const Cells &cl = p.cells;
     u64 step = ctl[C_STEP], forced = ctl[C_FORCED], status = ctl[C_STATUS];
     const u64 target = ctl[C_TARGET];
     if (threadIdx.x == 0) sync_target = sync_base(&ctl[C_SYNC]);
@@ -605,7 +632,7 @@ __device__ __forceinline__ void run_steps(RUN_PARAMS) {
                 for (int k = t0; k < ncells; k += threads) cell_count[k] = 0;
                 sync();
                 if (blockIdx.x == 0 && threadIdx.x == 0) ctl[C_REQ] = 0;  // every block has read it by now
-                for (int i = t0; i < n; i += threads)
+                for (int i = t0; i < n_local; i += threads)
                     bin_particle(i, buffers[cur], hold, cell_count, cell_atoms, cl, ctl, 1);
                 sync();
                 if (by_cell) {
@@ -645,7 +672,7 @@ __device__ __forceinline__ void run_steps(RUN_PARAMS) {
         double acc[3] = {0.0, 0.0, 0.0};
         for_each_group([&](int g, bool active) {
             force_group(g, lane, gmask, active, buffers[cur], vel, frc, pe, vir, nlist, ncount, order, by_cell, ids,
-                        n, tpp, box, lj, bath, half_dt_m, false, reduce, step, acc);
+                        n, tpp, box, pair, bath, half_dt_m, false, reduce, step, acc);
         });
         forced = step;
         if (reduce) {
@@ -677,5 +704,7 @@ __device__ __forceinline__ void run_steps(RUN_PARAMS) {
     if (while_handle && status != ST_RUNNING) cudaGraphSetConditional(while_handle, 0u);
 }
 
-extern "C" __global__ void __launch_bounds__(RUN_BLOCK) md_run(RUN_PARAMS) { run_steps<false>(RUN_ARGS); }
-extern "C" __global__ void __launch_bounds__(RUN_BLOCK) md_run_rebuilding(RUN_PARAMS) { run_steps<true>(RUN_ARGS); }
+extern "C" __global__ void __launch_bounds__(RUN_BLOCK)
+md_run(__grid_constant__ const MdParams p, u64 if_handle, u64 while_handle) { run_steps<false>(p, if_handle, while_handle); }
+extern "C" __global__ void __launch_bounds__(RUN_BLOCK)
+md_run_rebuilding(__grid_constant__ const MdParams p, u64 if_handle, u64 while_handle) { run_steps<true>(p, if_handle, while_handle); }

@@ -11,8 +11,10 @@ kernel code             reference
                         :func:`displacement_sq`
 ``build_list``          ``solvers.md.neighbor_cpu.build_pairs`` (same
                         pairs, half list)
-``force_group``         :func:`lj_pair`, :func:`langevin_force`,
-                        :func:`half_kick`, :func:`thermo_sums`
+``force_group``         :func:`lj_pair` (``PairLJ``) or
+                        :func:`morse_pair` (``PairMorse``),
+                        :func:`langevin_force`, :func:`half_kick`,
+                        :func:`thermo_sums`
 ======================  ===============================================
 
 ``md_run`` / ``md_run_rebuilding`` take whole steps from these pieces;
@@ -118,19 +120,49 @@ def displacement_sq(x, hold, box):
     return np.einsum("ij,ij->i", d, d)
 
 
-def lj_pair(rsq, epsilon, sigma, eshift):
+def lj_pair(rsq, epsilon, sigma, eshift, energy=True):
     """Lennard-Jones pair terms for squared distances ``rsq`` inside the cutoff.
 
     Returns
     -------
     (fr, e, w)
         ``F/r`` (force on j along r_j - r_i divided by r), the pair energy
-        ``4 eps ((s/r)^12 - (s/r)^6) - eshift``, and the pair virial ``r . F``.
+        ``4 eps ((s/r)^12 - (s/r)^6) - eshift``, and the pair virial ``r . F``;
+        ``e`` and ``w`` are None unless ``energy``.
     """
-    sr2 = sigma * sigma / rsq
-    sr6 = sr2 * sr2 * sr2
-    w = 24.0 * epsilon * sr6 * (2.0 * sr6 - 1.0)
-    return w / rsq, 4.0 * epsilon * sr6 * (sr6 - 1.0) - eshift, w
+    sr6 = (sigma * sigma) / rsq
+    sr6 *= sr6 * sr6
+    w = 2.0 * sr6
+    w -= 1.0
+    w *= sr6
+    w *= 24.0 * epsilon
+    fr = w / rsq
+    if not energy:
+        return fr, None, None
+    e = sr6 - 1.0
+    e *= sr6
+    e *= 4.0 * epsilon
+    e -= eshift
+    return fr, e, w
+
+
+def morse_pair(rsq, d0, alpha, r0, eshift, energy=True):
+    """Morse pair terms (LAMMPS ``pair_style morse``) for squared distances ``rsq`` inside the cutoff.
+
+    ``U(r) = D0 (exp(-2 a (r - r0)) - 2 exp(-a (r - r0))) - eshift``.
+
+    Returns
+    -------
+    (fr, e, w)
+        As for :func:`lj_pair`.
+    """
+    r = np.sqrt(rsq)
+    ex = np.exp(-alpha * (r - r0))
+    w = 2.0 * alpha * d0 * ex * (ex - 1.0) * r
+    fr = w / rsq
+    if not energy:
+        return fr, None, None
+    return fr, d0 * ex * (ex - 2.0) - eshift, w
 
 
 def thermo_sums(v, mass, pe_atom, vir_atom):

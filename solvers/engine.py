@@ -1,4 +1,5 @@
-"""Graph engine: run one iteration body eagerly, as a relaunched graph, or in a WHILE node.
+"""Graph engine: run one iteration body eagerly, as a relaunched graph, or in a WHILE node;
+or, across ranks, graph segments with communication between them (:class:`SegmentDriver`).
 
 The engine is generic: it knows bodies, not algorithms. A *body* is any object
 with a ``launch(stream, loop)`` method that enqueues one iteration of kernels on
@@ -32,6 +33,7 @@ while
 """
 import contextlib
 import time
+from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
@@ -276,3 +278,111 @@ class GraphEngine:
             if done():
                 break
         return launches
+
+
+# -- graph segments with communication between them --------------------------------------------
+# NCCL calls cannot sit in a graph that has a conditional node, so an iteration across ranks is a
+# list of steps: captured graphs of local work, and the host's communication calls between them.
+class Segment(NamedTuple):
+    """A captured graph of local kernels, launched on the main stream."""
+
+    graph: Any
+
+
+class Communicate(NamedTuple):
+    """``call(stream)`` enqueues communication (an allreduce, an exchange) on the main stream."""
+
+    call: Callable
+
+
+class Overlap(NamedTuple):
+    """On the side stream, once the main stream's work so far is done: ``graph`` (or None), then
+    ``call(side_stream)``; it runs while the main stream goes on, until a :class:`Join`."""
+
+    graph: Any
+    call: Callable
+
+
+class Join(NamedTuple):
+    """The main stream waits for the side stream's last :class:`Overlap`."""
+
+
+class SegmentDriver:
+    """Enqueue iterations made of :class:`Segment`, :class:`Communicate`, :class:`Overlap` and :class:`Join` steps.
+
+    The driver only enqueues: nothing here synchronises with the host, so a
+    caller enqueues several iterations and reads its device status once. It
+    knows graphs and streams, not what they compute.
+
+    Parameters
+    ----------
+    stream, side_stream : CuPy streams (or objects with the same methods)
+        The main stream and the one :class:`Overlap` steps run on.
+    event : callable
+        Makes an event (``cupy.cuda.Event``); called with ``disable_timing=True``
+        for ordering, plainly for timing.
+    """
+
+    def __init__(self, stream, side_stream, event):
+        self.stream, self.side_stream = stream, side_stream
+        self._event = event
+        self._ready = event(disable_timing=True)
+        self._side_done = event(disable_timing=True)
+
+    def capture(self, launch):
+        """A plain graph of the kernels ``launch(stream)`` enqueues on the main stream."""
+        s = self.stream
+        s.begin_capture()
+        try:
+            launch(s)
+        finally:
+            graph = s.end_capture()
+        return graph
+
+    def timing_events(self, steps):
+        """Enough timing events for :meth:`enqueue` of ``steps`` with timing."""
+        return [self._event() for _ in range(2 + 2 * len(steps))]
+
+    def enqueue(self, steps, events=None):
+        """Enqueue ``steps``; with ``events`` (:meth:`timing_events`), time them on the main stream.
+
+        Returns
+        -------
+        int
+            Events recorded: the intervals between consecutive ones alternate
+            local work and communication (a :class:`Communicate`, or the wait of a :class:`Join`).
+        """
+        s, side = self.stream, self.side_stream
+        used = 0
+        if events is not None:
+            events[0].record(s)
+            used = 1
+        for step in steps:
+            if isinstance(step, Segment):
+                step.graph.launch(s)
+                continue
+            if isinstance(step, Overlap):
+                self._ready.record(s)
+                side.wait_event(self._ready)
+                if step.graph is not None:
+                    step.graph.launch(side)
+                step.call(side)
+                self._side_done.record(side)
+                continue
+            if events is not None:
+                events[used].record(s)
+            if isinstance(step, Join):
+                s.wait_event(self._side_done)
+            else:
+                step.call(s)
+            if events is not None:
+                events[used + 1].record(s)
+                used += 2
+        if events is not None:
+            events[used].record(s)
+            used += 1
+        return used
+
+    def join(self):
+        """The main stream waits for the side stream's last :class:`Overlap` (before reusing its buffers)."""
+        self.stream.wait_event(self._side_done)

@@ -45,8 +45,10 @@ def test_pcg_and_distributed_kernels_compile(fmt, real, stored, tmp_path):
 
 
 @pytest.mark.parametrize("real", ["double", "float"])
-def test_md_kernels_compile(real, tmp_path):
-    compile_ok(kernels.program("md", real, (("MD_BLOCK", "128"),)), tmp_path)
+@pytest.mark.parametrize("pair", ["PairLJ", "PairMorse"])
+def test_md_kernels_compile(real, pair, tmp_path):
+    from solvers.md.gpu import kernel_program
+    compile_ok(kernels.program(**kernel_program(real, pair)), tmp_path)
 
 
 def test_a_layout_mismatch_fails_to_compile(tmp_path):

@@ -1,13 +1,14 @@
 """MD on the CPU: LAMMPS reference table, neighbour list, Langevin, restart, I/O, CLI."""
 import gzip
+import pathlib
 
 import numpy as np
 import pytest
 
 from solvers.kernels.md_ref import philox4x32
-from solvers.md import (LennardJones, Langevin, Simulation, State, UnstableRunError, VelocityVerlet,
+from solvers.md import (LennardJones, Langevin, Morse, Simulation, State, UnstableRunError, VelocityVerlet,
                         lattice_state, read_dump)
-from solvers.md.__main__ import main
+from solvers.md.__main__ import build_parser, main
 from solvers.md.neighbor_cpu import build_pairs
 
 # GUIDE section 7: LAMMPS in.lj from in.lj_init.dump.gz, rebuild check every step.
@@ -18,6 +19,27 @@ REFERENCE = {
     100: (0.75745998, -5.7584998, -4.6223453, 0.20729996),
 }
 KEYS = ("Temp", "E_pair", "TotEng", "Press")
+MORSE_LOG = pathlib.Path(__file__).resolve().parent / "data" / "morse" / "log.lammps"
+
+
+def lammps_log(path):
+    """Thermo columns of a LAMMPS log, as a LAMMPS log reader sees them."""
+    lammps_logfile = pytest.importorskip("lammps_logfile")
+    log = lammps_logfile.File(str(path))
+    return {k: log.get(k) for k in log.get_keywords()}
+
+
+def morse_reference():
+    """The thermo table and list builds of tests/data/morse/log.lammps (read here, so that machines
+    without a log-reader package check the same numbers)."""
+    lines = MORSE_LOG.read_text().splitlines()
+    start = next(k for k, line in enumerate(lines) if line.split()[:1] == ["Step"])
+    stop = next(k for k, line in enumerate(lines) if line.startswith("Loop time"))
+    names = lines[start].split()
+    values = np.array([[float(v) for v in line.split()] for line in lines[start + 1:stop]])
+    table = {name: values[:, k] for k, name in enumerate(names)}
+    builds = int(next(line for line in lines if line.startswith("Neighbor list builds")).split("=")[1])
+    return table, builds
 
 
 def assert_reference(rows, rtol):
@@ -111,7 +133,7 @@ def test_dumps_round_trip(tmp_path):
     back = read_dump(str(tmp_path / "t.lammpstrj.gz"))  # first frame: step 0
     assert back.step == 0 and back.n == 108
     lines = (tmp_path / "t.xyz").read_text().splitlines()
-    assert lines[0] == "108" and "Properties=species:S:1:pos:R:3:vel:R:3" in lines[1]
+    assert lines[0] == "108" and "Properties=species:S:1:pos:R:3:momenta:R:3:masses:R:1" in lines[1]
     lattice = [float(v) for v in lines[1].split('Lattice="')[1].split('"')[0].split()]
     assert lattice == [sim.state.box[0], 0, 0, 0, sim.state.box[1], 0, 0, 0, sim.state.box[2]]
     assert len(lines) == 3 * 110
@@ -122,10 +144,17 @@ def test_dumps_round_trip(tmp_path):
 def test_extxyz_read_by_ase(tmp_path):
     ase_io = pytest.importorskip("ase.io")
     assert main(["--cells", "3", "3", "3", "--steps", "10", "--device", "cpu", "--dump", str(tmp_path / "t.xyz"),
-                 "--dump-every", "5"]) == 0
+                 "--dump-every", "5", "--restart", str(tmp_path / "r.npz")]) == 0
+    assert main(["--resume", str(tmp_path / "r.npz"), "--steps", "0", "--device", "cpu", "--dump",
+                 str(tmp_path / "last.xyz"), "--species", "Kr"]) == 0
     frames = ase_io.read(str(tmp_path / "t.xyz"), index=":")
     assert len(frames) == 3 and frames[-1].info["Step"] == 10 and all(frames[-1].pbc)
-    assert frames[-1].arrays["vel"].shape == (108, 3)
+    assert set(frames[-1].get_chemical_symbols()) == {"Ar"}
+    saved = np.load(tmp_path / "r.npz")
+    np.testing.assert_array_equal(frames[-1].get_velocities(), saved["velocities"])
+    last = ase_io.read(str(tmp_path / "last.xyz"))
+    assert set(last.get_chemical_symbols()) == {"Kr"}
+    np.testing.assert_array_equal(last.get_velocities(), saved["velocities"])
 
 
 def test_blowup_is_an_error_not_nan():
@@ -195,3 +224,56 @@ def test_cli_lammps_log_and_resume(tmp_path, capsys):
     assert all(len(v.split("e")[0].replace("-", "").replace(".", "").lstrip("0")) >= 8
                for v in t_full[20].split()[1:5])
     assert main(["--resume", str(tmp_path / "r.npz"), "--dt", "0.001"]) == 2
+
+
+def test_morse_matches_lammps_reference():
+    """tests/data/morse/log.lammps: LAMMPS pair_style morse from the same lattice (make_reference.py)."""
+    ref, builds = morse_reference()
+    assert {k: v.tolist() for k, v in lammps_log(MORSE_LOG).items()} == {k: v.tolist() for k, v in ref.items()}
+    sim = Simulation(lattice_state(0.8442, (6, 6, 6), 1.44, 87287), Morse(1.0, 6.0, 1.122462, rc=2.5),
+                     VelocityVerlet(0.005), skin=0.3, device="cpu")
+    sim.run(200, thermo_every=50)
+    got = sim.thermo_arrays()
+    np.testing.assert_array_equal(got["Step"], ref["Step"])
+    for key in KEYS:
+        np.testing.assert_allclose(got[key], ref[key], rtol=1e-9, err_msg=key)
+    assert sim.neighbor_builds == builds == 22
+
+
+def test_morse_forces_are_the_energy_gradient():
+    pot = Morse(0.7, 4.0, 1.2, rc=2.5, shift=True)
+    r = np.linspace(0.9, 2.4, 50)
+    fr, e, w = pot.terms(r * r)
+    h = 1e-6
+    de = (pot.terms((r + h) ** 2)[1] - pot.terms((r - h) ** 2)[1]) / (2 * h)
+    np.testing.assert_allclose(fr * r, -de, rtol=1e-6)
+    np.testing.assert_allclose(w, fr * r * r, rtol=1e-12)
+    assert pot.terms(np.array([2.5 ** 2, 3.0 ** 2]))[1].tolist() == [0.0, 0.0]
+    assert abs(pot.terms(np.array([2.5 ** 2 * (1 - 1e-12)]))[1][0]) < 1e-9  # shifted to 0 at rc
+
+
+def test_log_file_parsed_by_lammps_log_reader(tmp_path, capsys):
+    log = tmp_path / "md.log"
+    assert main(["--cells", "4", "4", "4", "--device", "cpu", "--steps", "20", "--thermo", "5",
+                 "--log", str(log)]) == 0
+    assert log.read_text() == capsys.readouterr().out
+    cols = lammps_log(log)
+    assert cols["Step"].tolist() == [0, 5, 10, 15, 20]
+    assert {"Temp", "E_pair", "TotEng", "Press", "KinEng", "Volume"} <= set(cols)
+    assert cols["Temp"][0] == pytest.approx(1.44)
+
+
+def test_every_option_has_help():
+    undocumented = [a.option_strings for a in build_parser()._actions if a.option_strings and not a.help]
+    assert undocumented == []
+
+
+@pytest.mark.parametrize("option", [["--cells", "5", "5", "5"], ["--temp", "1.0"], ["--seed", "3"],
+                                    ["--density", "0.9"], ["--pair", "morse"], ["--rc", "2.0"]])
+def test_resume_refuses_physics_options(tmp_path, capsys, option):
+    restart = tmp_path / "r.npz"
+    assert main(["--cells", "3", "3", "3", "--steps", "5", "--device", "cpu", "--restart", str(restart)]) == 0
+    capsys.readouterr()
+    assert main(["--resume", str(restart), "--device", "cpu", *option]) == 2
+    err = capsys.readouterr().err.strip()
+    assert f"{option[0]} cannot be combined with --resume" in err and len(err.splitlines()) == 1

@@ -169,3 +169,17 @@ def test_lists_built_in_run_or_between_launches_are_the_same(monkeypatch, tpp):
     assert flat[2] == nested[2] > 5
     for a, b in zip(flat[1], nested[1]):  # thermo sums are added in another order
         np.testing.assert_allclose([a[k] for k in REFERENCE_KEYS], [b[k] for k in REFERENCE_KEYS], rtol=1e-12)
+
+
+@pytest.mark.parametrize("precision, rtol", [("double", 1e-8), ("mixed", 1e-4)])
+def test_morse_matches_lammps(precision, rtol):
+    from test_md_cpu import KEYS, morse_reference
+    from solvers.md import Morse
+    ref, _ = morse_reference()
+    sim = Simulation(lattice_state(0.8442, (6, 6, 6), 1.44, 87287), Morse(1.0, 6.0, 1.122462, rc=2.5),
+                     VelocityVerlet(0.005), device="gpu", mode="while", precision=precision)
+    sim.run(200, thermo_every=50)
+    for key in KEYS:
+        np.testing.assert_allclose(sim.thermo_arrays()[key], ref[key], rtol=rtol, err_msg=key)
+    if precision == "double":
+        assert sim.neighbor_builds == 22

@@ -319,13 +319,35 @@ def _reference_md(seed):
     return _thermo(proc.stdout.splitlines())
 
 
+def test_md_sbatch_one_simulation_on_two_ranks(cluster):
+    """md.sbatch as shipped with two tasks: one simulation over both ranks, the serial run's numbers."""
+    job = cluster.sbatch(SLURM_SCRIPTS / "md.sbatch", "--ntasks-per-node=2",
+                         env={"DEVICE": "cpu", "CELLS": MD_CELLS, "STEPS": str(MD_STEPS), "THERMO": "10",
+                              "DUMP": "one.xyz", "RESTART": "one.npz"})
+    job.assert_ok()
+    out = job.out
+    assert "=== exit status 0" in out and re.search(r"^distributed +2 ranks", out, re.M), job.describe()
+    assert re.search(r"500 atoms, .* 2 ranks \(grid \d x \d x \d\)", out), job.describe()
+    assert out.count("Loop time of") == 1, job.describe()
+    assert re.search(rf"Loop time of \S+ on 2 procs for {MD_STEPS} steps with 500 atoms", out), job.describe()
+    columns, rows = _thermo(out.splitlines())
+    proc = subprocess.run([sys.executable, "-m", "solvers.md", "--lattice", "fcc", "--cells", *MD_CELLS.split(),
+                           "--steps", str(MD_STEPS), "--device", "cpu", "--seed", str(MD_SEED), "--thermo", "10"],
+                          cwd=REPO, env=_plain_env(), capture_output=True, text=True, timeout=120)
+    ref_columns, ref_rows = _thermo(proc.stdout.splitlines())
+    assert columns == ref_columns and [r["Step"] for r in rows] == [r["Step"] for r in ref_rows], job.describe()
+    for got, want in zip(rows, ref_rows):
+        for key in THERMO_HEADER[1:]:
+            assert got[key] == pytest.approx(want[key], rel=1e-8), (key, job.describe())
+    frames = (cluster.jobs / "one.xyz").read_text().count("Lattice=")
+    assert frames == 1 and (cluster.jobs / "one.npz").exists(), job.describe()  # step 0 (then every 100)
+
+
 def test_md_sbatch_two_replicas(cluster):
-    """md.sbatch with two tasks: two replicas (seeds 87287, 87288), thermo labelled by rank."""
-    if not (REPO / "solvers" / "md" / "__main__.py").exists():
-        pytest.skip("python -m solvers.md is not in the tree yet")
+    """md.sbatch with two tasks and REPLICAS=1: two replicas (seeds 87287, 87288), thermo labelled by rank."""
     job = cluster.sbatch(SLURM_SCRIPTS / "md.sbatch", "--ntasks-per-node=2",
                          env={"DEVICE": "cpu", "CELLS": MD_CELLS, "STEPS": str(MD_STEPS),
-                              "DUMP": "traj.xyz"})
+                              "DUMP": "traj.xyz", "REPLICAS": "1"})
     job.assert_ok()
     out = job.out
     assert re.search(r"^tasks +2 \(2 per node\)", out, re.M), job.describe()

@@ -1,11 +1,11 @@
 """Distributed PCG on GPUs: captured graph segments for the local work, NCCL in between.
 
 NCCL calls cannot live in a graph with a conditional node, so an iteration is
-a short list of *steps*: plain captured graphs (local kernels on fixed
-buffers), the halo exchange (a graph packing the send buffer, then grouped
-NCCL send/recv, on a second stream and communicator, so it runs while the main
-stream's update and allreduce do) and the allreduces of the partial inner
-products (see ``_build_steps``). A rank
+a short list of steps run by the engine's :class:`~solvers.engine.SegmentDriver`:
+plain captured graphs (local kernels on fixed buffers), the halo exchange (a
+graph packing the send buffer, then grouped NCCL send/recv, on a second stream
+and communicator, so it runs while the main stream's update and allreduce do)
+and the allreduces of the partial inner products (see ``_build_steps``). A rank
 multiplies whole rows of its extended block (owned and halo columns), against
 vectors that carry the halo's copy at their tail. The host enqueues
 ``check_every`` iterations, then reads the device status once: no host
@@ -24,6 +24,7 @@ import numpy as np
 
 from .. import kernels
 from ..backend import require_cupy
+from ..engine import Communicate, Join, Overlap, Segment, SegmentDriver
 from ..errors import DeviceError, InputError
 from ..formats import choose_format
 from ..kernels.pcg_ref import RUNNING
@@ -32,8 +33,6 @@ from ..pcg.gpu import BLOCK, kernel_program
 from ..pcg.result import Reason
 from .comm import DeviceComm, HostComm, agree
 
-# Step kinds of an iteration (see DistGPUPCG._run_steps).
-GRAPH, HALO_START, HALO_WAIT, ALLREDUCE = range(4)
 KERNELS = ("dist_spmv_dot", "dist_pack_next_z", "dist_update", "dist_start", "dist_decide", "dist_finish",
            "dist_cg1_step", "dist_cg1_decide", "dist_pack", "matrix_residual")
 # SMs the classic update leaves to the pack and NCCL's halo kernel, which run alongside it (NCCL's
@@ -218,8 +217,7 @@ class DistGPUPCG:
         self._pack_args()
 
         self.stream, self.comm_stream = self._streams()
-        self.ev_ready = cupy.cuda.Event(disable_timing=True)
-        self.ev_halo = cupy.cuda.Event(disable_timing=True)
+        self.driver = SegmentDriver(self.stream, self.comm_stream, cupy.cuda.Event)
         # The uploads above ran on the legacy stream, which non-blocking streams do not wait for.
         cupy.cuda.Device().synchronize()
 
@@ -262,16 +260,6 @@ class DistGPUPCG:
         self.k[name]((1,), (32,), (self.args,), stream=s)
 
     # -- steps ------------------------------------------------------------------
-    def _capture(self, launch):
-        """A plain graph of the kernels ``launch(stream)`` enqueues."""
-        s = self.stream
-        s.begin_capture()
-        try:
-            launch(s)
-        finally:
-            graph = s.end_capture()
-        return graph
-
     def _build_steps(self):
         """Capture the graph segments; return (start steps, iteration steps, decide graph).
 
@@ -282,63 +270,32 @@ class DistGPUPCG:
         waits for the exchange; its product kernel takes the decision pending from the last
         allreduce.
         """
-        cap, n = self._capture, self.n
+        cap, n = self.driver.capture, self.n
+
+        def halo(transfers):
+            return lambda s: self.nccl.exchange(transfers, s)
+
+        def allreduce(send, recv, count):
+            return Communicate(lambda s: self.nccl.allreduce(send, recv, count, s))
+
         decide = cap(self._decide)
         if self.variant == "classic":
-            to_z = self._transfers(self.z[n:])
-            reduce_rz = (ALLREDUCE, self.sums[1:3], self.reduced[1:3], 2)
-            start = [(GRAPH, cap(lambda s: self._classic_update(s, True))),
-                     (HALO_START, cap(lambda s: self._pack(s, self.z)), to_z), reduce_rz]
-            iteration = [(HALO_WAIT,), (GRAPH, cap(self._spmv_dot)),
-                         (ALLREDUCE, self.sums[0:1], self.reduced[0:1], 1),
-                         (HALO_START, cap(self._pack_next_z), to_z),
-                         (GRAPH, cap(lambda s: self._classic_update(s, False))), reduce_rz]
+            to_z = halo(self._transfers(self.z[n:]))
+            reduce_rz = allreduce(self.sums[1:3], self.reduced[1:3], 2)
+            start = [Segment(cap(lambda s: self._classic_update(s, True))),
+                     Overlap(cap(lambda s: self._pack(s, self.z)), to_z), reduce_rz]
+            iteration = [Join(), Segment(cap(self._spmv_dot)), allreduce(self.sums[0:1], self.reduced[0:1], 1),
+                         Overlap(cap(self._pack_next_z), to_z),
+                         Segment(cap(lambda s: self._classic_update(s, False))), reduce_rz]
             return start, iteration, decide
-        iteration = [(HALO_WAIT,), (GRAPH, cap(self._cg1_step)),
-                     (HALO_START, cap(lambda s: self._pack(s, self.w0, self.w1)), self._transfers(self.w_halo)),
-                     (ALLREDUCE, self.sums, self.reduced, 3)]
+        iteration = [Join(), Segment(cap(self._cg1_step)),
+                     Overlap(cap(lambda s: self._pack(s, self.w0, self.w1)), halo(self._transfers(self.w_halo))),
+                     allreduce(self.sums, self.reduced, 3)]
         return [], iteration, decide
 
     def _transfers(self, halo):
         """The halo exchange from the send buffer into ``halo`` (the h received entries)."""
         return self.nccl.transfers(self.matrix.plan, self.sendbuf, halo)
-
-    def _run_steps(self, steps, events=None):
-        """Enqueue ``steps``; with ``events``, time each communication step on the main stream.
-
-        Returns the number of events recorded: intervals between consecutive
-        events alternate compute, communication, compute, ...
-        """
-        s, c = self.stream, self.comm_stream
-        used = 0
-        if events is not None:
-            events[0].record(s)
-            used = 1
-        for step in steps:
-            kind = step[0]
-            if kind == GRAPH:
-                step[1].launch(s)
-                continue
-            if kind == HALO_START:  # off the main stream: overlaps what the main stream does next
-                self.ev_ready.record(s)
-                c.wait_event(self.ev_ready)
-                step[1].launch(c)  # the pack
-                self.nccl.exchange(step[2], c)
-                self.ev_halo.record(c)
-                continue
-            if events is not None:
-                events[used].record(s)
-            if kind == HALO_WAIT:
-                s.wait_event(self.ev_halo)
-            else:
-                self.nccl.allreduce(*step[1:], s)
-            if events is not None:
-                events[used + 1].record(s)
-                used += 2
-        if events is not None:
-            events[used].record(s)
-            used += 1
-        return used
 
     # -- solving ------------------------------------------------------------------
     def _fill_halo(self, v):
@@ -405,8 +362,8 @@ class DistGPUPCG:
                 self.x.set(np.ascontiguousarray(x0), stream=self.stream)
                 self._residual(self.x, self.r)
             self._reset(tol, maxiter)
-        self._run_steps(start)
-        events = [cupy.cuda.Event() for _ in range(2 + 2 * len(iteration))]
+        self.driver.enqueue(start)
+        events = self.driver.timing_events(iteration)
         sampled_comm = sampled_total = 0.0
         t0 = time.perf_counter()
         launched = 0
@@ -416,7 +373,7 @@ class DistGPUPCG:
                 raise RuntimeError("device loop did not stop at maxiter")
             for i in range(self.check_every):
                 # Time one iteration per block, when the pipeline is full.
-                used = self._run_steps(iteration, events if i == self.check_every - 1 else None)
+                used = self.driver.enqueue(iteration, events if i == self.check_every - 1 else None)
             launched += self.check_every
             decide.launch(self.stream)
             st = self._status()  # synchronises: one host read per check_every iterations
@@ -428,7 +385,7 @@ class DistGPUPCG:
             self.step_times = ms  # a full iteration: the solve was still running after it
         # The last halo exchange may still run on the second stream; the send buffer and the
         # tails it fills are used again outside the iteration (_fill_halo), on this stream.
-        self.stream.wait_event(self.ev_halo)
+        self.driver.join()
         self._finish()
         self.loop_time = time.perf_counter() - t0
         if sampled_total > 0:

@@ -2,8 +2,26 @@
 import numpy as np
 
 from ..kernels import md_ref
-from .neighbor_cpu import build_pairs
+from .neighbor_cpu import PairForces, build_frame, build_pairs
 from .thermo import UnstableRunError
+
+
+def langevin_force(integ, v, ids, step, mass):
+    """The Langevin force of ``integ`` at ``step`` (zero without a thermostat)."""
+    if not integ.langevin:
+        return 0.0
+    return md_ref.langevin_force(v, ids, step, mass, integ.t_target, integ.damp, integ.dt, integ.seed)
+
+
+def unstable(step, ids, move_sq, max_move_sq):
+    """The error for the lowest-id particle that moved more than allowed in one step, or None."""
+    bad = ~(move_sq <= max_move_sq)
+    if not bad.any():
+        return None
+    k = int(np.argmin(np.where(bad, ids, np.iinfo(np.int64).max)))
+    return UnstableRunError(
+        f"step {step}: particle {ids[k]} moved {np.sqrt(move_sq[k]):.3g} in one step "
+        f"(more than half the neighbour cutoff, or not finite): the run blew up")
 
 
 class CpuBackend:
@@ -12,7 +30,7 @@ class CpuBackend:
     Parameters
     ----------
     state : State
-    forcefield : LennardJones
+    forcefield : LennardJones or Morse
     integrator : VelocityVerlet or Langevin
     skin : float
     restart : dict, optional
@@ -24,6 +42,7 @@ class CpuBackend:
     device = "cpu"
     mode = "numpy"
     precision = "double"
+    ranks = 1
 
     def __init__(self, state, forcefield, integrator, skin, restart=None):
         self.ff, self.integ = forcefield, integrator
@@ -36,56 +55,43 @@ class CpuBackend:
         self.max_move_sq = (0.5 * self.rlist) ** 2
         if restart is None:
             self.builds = 0  # the setup build is not counted, as in LAMMPS
-            self._build()
-            self._compute_forces(self.step)
+            self._build(self.x)
         else:
-            self.hold = np.array(restart["hold"], np.float64)
-            self.pi, self.pj = build_pairs(self.hold, self.box, self.rlist)
             self.builds = int(restart["builds"])
-            self._compute_forces(self.step)
+            self._build(np.array(restart["hold"], np.float64))
+        self._forces(build_frame(self.x, self.hold, self.box)[0], self.step, energy=True)
+        if restart is not None:
             self.f = np.array(restart["forces"], np.float64)
 
     # -- pieces of a step ----------------------------------------------------
-    def _build(self):
-        self.hold = self.x.copy()
-        self.pi, self.pj = build_pairs(self.x, self.box, self.rlist)
+    def _build(self, at):
+        self.hold = at.copy()
+        i, j = build_pairs(at, self.box, self.rlist)
+        self.pairs = PairForces(i, j, self.n, periodic=(at, self.box))
 
-    def _compute_forces(self, step):
-        ff = self.ff
-        d = md_ref.minimum_image(self.x[self.pj] - self.x[self.pi], self.box)
-        rsq = np.einsum("ij,ij->i", d, d)
-        inside = rsq < ff.rc * ff.rc
-        i, j, d, rsq = self.pi[inside], self.pj[inside], d[inside], rsq[inside]
-        fr, e, w = md_ref.lj_pair(rsq, ff.epsilon, ff.sigma, ff.energy_shift)
-        fd = d * fr[:, None]
-        f = np.empty((self.n, 3))
-        for k in range(3):
-            f[:, k] = np.bincount(j, fd[:, k], self.n) - np.bincount(i, fd[:, k], self.n)
-        # Per-atom halves, as the GPU's full list accumulates them.
-        self.pe_atom = 0.5 * (np.bincount(i, e, self.n) + np.bincount(j, e, self.n))
-        self.vir_atom = 0.5 * (np.bincount(i, w, self.n) + np.bincount(j, w, self.n))
-        if self.integ.langevin:
-            it = self.integ
-            f += md_ref.langevin_force(self.v, self.ids, step, self.mass, it.t_target, it.damp, it.dt, it.seed)
-        self.f = f
+    def _forces(self, y, step, energy):
+        self.f, pe, vir = self.pairs.compute(y, self.ff, self.n, energy)
+        if energy:
+            self.pe_atom, self.vir_atom = pe, vir
+        self.f += langevin_force(self.integ, self.v, self.ids, step, self.mass)
 
     # -- driver ----------------------------------------------------------------
     def advance(self, nsteps):
         """Run ``nsteps`` timesteps; return the thermo sums at the last one."""
         dt = self.integ.dt
-        for _ in range(nsteps):
+        for k in range(nsteps):
             step = self.step + 1
             self.v = md_ref.half_kick(self.v, self.f, self.mass, dt)
             self.x, self.img, move_sq = md_ref.drift_wrap(self.x, self.v, self.img, self.box, dt)
-            worst = int(np.argmax(move_sq))
-            if not move_sq[worst] <= self.max_move_sq:
-                raise UnstableRunError(
-                    f"step {step}: particle {self.ids[worst]} moved {np.sqrt(move_sq[worst]):.3g} in one step "
-                    f"(more than half the neighbour cutoff, or not finite): the run blew up")
-            if md_ref.displacement_sq(self.x, self.hold, self.box).max() > self.trigger_sq:
-                self._build()
+            error = unstable(step, self.ids, move_sq, self.max_move_sq)
+            if error:
+                raise error
+            y, disp = build_frame(self.x, self.hold, self.box)
+            if np.einsum("ij,ij->i", disp, disp).max() > self.trigger_sq:
+                self._build(self.x)
                 self.builds += 1
-            self._compute_forces(step)
+                y = self.x
+            self._forces(y, step, energy=k == nsteps - 1)
             self.v = md_ref.half_kick(self.v, self.f, self.mass, dt)
             self.step = step
         return self.sums()
@@ -93,6 +99,11 @@ class CpuBackend:
     def sums(self):
         """``(sum m v^2, sum E_pair, sum r.F)`` at the current step."""
         return md_ref.thermo_sums(self.v, self.mass, self.pe_atom, self.vir_atom)
+
+    def memory_bytes(self):
+        """Bytes held in per-particle and per-pair arrays."""
+        g = self.pairs._gather
+        return sum(a.nbytes for a in (self.x, self.v, self.f, self.img, self.hold, g.data, g.indices, g.indptr)) * 2
 
     def arrays(self):
         """Host copies of the per-particle arrays a restart needs."""

@@ -1,11 +1,66 @@
-"""Pair force field: one particle type, Lennard-Jones with a cutoff."""
-from dataclasses import dataclass
+"""Pair force fields of one particle type: Lennard-Jones and Morse, each with a cutoff.
+
+A potential states its pair terms once in NumPy (:mod:`solvers.kernels.md_ref`) and
+names the device functor of ``kernels/md.cu`` that computes the same terms, with the
+parameters that functor reads (:mod:`solvers.kernels.md_params`).
+"""
+from dataclasses import asdict, dataclass
+
+import numpy as np
 
 from ..errors import InputError
+from ..kernels import md_ref
+
+
+class _PairPotential:
+    """What :class:`LennardJones` and :class:`Morse` share: cutoff checks, masking, restart metadata."""
+
+    rc: float
+    shift: bool
+
+    def _check_cutoff(self):
+        if not self.rc > 0:
+            raise InputError(f"cutoff must be positive, got {self.rc}", "--rc")
+
+    def terms(self, rsq, energy=True):
+        """Pair terms ``(F/r, energy, r.F)`` for squared distances (> 0); zero at and beyond the cutoff.
+
+        ``energy`` False: ``(F/r, None, None)``.
+        """
+        inside = rsq < self.rc * self.rc
+        out = self._terms(rsq, energy=energy)
+        for v in out:
+            if v is not None:
+                v *= inside
+        return out
+
+    @property
+    def energy_shift(self):
+        """Energy subtracted from every pair inside the cutoff (``pair_modify shift yes``), else 0."""
+        if not self.shift:
+            return 0.0
+        return float(self._terms(np.array([self.rc * self.rc]), shift=0.0)[1][0])
+
+    def overlap_energy(self):
+        """Half the pair energy at :attr:`overlap_distance`: a particle above it overlaps a neighbour."""
+        r = self.overlap_distance
+        return 0.5 * float(self._terms(np.array([r * r]), shift=0.0)[1][0])
+
+    def check_box(self, box, skin):
+        """Raise :class:`InputError` when the cutoff does not fit the periodic box."""
+        half = 0.5 * float(min(box))
+        if self.rc > half:
+            raise InputError(f"cutoff {self.rc} is larger than half the smallest box edge ({half:.6g})", "--rc")
+        if skin < 0:
+            raise InputError(f"skin must be >= 0, got {skin}", "--skin")
+
+    def meta(self):
+        """Parameters for a restart file (:func:`from_meta` reads them back)."""
+        return {"potential": self.name, **asdict(self)}
 
 
 @dataclass(frozen=True)
-class LennardJones:
+class LennardJones(_PairPotential):
     """Truncated Lennard-Jones pair potential (LAMMPS ``pair_style lj/cut``).
 
     ``U(r) = 4 eps ((s/r)^12 - (s/r)^6) - U_shift`` for ``r < rc``, where
@@ -26,24 +81,88 @@ class LennardJones:
     rc: float = 2.5
     shift: bool = False
 
+    name = "lj"
+    functor = "PairLJ"  # kernels/md.cu
+
     def __post_init__(self):
         if not (self.epsilon > 0 and self.sigma > 0):
-            raise InputError(f"epsilon and sigma must be positive, got {self.epsilon}, {self.sigma}", "--rc")
-        if not self.rc > 0:
-            raise InputError(f"cutoff must be positive, got {self.rc}", "--rc")
+            raise InputError(f"epsilon and sigma must be positive, got {self.epsilon}, {self.sigma}", "--epsilon")
+        self._check_cutoff()
 
     @property
-    def energy_shift(self):
-        """``U_shift`` subtracted from every pair energy."""
-        if not self.shift:
-            return 0.0
-        sr6 = (self.sigma / self.rc) ** 6
-        return 4.0 * self.epsilon * sr6 * (sr6 - 1.0)
+    def overlap_distance(self):
+        """Closer than sigma / 2 is an overlap."""
+        return 0.5 * self.sigma
 
-    def check_box(self, box, skin):
-        """Raise :class:`InputError` when the cutoff does not fit the periodic box."""
-        half = 0.5 * float(min(box))
-        if self.rc > half:
-            raise InputError(f"cutoff {self.rc} is larger than half the smallest box edge ({half:.6g})", "--rc")
-        if skin < 0:
-            raise InputError(f"skin must be >= 0, got {skin}", "--skin")
+    def _terms(self, rsq, shift=None, energy=True):
+        return md_ref.lj_pair(rsq, self.epsilon, self.sigma, self.energy_shift if shift is None else shift, energy)
+
+    def device_params(self):
+        """Field values of the device functor's parameters (``PairLJ`` in kernels/md_params.py)."""
+        return {"rc_sq": self.rc ** 2, "sigma_sq": self.sigma ** 2, "eps4": 4.0 * self.epsilon,
+                "eps24": 24.0 * self.epsilon, "eshift": self.energy_shift}
+
+
+@dataclass(frozen=True)
+class Morse(_PairPotential):
+    """Truncated Morse pair potential (LAMMPS ``pair_style morse``).
+
+    ``U(r) = D0 (exp(-2 a (r - r0)) - 2 exp(-a (r - r0))) - U_shift`` for ``r < rc``.
+
+    Parameters
+    ----------
+    d0 : float
+        Well depth.
+    alpha : float
+        Stiffness (inverse length).
+    r0 : float
+        Distance of the minimum.
+    rc : float
+        Cutoff distance.
+    shift : bool
+        Shift the energy to zero at the cutoff (forces unchanged).
+    """
+
+    d0: float = 1.0
+    alpha: float = 5.0
+    r0: float = 1.1
+    rc: float = 2.5
+    shift: bool = False
+
+    name = "morse"
+    functor = "PairMorse"  # kernels/md.cu
+
+    def __post_init__(self):
+        if not (self.d0 > 0 and self.alpha > 0 and self.r0 > 0):
+            raise InputError(f"d0, alpha and r0 must be positive, got {self.d0}, {self.alpha}, {self.r0}",
+                             "--morse")
+        self._check_cutoff()
+
+    @property
+    def overlap_distance(self):
+        """Closer than r0 / 2 is an overlap."""
+        return 0.5 * self.r0
+
+    def _terms(self, rsq, shift=None, energy=True):
+        return md_ref.morse_pair(rsq, self.d0, self.alpha, self.r0, self.energy_shift if shift is None else shift,
+                                 energy)
+
+    def device_params(self):
+        """Field values of the device functor's parameters (``PairMorse`` in kernels/md_params.py)."""
+        return {"rc_sq": self.rc ** 2, "d0": self.d0, "alpha": self.alpha, "r0": self.r0,
+                "eshift": self.energy_shift}
+
+
+POTENTIALS = {cls.name: cls for cls in (LennardJones, Morse)}
+
+
+def from_meta(meta, source=None):
+    """The potential a restart file describes (files without ``potential`` are Lennard-Jones)."""
+    fields = dict(meta)
+    cls = POTENTIALS.get(fields.pop("potential", "lj"))
+    if cls is None:
+        raise InputError(f"unknown potential {meta.get('potential')!r}", source)
+    try:
+        return cls(**{k: fields[k] for k in cls.__dataclass_fields__})
+    except KeyError as exc:
+        raise InputError(f"restart lacks parameter {exc}", source) from None

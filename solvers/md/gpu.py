@@ -14,15 +14,15 @@ restores the state saved at the chunk start, recaptures and redoes the chunk.
 """
 import numpy as np
 
-from ..kernels import cooperative, module
+from ..kernels import cooperative, md_params, module
 from ..backend import require_cupy
 from ..engine import GraphEngine
 from .thermo import UnstableRunError
 
 # Indices into the control block; kernels/md.cu defines the same.
-C_STEP, C_TARGET, C_REQ, C_REBUILD, C_BUILDS, C_STATUS, C_NBMAX, C_CELLMAX, C_BAD = range(9)
+C_STEP, C_TARGET, C_REQ, C_REBUILD, C_BUILDS, C_STATUS, C_NBMAX, C_CELLMAX, C_BAD, C_FORCED = range(10)
 CTL_SIZE = 16
-ST_RUNNING, ST_DONE, ST_OVERFLOW, ST_UNSTABLE = range(4)
+ST_RUNNING, ST_DONE, ST_OVERFLOW, ST_UNSTABLE, ST_REBUILD = range(5)
 BLOCK = 128
 RUN_BLOCK = 256  # md_run's threads per block (kernels/md.cu)
 # Below this many particles a step is latency bound: more lanes per particle, and the list build's
@@ -35,6 +35,13 @@ _CELL_ORDER_MIN = 20_000
 _KERNELS = ("md_cell_clear", "md_cell_bin", "md_cell_scan", "md_cell_sort", "md_neigh_build", "md_neigh_build_flat",
             "md_force")
 SCAN_THREADS = 1024
+
+
+def kernel_program(real, pair):
+    """Arguments of :func:`solvers.kernels.program` for the MD kernels: ``real`` "double" or "float",
+    ``pair`` the potential's functor (``PairLJ``, ``PairMorse``)."""
+    return dict(name="md", real=real, defines=(("MD_BLOCK", str(BLOCK)), ("MD_PAIR", pair)),
+                structs=md_params.all_structs(real, pair))
 
 
 def threads_per_particle(n):
@@ -102,13 +109,15 @@ class GpuBackend:
                  restart=None, neighbor_capacity=None, tpp=None, cell_order=None):
         cp = self._cp = require_cupy()
         self.real = np.float64 if precision == "double" else np.float32
-        mod = module("md", real="double" if precision == "double" else "float", defines=(("MD_BLOCK", str(BLOCK)),))
+        self._real_c, self._pair = ("double" if precision == "double" else "float"), forcefield.functor
+        mod = module(**kernel_program(self._real_c, self._pair))
         self._k = {name: mod.get_function(name) for name in _KERNELS}
         # md_run takes `unroll` steps a launch: the engine launches the body once a pass.
         self.unroll = int(unroll)
         self.engine = GraphEngine(_StepBody(self), mode, 1)
         self.mode, self.stream = self.engine.mode, self.engine.stream
         self.ff, self.integ, self.mass, self.n = forcefield, integrator, state.mass, state.n
+        self._params = None  # the packed MdParams; rebuilt when buffers move
         self.step, self.regrows = state.step, 0
         self.rlist = forcefield.rc + skin
         box = state.box
@@ -164,23 +173,38 @@ class GpuBackend:
         return self._cp.asarray(out)
 
     def _set_scalars(self, box, skin, ff, it):
-        r = self.real
-        self._box = tuple(r(b) for b in box)
-        self._per_len = tuple(r(c / b) for c, b in zip(self.ncell, box))
-        self._ncell = tuple(np.int32(c) for c in self.ncell)
-        self._dt, self._half_dt_m = r(it.dt), r(0.5 * it.dt / self.mass)
-        self._trigger_sq = r((0.5 * skin) ** 2)
-        self._max_move_sq = r((0.5 * self.rlist) ** 2)
-        self._rlist_sq = r(self.rlist ** 2)
-        self._lj = (r(ff.rc ** 2), r(ff.sigma ** 2), r(4.0 * ff.epsilon), r(24.0 * ff.epsilon),
-                    np.float64(ff.energy_shift))
+        self._box, self._skin = np.asarray(box, np.float64), float(skin)
+
+    def _param_values(self):
+        """Every MdParams field (kernels/md_params.py) for the current buffers."""
+        it, box = self.integ, self._box
         if it.langevin:
             seed = int(it.seed)
-            self._langevin = (np.int32(1), np.float64(self.mass / it.damp),
-                              np.float64(np.sqrt(24.0 * it.t_target * self.mass / (it.damp * it.dt))),
-                              np.uint32(seed & 0xFFFFFFFF), np.uint32(seed >> 32))
+            bath = {"on": 1, "gamma_m": self.mass / it.damp,
+                    "noise": np.sqrt(24.0 * it.t_target * self.mass / (it.damp * it.dt)),
+                    "seed_lo": seed & 0xFFFFFFFF, "seed_hi": seed >> 32}
         else:
-            self._langevin = (np.int32(0), np.float64(0), np.float64(0), np.uint32(0), np.uint32(0))
+            bath = {"on": 0, "gamma_m": 0.0, "noise": 0.0, "seed_lo": 0, "seed_hi": 0}
+        buffers = {name: getattr(self, name).data.ptr for name in (
+            "hold", "pe", "vir", "partial", "thermo", "nlist", "ncount", "order", "ids", "ctl", "cell_count",
+            "cell_atoms", "cell_sorted", "cell_pos", "cell_start")}
+        buffers.update(pos=self.x.data.ptr, pos_alt=self.x_alt.data.ptr, vel=self.v.data.ptr, frc=self.f.data.ptr,
+                       img=self.img.data.ptr)
+        return {**buffers, "n": self.n, "n_local": self.n, "tpp": self.tpp, "by_cell": int(self.build_by_cell),
+                "ncells": self.cell_count.size, "maxnb": self.maxnb, "count": self.unroll, "dt": it.dt,
+                "half_dt_m": 0.5 * it.dt / self.mass, "trigger_sq": (0.5 * self._skin) ** 2,
+                "max_move_sq": (0.5 * self.rlist) ** 2, "rlist_sq": self.rlist ** 2, "mass": self.mass,
+                "box": dict(zip(("lx", "ly", "lz"), box)),
+                "cells": {"nx": self.ncell[0], "ny": self.ncell[1], "nz": self.ncell[2], "cap": self.cellcap,
+                          "sx": self.ncell[0] / box[0], "sy": self.ncell[1] / box[1], "sz": self.ncell[2] / box[2]},
+                "bath": bath, "pair": self.ff.device_params()}
+
+    @property
+    def params(self):
+        """The packed MdParams every kernel takes (by value)."""
+        if self._params is None:
+            self._params = md_params.pack(self._real_c, self._pair, self._param_values())
+        return self._params
 
     def _allocate_lists(self):
         cp = self._cp
@@ -193,6 +217,7 @@ class GpuBackend:
         self.order = cp.arange(self.n, dtype=np.int32)
         self.nlist = cp.zeros(self.maxnb * self.n, np.int32)
         self.ncount = cp.zeros(self.n, np.int32)
+        self._params = None
 
     def _grow(self, ctl):
         """Enlarge what overflowed (the device recorded how much was needed)."""
@@ -206,41 +231,21 @@ class GpuBackend:
 
     # -- kernel launches ------------------------------------------------------------
     def _launch_rebuild(self, src, copy):
-        k, n = self._k, np.int32(self.n)
-        ncells = np.int32(self.cell_count.size)
-        k["md_cell_clear"](((int(ncells) + 255) // 256,), (256,), (self.cell_count, ncells, self.ctl))
-        k["md_cell_bin"]((self._grid,), (BLOCK,),
-                         (src, self.hold, self.cell_count, self.cell_atoms, np.int32(self.cellcap), self.ctl, n,
-                          *self._ncell, *self._per_len, np.int32(copy)))
-        by_cell = np.int32(self.build_by_cell)
-        if by_cell:
-            k["md_cell_scan"]((1,), (SCAN_THREADS,),
-                              (self.cell_count, self.cell_start, np.int32(self.cellcap), ncells, self.ctl))
-        k["md_cell_sort"](((int(ncells) * self.cellcap + BLOCK - 1) // BLOCK,), (BLOCK,),
-                          (self.cell_count, self.cell_atoms, self.cell_sorted, self.cell_pos, self.cell_start,
-                           self.order, by_cell, self.hold, np.int32(self.cellcap), ncells, self.ctl))
-        k["md_neigh_build_flat" if self.n < _SMALL_SYSTEM_MAX else "md_neigh_build"]((self._grid_tpp,), (BLOCK,),
-                            (self.hold, self.cell_count, self.cell_sorted, self.cell_pos, np.int32(self.cellcap),
-                             self.order, by_cell, self.nlist, self.ncount, np.int32(self.maxnb), self.ctl, n,
-                             np.int32(self.tpp), *self._ncell, *self._per_len, *self._box, self._rlist_sq))
+        k, p = self._k, self.params
+        ncells = self.cell_count.size
+        k["md_cell_clear"](((ncells + 255) // 256,), (256,), (p,))
+        k["md_cell_bin"]((self._grid,), (BLOCK,), (p, src, np.int32(copy)))
+        if self.build_by_cell:
+            k["md_cell_scan"]((1,), (SCAN_THREADS,), (p,))
+        k["md_cell_sort"](((ncells * self.cellcap + BLOCK - 1) // BLOCK,), (BLOCK,), (p,))
+        k["md_neigh_build_flat" if self.n < _SMALL_SYSTEM_MAX else "md_neigh_build"]((self._grid_tpp,), (BLOCK,), (p,))
 
     def _launch_force(self, while_handle, setup=False):
         self._k["md_force"]((self._grid_tpp,), (BLOCK,),
-                            (self.x, self.v, self.f, self.pe, self.vir, self.partial, self.thermo, self.nlist,
-                             self.ncount, self.order, np.int32(self.build_by_cell), self.ids, self.ctl,
-                             np.int32(self.n), np.int32(self.tpp), *self._box,
-                             *self._lj, self._half_dt_m, np.float64(self.mass), np.int32(setup), *self._langevin,
-                             np.uint64(while_handle)))
+                            (self.params, np.int32(setup), np.uint64(while_handle), np.int32(0)))
 
     def _launch_step(self, stream, loop):
-        self._run(self._grid_run,
-                  (self.x, self.x_alt, self.v, self.f, self.img, self.hold, self.pe, self.vir, self.partial,
-                   self.thermo, self.nlist, self.ncount, self.order, np.int32(self.build_by_cell), self.ids, self.ctl,
-                   np.int32(self.n), np.int32(self.tpp), self._dt, self._half_dt_m, *self._box, self._trigger_sq,
-                   self._max_move_sq, *self._lj, np.float64(self.mass), *self._langevin, self.cell_count,
-                   self.cell_atoms, self.cell_sorted, self.cell_pos, self.cell_start, np.int32(self.cellcap),
-                   np.int32(self.cell_count.size), *self._ncell, *self._per_len, np.int32(self.maxnb),
-                   self._rlist_sq, loop.condition("rebuild"), loop.handle, np.int32(self.unroll)), stream=stream)
+        self._run(self._grid_run, (self.params, loop.condition("rebuild"), loop.handle), stream=stream)
         with loop.if_then("rebuild", stream) as branch, branch:
             self._launch_rebuild(self.x, copy=True)
         with stream:
@@ -311,6 +316,10 @@ class GpuBackend:
         """Neighbour-list builds since setup."""
         with self.stream:
             return int(self.ctl[C_BUILDS].get())
+
+    def memory_bytes(self):
+        """Bytes of the device arrays this backend holds."""
+        return sum(a.nbytes for a in vars(self).values() if isinstance(a, self._cp.ndarray))
 
     def arrays(self):
         """Host copies of the per-particle arrays a restart needs."""

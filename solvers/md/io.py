@@ -14,13 +14,18 @@ RESTART_VERSION = 1
 class DumpWriter:
     """Append frames to an extended XYZ (``.xyz``, ``.extxyz``) or LAMMPS dump file.
 
-    Extended XYZ is what ASE (``ase.io.read(..., index=":")``) and OVITO read;
-    any other name gets a LAMMPS text dump (``id type x y z vx vy vz``).
-    A trailing ``.gz`` compresses either.
+    Extended XYZ is what ASE (``ase.io.read(..., index=":")``) and OVITO read:
+    ``species`` names the element (reduced LJ units name none; ``Ar`` is the
+    conventional choice), and velocities are written as ASE keeps them, momenta
+    beside the masses, so ``atoms.get_velocities()`` returns them. Any other name
+    gets a LAMMPS text dump (``id type x y z vx vy vz``). A trailing ``.gz``
+    compresses either.
     """
 
-    def __init__(self, path):
-        self.path = path
+    def __init__(self, path, species="Ar"):
+        if not species.isidentifier():
+            raise InputError(f"species must be an element name, got {species!r}", "--species")
+        self.path, self.species = path, species
         stem = path[:-3] if path.endswith(".gz") else path
         self.xyz = stem.endswith((".xyz", ".extxyz"))
         try:
@@ -37,9 +42,10 @@ class DumpWriter:
             o = " ".join(f"{c:.17g}" for c in state.origin)
             self._f.write(f"{state.n}\n")
             self._f.write(f'Lattice="{lx} 0 0 0 {ly} 0 0 0 {lz}" Origin="{o}" '
-                          f'Properties=species:S:1:pos:R:3:vel:R:3:id:I:1 Step={step} Time={time:.17g} pbc="T T T"\n')
-            rows = np.column_stack([data, state.ids])
-            np.savetxt(self._f, rows, fmt=["X %.17g"] + ["%.17g"] * 5 + ["%d"])
+                          f'Properties=species:S:1:pos:R:3:momenta:R:3:masses:R:1:id:I:1 Step={step} '
+                          f'Time={time:.17g} pbc="T T T"\n')
+            rows = np.column_stack([x, state.mass * state.velocities, np.full(state.n, state.mass), state.ids])
+            np.savetxt(self._f, rows, fmt=[f"{self.species} %.17g"] + ["%.17g"] * 6 + ["%d"])
         else:
             lo, hi = state.origin, state.origin + state.box
             self._f.write(f"ITEM: TIMESTEP\n{step}\nITEM: NUMBER OF ATOMS\n{state.n}\nITEM: BOX BOUNDS pp pp pp\n")

@@ -1,0 +1,76 @@
+"""The parameter struct of ``md.cu``: every MD kernel takes one ``MdParams`` by value.
+
+Defined once, here, with :class:`~.structs.Struct` (NumPy twin, C definition
+and layout checks generated into the program). Real-valued fields have the
+kernels' precision, so the structs are made per precision; the pair-potential
+parameters are a struct per potential, and ``MdParams.pair`` has the type of
+the potential a program is compiled for (``md.cu``'s functor of that name reads it).
+"""
+import functools
+
+from .structs import Struct
+
+# Pair functor of md.cu -> the fields of its parameters.
+PAIRS = {
+    "PairLJ": (("rc_sq", "real"), ("sigma_sq", "real"), ("eps4", "real"), ("eps24", "real"), ("eshift", "double")),
+    "PairMorse": (("rc_sq", "real"), ("d0", "real"), ("alpha", "real"), ("r0", "real"), ("eshift", "double")),
+}
+
+
+def _fields(spec, real):
+    return [(name, real if kind == "real" else kind) for name, kind in spec]
+
+
+@functools.lru_cache(maxsize=None)
+def potential_struct(real, pair):
+    """The parameters of the functor ``pair`` (``<pair>Params``); md.cu reads every potential's, so
+    programs define them all (:func:`all_structs`)."""
+    return Struct(f"{pair}Params", _fields(PAIRS[pair], real))
+
+
+def all_structs(real, pair):
+    """The structs a program compiled for ``pair`` defines: ``MdParams`` and every potential's parameters."""
+    return (params_struct(real, pair), *(potential_struct(real, p) for p in PAIRS if p != pair))
+
+
+@functools.lru_cache(maxsize=None)
+def params_struct(real, pair):
+    """``MdParams`` for ``real_t`` = ``real`` ("double" or "float") and the functor ``pair`` (a key of :data:`PAIRS`)."""
+    def fields(spec):
+        return _fields(spec, real)
+
+    box = Struct("Box", fields([("lx", "real"), ("ly", "real"), ("lz", "real")]))
+    # nx*ny*nz cells of capacity cap; s* = cells per unit length.
+    cells = Struct("Cells", fields([("nx", "int"), ("ny", "int"), ("nz", "int"), ("cap", "int"), ("sx", "real"),
+                                    ("sy", "real"), ("sz", "real")]))
+    # Langevin: gamma_m = m / damp, noise = sqrt(24 kT m / (damp dt)), Philox key (seed_lo, seed_hi).
+    bath = Struct("Bath", [("on", "int"), ("gamma_m", "double"), ("noise", "double"), ("seed_lo", "unsigned int"),
+                           ("seed_hi", "unsigned int")])
+    potential = potential_struct(real, pair)
+    vec4 = "struct vec4*"  # md.cu defines vec4; the elaborated name declares it here
+    return Struct("MdParams", [
+        ("pos", vec4), ("pos_alt", vec4), ("vel", vec4), ("frc", vec4), ("img", "int4*"), ("hold", vec4),
+        ("pe", "double*"), ("vir", "double*"), ("partial", "double*"), ("thermo", "double*"), ("nlist", "int*"),
+        ("ncount", "int*"), ("order", "int*"), ("ids", "const long long*"), ("ctl", "unsigned long long*"),
+        ("cell_count", "int*"), ("cell_atoms", "int*"), ("cell_sorted", "int*"), ("cell_pos", vec4),
+        ("cell_start", "int*"),
+        ("n", "int"),          # particles integrated, listed and forced (a rank's own)
+        ("n_local", "int"),    # particles binned: the n own, then ghost copies (n_local == n on one GPU)
+        ("tpp", "int"), ("by_cell", "int"), ("ncells", "int"), ("maxnb", "int"),
+        ("count", "int"),      # md_run: steps a launch at most
+        ("dt", real), ("half_dt_m", real), ("trigger_sq", real), ("max_move_sq", real), ("rlist_sq", real),
+        ("mass", "double"), ("box", box), ("cells", cells), ("bath", bath), ("pair", potential)])
+
+
+def pack(real, pair, values):
+    """One ``MdParams`` (a NumPy structured scalar, passed to kernels by value) from ``values``.
+
+    ``values`` maps every field to a number, a device array or address, or (nested
+    structs) a dict of that struct's fields.
+    """
+    struct = params_struct(real, pair)
+    missing = {name for name, _ in struct.fields} - set(values)
+    if missing:
+        raise KeyError(f"missing MdParams fields: {', '.join(sorted(missing))}")
+    nested = {name: kind for name, kind in struct.fields if isinstance(kind, Struct)}
+    return struct.pack(**{k: nested[k].pack(**v) if k in nested else v for k, v in values.items()})

@@ -1,0 +1,152 @@
+"""MD over GPU ranks against one GPU: steps/s of the same LJ liquid, one process versus N ranks.
+
+The system is LAMMPS ``bench/in.lj`` scaled (fcc, density 0.8442, T 1.44, rc 2.5,
+skin 0.3, dt 0.005, NVE). For every GPU count one MPI job is started
+(``mpiexec -n G``, or ``--mpiexec``); the 1-GPU job also times the single-process
+path (``while`` mode, one graph launch per chunk). Each run is warmed up (capture,
+NCCL set-up), then timed over steps ending in a thermo reduction. Prints a
+markdown table (speed-up over the single-process path and the overhead per step
+against it) and saves it under ``scripts/results/``.
+
+    python scripts/bench_dist_md.py --gpus 1 2 --sizes 32000 1048576 4194304
+    python scripts/bench_dist_md.py --gpus 1 2 --sizes 4000 --device cpu --precision double   # CPU ranks
+"""
+import argparse
+import datetime
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import time
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "scripts"))
+import provenance  # noqa: E402
+
+TAG = "BENCH "
+DENSITY, TEMP, SEED, RC, SKIN, DT = 0.8442, 1.44, 87287, 2.5, 0.3, 0.005
+
+
+def lattice_for(n):
+    """fcc cells (c, c, c) with 4 c^3 = n, or the nearest box of unequal edges (4 a b c = n)."""
+    c = round((n / 4) ** (1 / 3))
+    if 4 * c ** 3 == n:
+        return (c, c, c)
+    for a in range(c + 3, 0, -1):
+        for b in range(a, 0, -1):
+            if (n // 4) % (a * b) == 0 and 4 * a * b * ((n // 4) // (a * b)) == n:
+                return (a, b, (n // 4) // (a * b))
+    raise SystemExit(f"N = {n} is not 4 a b c")
+
+
+def timed(sim, seconds):
+    sim.run(100)  # capture, NCCL warm-up
+    rate = 100 / sim.run(100)
+    steps = int(min(max(rate * seconds, 200), 20000))
+    return steps / sim.run(steps), steps
+
+
+def worker(args):
+    """One MPI job (or a plain process for G = 1): rank 0 prints JSON lines."""
+    from solvers.distributed.comm import abort_on_error, world
+    from solvers.md import LennardJones, Simulation, VelocityVerlet, lattice_state
+
+    comm = world() if args.ranks > 1 else None
+    rank = 0 if comm is None else comm.Get_rank()
+
+    def body():
+        for n in args.sizes:
+            state = lattice_state(DENSITY, lattice_for(n), TEMP, SEED)
+            if comm is None:  # one GPU: the single-process path, the reference
+                name = "single process"
+                sim = Simulation(state, LennardJones(rc=RC), VelocityVerlet(DT), skin=SKIN, device=args.device,
+                                 mode="while" if args.device == "gpu" else "auto", precision=args.precision)
+            else:
+                name = "ranks"
+                sim = Simulation(state, LennardJones(rc=RC), VelocityVerlet(DT), skin=SKIN, device=args.device,
+                                 precision=args.precision, unroll=args.check_every, comm=comm)
+            sps, steps = timed(sim, args.seconds)
+            row = dict(n=state.n, gpus=args.ranks, path=name, steps_per_s=sps, steps=steps,
+                       grid="x".join(map(str, sim.rank_grid)), builds=sim.neighbor_builds,
+                       toteng=sim.thermo["TotEng"], mode=sim.mode)
+            if rank == 0:
+                print(TAG + json.dumps(row), flush=True)
+            del sim
+
+    if comm is None:
+        body()
+    else:
+        with abort_on_error(comm):
+            body()
+
+
+def launch(args, gpus, out_lines):
+    cmd = [sys.executable, __file__, "--worker", "--ranks", str(gpus), "--sizes", *map(str, args.sizes),
+           "--seconds", str(args.seconds), "--device", args.device, "--precision", args.precision]
+    if args.check_every:
+        cmd += ["--check-every", str(args.check_every)]
+    if gpus > 1:
+        from solvers.distributed.launch import mpiexec_command
+        cmd = [*(args.mpiexec.split() + ["-n", str(gpus)] if args.mpiexec else mpiexec_command(gpus)), *cmd]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "NCCL_NVLS_ENABLE": os.environ.get("NCCL_NVLS_ENABLE", "0")}
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    print(f"{gpus} GPU(s): {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+    out_lines += [json.loads(line[len(TAG):]) for line in proc.stdout.splitlines() if line.startswith(TAG)]
+
+
+def table(rows, args):
+    lines = ["| N | GPUs | path | rank grid | steps/s | us/step | speed-up vs 1 GPU | overhead vs 1 GPU (us/step) | "
+             "list builds |", "|---|---|---|---|---|---|---|---|---|"]
+    for n in args.sizes:
+        at = [r for r in rows if r["n"] == n or abs(r["n"] - n) < 4]
+        base = next((r for r in at if r["path"] == "single process"), None)
+        for r in sorted(at, key=lambda r: (r["gpus"], r["path"] != "single process")):
+            us = 1e6 / r["steps_per_s"]
+            speed = f"{r['steps_per_s'] / base['steps_per_s']:.2f}x" if base else "n/a"
+            over = f"{us - 1e6 / base['steps_per_s']:+.1f}" if base else "n/a"
+            label = "one process (while)" if r["path"] == "single process" else f"{r['gpus']} rank(s)"
+            lines.append(f"| {r['n']:,} | {r['gpus']} | {label} | {r['grid']} | {r['steps_per_s']:,.0f} | {us:.1f} | "
+                         f"{speed} | {over} | {r['builds']} |")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--gpus", type=int, nargs="+", default=[1, 2], help="GPU counts (one MPI job each)")
+    p.add_argument("--sizes", type=int, nargs="+", default=[32000, 1048576, 4194304], help="atoms")
+    p.add_argument("--seconds", type=float, default=2.0, help="target time per measurement")
+    p.add_argument("--device", choices=("gpu", "cpu"), default="gpu")
+    p.add_argument("--precision", choices=("mixed", "double"), default="mixed")
+    p.add_argument("--check-every", type=int, help="steps enqueued between status reads over ranks (default 4)")
+    p.add_argument("--mpiexec", help="launcher prefix instead of mpiexec (e.g. 'mpirun --allow-run-as-root')")
+    p.add_argument("--out", default=str(REPO / "scripts" / "results"))
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--ranks", type=int, default=1, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.worker:
+        worker(args)
+        return 0
+    rows = []
+    for gpus in args.gpus:
+        launch(args, gpus, rows)
+    stamp = datetime.datetime.now(datetime.timezone.utc)
+    text = (f"# MD over ranks, {stamp:%Y-%m-%d %H:%M} UTC, commit {provenance.commit()}, device {args.device}, "
+            f"{args.precision}\n\nLJ fcc liquid, density {DENSITY}, T0 {TEMP}, rc {RC}, skin {SKIN}, dt {DT}, NVE. "
+            "Speed-up and overhead are against the single-process path on one GPU (while mode).\n\n"
+            + table(rows, args) + "\n")
+    print(text)
+    os.makedirs(args.out, exist_ok=True)
+    path = pathlib.Path(args.out) / f"bench_dist_md_{stamp:%Y-%m-%d_%H%M}_{args.device}.md"
+    path.write_text(text)
+    (path.with_suffix(".json")).write_text(json.dumps(rows, indent=1))
+    print(f"saved {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,387 @@
+"""One MD simulation over GPU ranks: the step as captured graphs, ghosts over NCCL between them.
+
+The decomposition, ghost selection and migration are those of the CPU path
+(:mod:`.parallel`, :mod:`.domain`), done with CuPy at list builds. A step is
+an iteration of :class:`~solvers.engine.SegmentDriver`:
+
+* graph ``md_kick_drift``: first kick and drift of the own particles, the
+  displacement check (rebuild request) and the blow-up check, in ``ctl``;
+* on the side stream, graph ``md_pack`` (the send buffer, in each receiver's
+  frame) and the NCCL exchange of ghost positions straight into the tail of
+  the position buffer; meanwhile on the main stream an NCCL max-allreduce of
+  the control flags, so every rank sees the same decision;
+* graph ``md_force``: forces and second kick, unless the reduced flags ask for
+  a list build (or report a blow-up): then it records that in the status and
+  the following steps change nothing.
+
+The host enqueues ``unroll`` steps, then reads the status once; at an agreed
+list build it wraps the own particles into the box, migrates them, rebuilds the
+ghost plan and the lists, recaptures the graphs (sizes changed) and finishes
+the step. A rank works in its own frame: coordinates relative to its sub-box's
+corner less the ghost shell, without periodic images (the kernels get a box so
+large that nothing wraps).
+"""
+import numpy as np
+
+from ..backend import require_cupy
+from ..distributed.comm import DeviceComm
+from ..engine import Communicate, Join, Overlap, Segment, SegmentDriver
+from ..errors import DeviceError
+from ..kernels import md_params, module
+from .domain import Domain, choose_grid
+from .gpu import (BLOCK, C_BAD, C_BUILDS, C_CELLMAX, C_FORCED, C_NBMAX, C_REBUILD, C_REQ, C_STATUS, C_STEP,
+                  C_TARGET, CTL_SIZE, ST_DONE, ST_REBUILD, ST_RUNNING, ST_UNSTABLE, kernel_program,
+                  threads_per_particle)
+from .parallel import agreed
+from .simulation import STEPS_PER_CHECK
+from .thermo import UnstableRunError
+
+# Box edge the kernels see inside a rank's frame: minimum images and wrapping never apply.
+NO_PERIODS = 1e30
+_KERNELS = ("md_cell_clear", "md_cell_bin", "md_cell_sort", "md_neigh_build", "md_force", "md_kick_drift",
+            "md_pack")
+
+
+class DistGpuBackend:
+    """One rank's part of a distributed simulation on its GPU.
+
+    Parameters are those of :class:`~solvers.md.gpu.GpuBackend` plus ``comm``;
+    ``unroll`` is the number of steps enqueued between two reads of the status
+    (None: :data:`STEPS_PER_CHECK`).
+    Every rank passes the whole ``state`` (and ``restart``).
+    """
+
+    device = "gpu"
+    mode = "graph segments + NCCL"
+
+    def __init__(self, comm, state, forcefield, integrator, skin, *, precision, restart, unroll):
+        from ..distributed.gpu import bind_device
+        cp = self._cp = require_cupy()
+        self.comm, self.ranks = comm, comm.Get_size()
+        self.device_name = bind_device(comm)
+        self.real = np.float64 if precision == "double" else np.float32
+        self._real_c, self._pair = ("double" if precision == "double" else "float"), forcefield.functor
+        mod = module(**kernel_program(self._real_c, self._pair))
+        self._k = {name: mod.get_function(name) for name in _KERNELS}
+        self.check_every = STEPS_PER_CHECK if unroll is None else int(unroll)
+        self.ff, self.integ, self.mass = forcefield, integrator, state.mass
+        self.box, self.n_total, self.step = np.asarray(state.box, np.float64), state.n, state.step
+        self.skin, self.rlist = float(skin), forcefield.rc + skin
+        self.grid = choose_grid(self.box, self.ranks, self.rlist)
+        self.domain = Domain(self.box, self.grid, comm.Get_rank())
+        self.tpp = threads_per_particle(max(state.n // self.ranks, 1))
+        # My frame: origin at my sub-box's corner less the ghost shell (and half a skin of drift).
+        self.shell = self.rlist + 0.5 * self.skin
+        self.origin = self.domain.lo - self.shell
+        extent = self.domain.width + 2 * self.shell
+        self.ncell = np.maximum((extent // self.rlist).astype(np.int64), 1)
+        self.extent = extent
+        density = state.n / state.volume
+        self.maxnb = int(1.3 * density * 4.0 / 3.0 * np.pi * self.rlist ** 3 + 16)
+        self.cellcap = int(1.5 * density * np.prod(extent / self.ncell) + 8)
+        self.regrows = 0
+        try:
+            self.stream = cp.cuda.Stream(non_blocking=True)
+            side = cp.cuda.Stream(non_blocking=True, priority=-(2 ** 30))
+            self.driver = SegmentDriver(self.stream, side, cp.cuda.Event)
+            self.nccl = DeviceComm(comm)
+            self._setup_atoms(state, restart)
+        except cp.cuda.memory.OutOfMemoryError as exc:
+            raise DeviceError(f"out of GPU memory while setting up the simulation ({exc})") from None
+
+    # -- atoms, ghosts, lists --------------------------------------------------------
+    def _setup_atoms(self, state, restart):
+        cp = self._cp
+        hold = np.asarray(restart["hold"] if restart is not None else state.positions, np.float64)
+        mine = np.flatnonzero(self.domain.owners(hold) == self.domain.rank)
+        src = restart if restart is not None else {"positions": state.positions, "velocities": state.velocities,
+                                                   "images": state.images}
+        x = np.asarray(src["positions"], np.float64)[mine]
+        # Positions continued from the build positions (the frame of the saved list).
+        x = hold[mine] + (x - hold[mine] - self.box * np.rint((x - hold[mine]) / self.box))
+        with self.stream:
+            self.gidx = cp.asarray(mine)
+            self.ids = cp.asarray(state.ids[mine], dtype=np.int64)
+            self.v = self._vec4(np.asarray(src["velocities"])[mine])
+            self.img = self._vec4(np.asarray(src["images"])[mine], np.int32)
+            ctl = np.zeros(CTL_SIZE, np.uint64)
+            ctl[C_STEP] = ctl[C_FORCED] = self.step
+            ctl[C_BUILDS] = 0 if restart is None else int(restart["builds"])
+            self.ctl = cp.asarray(ctl)
+            self.thermo = cp.zeros(4, np.float64)
+            self._lay_out(self._vec4(x - self.origin), hold_from=self._vec4(hold[mine] - self.origin))
+            self._launch_force(setup=True)
+            self._sums = self._reduced_sums()
+            if restart is not None:
+                self.f[:, :3] = cp.asarray(np.asarray(restart["forces"])[mine], dtype=self.real)
+        self.stream.synchronize()
+
+    def _vec4(self, a, dtype=None):
+        out = np.zeros((len(a), 4), dtype or self.real)
+        out[:, :3] = np.asarray(a)[:, :3]
+        return self._cp.asarray(out)
+
+    def _lay_out(self, own, hold_from=None):
+        """Ghost plan, positions (own, then ghosts), lists and graphs for the own positions ``own`` (my frame).
+
+        ``hold_from``: the build positions the list is made from (a restart's), else ``own``.
+        """
+        cp = self._cp
+        n = len(own)
+        build = own if hold_from is None else hold_from
+        self._plan_ghosts(build)
+        g = self.ghosts
+        self.n, self.n_local = n, n + g
+        self.frame = cp.zeros((n + g, 4), self.real)
+        self.frame[:n] = build
+        self.hold = cp.zeros_like(self.frame)
+        self.f = cp.zeros((n, 4), self.real)
+        self.pe = cp.zeros(n, np.float64)
+        self.vir = cp.zeros(n, np.float64)
+        self.partial = cp.zeros(3 * max(1, -(-n * self.tpp // BLOCK)), np.float64)
+        self.sendbuf = cp.zeros((max(len(self.send_index), 1), 4), self.real)
+        self._allocate_lists()
+        self._pack(self.stream)
+        self._exchange(self.stream)
+        while True:  # the list from the build positions, grown until it fits
+            self.ctl[C_REBUILD] = 1
+            self.ctl[C_NBMAX] = 0
+            self.ctl[C_CELLMAX] = 0
+            self._launch_rebuild()
+            ctl = self.ctl.get()
+            if not (ctl[C_NBMAX] or ctl[C_CELLMAX]):
+                break
+            if ctl[C_CELLMAX]:
+                self.cellcap = int(ctl[C_CELLMAX] * 1.25) + 4
+            if ctl[C_NBMAX]:
+                self.maxnb = int(ctl[C_NBMAX] * 1.2) + 8
+            self.regrows += 1
+            self._allocate_lists()
+        self.ctl[C_REBUILD] = 0
+        if hold_from is not None:
+            self.frame[:n] = own
+            self._pack(self.stream)
+            self._exchange(self.stream)
+        self._capture_step()
+
+    def _plan_ghosts(self, own):
+        """Which own particles go to which rank, and where each rank's ghosts land (sizes agreed by MPI)."""
+        cp, dom = self._cp, self.domain
+        x = own[:, :3].astype(cp.float64) + cp.asarray(self.origin)  # global coordinates
+        index, shift, counts = [], [], np.zeros(self.ranks, np.int64)
+        for offset, peer, periodic in dom.neighbours():
+            sel = cp.flatnonzero(dom.near_faces(x, offset, self.rlist, xp=cp))
+            if sel.size == 0:
+                continue
+            peer_origin = Domain(self.box, self.grid, peer).lo - self.shell
+            # From my frame to the peer's: back to global, the periodic image, the peer's origin.
+            s = np.zeros(4)
+            s[:3] = self.origin + periodic - peer_origin
+            index.append((peer, sel))
+            shift.append((peer, len(sel), s))
+            counts[peer] += len(sel)
+        order = sorted(range(len(index)), key=lambda k: index[k][0])  # grouped by peer, offsets in order
+        self.send_index = (cp.concatenate([index[k][1] for k in order]).astype(np.int32) if order
+                           else cp.zeros(0, np.int32))
+        self.send_shift = (cp.asarray(np.concatenate([np.tile(shift[k][2], (shift[k][1], 1)) for k in order]),
+                                      dtype=self.real) if order else cp.zeros((0, 4), self.real))
+        self.send_counts = counts
+        self.recv_counts = np.array(self.comm.alltoall(counts.tolist()), np.int64)
+        self.ghosts = int(self.recv_counts.sum())
+
+    def _allocate_lists(self):
+        cp = self._cp
+        ncells = int(np.prod(self.ncell))
+        self.cell_count = cp.zeros(ncells, np.int32)
+        self.cell_atoms = cp.zeros(ncells * self.cellcap, np.int32)
+        self.cell_sorted = cp.zeros(ncells * self.cellcap, np.int32)
+        self.cell_pos = cp.zeros((ncells * self.cellcap, 4), self.real)
+        self.cell_start = cp.zeros(ncells, np.int32)
+        self.order = cp.arange(max(self.n, 1), dtype=np.int32)
+        self.nlist = cp.zeros(self.maxnb * max(self.n, 1), np.int32)
+        self.ncount = cp.zeros(max(self.n, 1), np.int32)
+        self.params = md_params.pack(self._real_c, self._pair, self._param_values())
+
+    def _param_values(self):
+        it = self.integ
+        if it.langevin:
+            seed = int(it.seed)
+            bath = {"on": 1, "gamma_m": self.mass / it.damp,
+                    "noise": np.sqrt(24.0 * it.t_target * self.mass / (it.damp * it.dt)),
+                    "seed_lo": seed & 0xFFFFFFFF, "seed_hi": seed >> 32}
+        else:
+            bath = {"on": 0, "gamma_m": 0.0, "noise": 0.0, "seed_lo": 0, "seed_hi": 0}
+        ptr = {name: getattr(self, name).data.ptr for name in (
+            "hold", "pe", "vir", "partial", "thermo", "nlist", "ncount", "order", "ids", "ctl", "cell_count",
+            "cell_atoms", "cell_sorted", "cell_pos", "cell_start")}
+        ptr.update(pos=self.frame.data.ptr, pos_alt=self.frame.data.ptr, vel=self.v.data.ptr, frc=self.f.data.ptr,
+                   img=self.img.data.ptr)
+        e = self.extent
+        return {**ptr, "n": self.n, "n_local": self.n_local, "tpp": self.tpp, "by_cell": 0,
+                "ncells": self.cell_count.size, "maxnb": self.maxnb, "count": 1, "dt": it.dt,
+                "half_dt_m": 0.5 * it.dt / self.mass, "trigger_sq": (0.5 * self.skin) ** 2,
+                "max_move_sq": (0.5 * self.rlist) ** 2, "rlist_sq": self.rlist ** 2, "mass": self.mass,
+                "box": {"lx": NO_PERIODS, "ly": NO_PERIODS, "lz": NO_PERIODS},
+                "cells": {"nx": self.ncell[0], "ny": self.ncell[1], "nz": self.ncell[2], "cap": self.cellcap,
+                          "sx": self.ncell[0] / e[0], "sy": self.ncell[1] / e[1], "sz": self.ncell[2] / e[2]},
+                "bath": bath, "pair": self.ff.device_params()}
+
+    # -- kernels and communication ----------------------------------------------------
+    def _launch_rebuild(self):
+        k, p, s = self._k, self.params, self.stream
+        ncells = self.cell_count.size
+        k["md_cell_clear"](((ncells + 255) // 256,), (256,), (p,), stream=s)
+        k["md_cell_bin"]((max(1, -(-self.n_local // BLOCK)),), (BLOCK,), (p, self.frame, np.int32(1)), stream=s)
+        k["md_cell_sort"](((ncells * self.cellcap + BLOCK - 1) // BLOCK,), (BLOCK,), (p,), stream=s)
+        k["md_neigh_build"]((max(1, -(-self.n * self.tpp // BLOCK)),), (BLOCK,), (p,), stream=s)
+
+    def _launch_force(self, setup=False, stream=None):
+        self._k["md_force"]((max(1, -(-self.n * self.tpp // BLOCK)),), (BLOCK,),
+                            (self.params, np.int32(setup), np.uint64(0), np.int32(1)), stream=stream or self.stream)
+
+    def _kick_drift(self, s):
+        self._k["md_kick_drift"]((max(1, -(-self.n // BLOCK)),), (BLOCK,), (self.params,), stream=s)
+
+    def _pack(self, s):
+        count = len(self.send_index)
+        if count:
+            self._k["md_pack"]((-(-count // BLOCK),), (BLOCK,),
+                               (self.params, self.send_index, self.send_shift, self.sendbuf, np.int32(count)),
+                               stream=s)
+
+    def _exchange(self, s):
+        """Ghost positions from their owners into the tail of the position buffer (one NCCL group)."""
+        nccl = self.nccl._nccl
+        dtype = nccl.NCCL_FLOAT64 if self.real == np.float64 else nccl.NCCL_FLOAT32
+        row = 4 * np.dtype(self.real).itemsize
+        sends, recvs = [], []
+        sent, received = 0, self.n
+        for peer in range(self.ranks):
+            if self.send_counts[peer]:
+                sends.append((self.sendbuf.data.ptr + sent * row, int(4 * self.send_counts[peer]), dtype, peer))
+                sent += int(self.send_counts[peer])
+            if self.recv_counts[peer]:
+                recvs.append((self.frame.data.ptr + received * row, int(4 * self.recv_counts[peer]), dtype, peer))
+                received += int(self.recv_counts[peer])
+        self.nccl.exchange((sends, recvs), s)
+
+    def _reduce_flags(self, s):
+        """ctl[C_REQ .. C_BAD] := their maxima over the ranks (one decision everywhere)."""
+        nccl = self.nccl._nccl
+        ptr = self.ctl.data.ptr + 8 * C_REQ
+        self.nccl.comm.allReduce(ptr, ptr, C_BAD - C_REQ + 1, nccl.NCCL_UINT64, nccl.NCCL_MAX, s.ptr)
+
+    def _capture_step(self):
+        cap = self.driver.capture
+        self._force_graph = cap(lambda s: self._launch_force(stream=s))
+        self.iteration = [Segment(cap(self._kick_drift)), Overlap(cap(self._pack), self._exchange),
+                          Communicate(self._reduce_flags), Join(), Segment(self._force_graph)]
+
+    # -- driver ----------------------------------------------------------------------
+    def _rebuild(self):
+        """The agreed list build at the current step: wrap, migrate, lay out again, finish the step's forces."""
+        cp = self._cp
+        n = self.n
+        x = self.frame[:n, :3].astype(cp.float64) + cp.asarray(self.origin)
+        wraps = cp.floor(x / cp.asarray(self.box))
+        x -= wraps * cp.asarray(self.box)
+        img = self.img[:, :3] + wraps.astype(np.int32)
+        fields = {"gidx": self.gidx, "ids": self.ids, "x": x, "v": self.v[:, :3].astype(cp.float64), "img": img}
+        owner = self.domain.owners(x, xp=cp)
+        keep = owner == self.domain.rank
+        outgoing = [None] * self.ranks
+        leaving = cp.asnumpy(owner[~keep])
+        for r in np.unique(leaving):
+            sel = owner == int(r)
+            outgoing[int(r)] = {k: cp.asnumpy(v[sel]) for k, v in fields.items()}
+        incoming = [p for p in self.comm.alltoall(outgoing) if p is not None]
+        merged = {k: cp.concatenate([v[keep]] + [cp.asarray(p[k]) for p in incoming]) for k, v in fields.items()}
+        order = cp.argsort(merged["gidx"])  # the same order whatever the message order
+        merged = {k: v[order] for k, v in merged.items()}
+        self.gidx, self.ids = merged["gidx"], merged["ids"]
+        self.v = self._cp.zeros((len(order), 4), self.real)
+        self.v[:, :3] = merged["v"]
+        self.img = self._cp.zeros((len(order), 4), np.int32)
+        self.img[:, :3] = merged["img"]
+        own = self._cp.zeros((len(order), 4), self.real)
+        own[:, :3] = merged["x"] - cp.asarray(self.origin)
+        self._lay_out(own)
+        self.ctl[C_REQ] = 0
+        self.ctl[C_STATUS] = ST_RUNNING
+        self.ctl[C_BUILDS] += 1
+        self._force_graph.launch(self.stream)
+
+    def _reduced_sums(self):
+        return tuple(float(v) for v in self.comm.allreduce(self.thermo.get()[:3]))
+
+    def advance(self, nsteps):
+        """Run ``nsteps`` timesteps (collective); return the reduced thermo sums at the last one."""
+        if nsteps <= 0:
+            return self._sums
+        target = self.step + nsteps
+        with self.stream:
+            self.ctl[C_TARGET] = target
+            self.ctl[C_STATUS] = ST_RUNNING
+            while True:
+                for _ in range(self.check_every):
+                    self.driver.enqueue(self.iteration)
+                ctl = self.ctl.get()  # every rank reads the same decision (reduced flags)
+                status = int(ctl[C_STATUS])
+                if status == ST_DONE:
+                    break
+                if status == ST_UNSTABLE:
+                    raise agreed(UnstableRunError(
+                        f"step {int(ctl[C_STEP])}: a particle moved more than half the neighbour cutoff in one "
+                        "step (or is not finite): the run blew up"))
+                if status == ST_REBUILD:
+                    self._rebuild()
+                elif status != ST_RUNNING:
+                    raise RuntimeError(f"device loop ended in state {status} before step {target}")
+            self.step = target
+            self._sums = self._reduced_sums()
+        return self._sums
+
+    # -- access ----------------------------------------------------------------------
+    @property
+    def x(self):
+        """The own particles' positions, in this rank's frame (offset from the box, not wrapped): a view."""
+        return self.frame[:self.n]
+
+    def sums(self):
+        """``(sum m v^2, sum E_pair, sum r.F)`` over all ranks at the current step."""
+        return self._sums
+
+    @property
+    def pe_atom(self):
+        """Per-particle pair energy of the own particles (CuPy)."""
+        return self.pe
+
+    @property
+    def builds(self):
+        """Neighbour-list builds since setup."""
+        with self.stream:
+            return int(self.ctl[C_BUILDS].get())
+
+    def memory_bytes(self):
+        """Bytes of the device arrays this rank holds."""
+        return sum(a.nbytes for a in vars(self).values() if isinstance(a, self._cp.ndarray))
+
+    def arrays(self):
+        """The restart arrays of all particles, in the starting state's order, on rank 0 (None elsewhere)."""
+        with self.stream:
+            x = self.frame[:self.n, :3].get().astype(np.float64) + self.origin
+            wraps = np.floor(x / self.box)
+            mine = {"gidx": self.gidx.get(), "positions": x - wraps * self.box,
+                    "images": self.img[:, :3].get().astype(np.int64) + wraps.astype(np.int64),
+                    "velocities": self.v[:, :3].get(), "forces": self.f[:, :3].get(),
+                    "hold": self.hold[:self.n, :3].get().astype(np.float64) + self.origin}
+        parts = self.comm.gather(mine, root=0)
+        if parts is None:
+            return None
+        gidx = np.concatenate([p["gidx"] for p in parts])
+        out = {}
+        for key in ("positions", "velocities", "images", "forces", "hold"):
+            values = np.concatenate([p[key] for p in parts])
+            out[key] = np.empty_like(values)
+            out[key][gidx] = values
+        return out

@@ -1,0 +1,84 @@
+"""One MD simulation over GPU ranks (one GPU each) against one GPU and the CPU, on every rank of an MPI job.
+
+Run on a machine with 2 GPUs as ``mpirun -n 2 -x NCCL_NVLS_ENABLE=0 python -m pytest -q
+tests/test_md_gpu_mpi.py`` (``tests/test_md_gpu_parallel.py`` does so). Skipped without an
+MPI launch; the ``gpu`` marker skips it without a GPU unless ``REQUIRE_GPU=1``.
+"""
+import numpy as np
+import pytest
+
+from solvers.distributed import launch
+
+if launch.world_size() < 2:
+    pytest.skip("needs an MPI launch with 2 or more ranks, one GPU each", allow_module_level=True)
+
+from mpi4py import MPI  # noqa: E402
+
+from solvers.md import Langevin, LennardJones, Morse, Simulation, VelocityVerlet, lattice_state, read_dump  # noqa: E402
+
+from test_md_cpu import KEYS, assert_reference, morse_reference  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+COMM = MPI.COMM_WORLD
+
+
+def thermo_of(sim):
+    return [[r[k] for k in KEYS] for r in sim.thermo_log]
+
+
+@pytest.mark.parametrize("integ", [VelocityVerlet(0.005), Langevin(0.005, 1.0, 0.5, seed=9)], ids=["nve", "langevin"])
+def test_200_steps_reproduce_one_process(integ):
+    state = lattice_state(cells=(10, 9, 11), seed=3)
+    cpu = Simulation(state, LennardJones(), integ, device="cpu")
+    cpu.run(200, thermo_every=20)
+    spread = Simulation(state, LennardJones(), integ, device="gpu", precision="double", comm=COMM)
+    assert spread.device == "gpu" and spread.ranks == COMM.size
+    spread.run(200, thermo_every=20)
+    assert spread.neighbor_builds == cpu.neighbor_builds > 10
+    np.testing.assert_allclose(thermo_of(spread), thermo_of(cpu), rtol=1e-10)
+    whole = spread.get_state()
+    if COMM.rank == 0:
+        np.testing.assert_allclose(whole.positions, cpu.positions, rtol=0, atol=1e-9)
+
+
+def test_reference_table(md_data_dir):
+    sim = Simulation(read_dump(str(md_data_dir / "in.lj_init.dump.gz")), LennardJones(rc=2.5),
+                     VelocityVerlet(0.005), device="gpu", precision="double", comm=COMM)
+    sim.run(100, thermo_every=10)
+    assert_reference(sim.thermo_log, rtol=1e-6)
+    assert sim.neighbor_builds == 11
+    mixed = Simulation(read_dump(str(md_data_dir / "in.lj_init.dump.gz")), LennardJones(rc=2.5),
+                       VelocityVerlet(0.005), device="gpu", comm=COMM)
+    assert mixed.precision == "mixed"
+    mixed.run(100, thermo_every=10)
+    assert_reference(mixed.thermo_log, rtol=1e-4)
+
+
+def test_morse_matches_lammps():
+    ref, _ = morse_reference()
+    sim = Simulation(lattice_state(0.8442, (6, 6, 6), 1.44, 87287), Morse(1.0, 6.0, 1.122462, rc=2.5),
+                     VelocityVerlet(0.005), device="gpu", precision="double", comm=COMM)
+    sim.run(200, thermo_every=50)
+    for key in KEYS:
+        np.testing.assert_allclose(sim.thermo_arrays()[key], ref[key], rtol=1e-8, err_msg=key)
+
+
+def test_restart_between_gpu_ranks_and_one_gpu(tmp_path_factory):
+    path = COMM.bcast(str(tmp_path_factory.mktemp("restart") / "r.npz") if COMM.rank == 0 else None)
+    state, integ = lattice_state(cells=(10, 10, 10), seed=6), Langevin(0.005, 1.0, 0.5, seed=2)
+    spread = Simulation(state, LennardJones(), integ, device="gpu", precision="double", comm=COMM)
+    spread.run(30)
+    spread.write_restart(path)
+    spread.run(30)
+    COMM.barrier()
+    alone = Simulation.from_restart(path, device="gpu")
+    alone.run(30)
+    np.testing.assert_allclose([alone.thermo[k] for k in KEYS], [spread.thermo[k] for k in KEYS], rtol=1e-10)
+    assert alone.neighbor_builds == spread.neighbor_builds
+
+
+def test_blowup_stops_every_rank():
+    from solvers.md import UnstableRunError
+    sim = Simulation(lattice_state(cells=(8, 8, 8)), LennardJones(), VelocityVerlet(0.5), device="gpu", comm=COMM)
+    with pytest.raises(UnstableRunError, match="blew up"):
+        sim.run(100, thermo_every=50)
