@@ -24,8 +24,6 @@
 #endif
 #define BLOCK 256
 
-enum { RUNNING = 0, CONVERGED = 1, MAX_ITERATIONS = 2, BREAKDOWN = 3, NOT_FINITE = 4 };
-
 // Publish this block's sums of v as partials[k * gridDim.x + blockIdx.x]; true in the last block to
 // finish, which then calls sum_partials. The ticket is reset by that block's thread 0.
 template <int K>
@@ -99,18 +97,6 @@ __device__ void direction_decision(State* st, double pq) {
     if (!isfinite(pq)) st->status = NOT_FINITE;
     else if (pq <= 0.0) st->status = BREAKDOWN;
     else st->alpha = st->rz / pq;
-}
-
-// The stopping rule of every PCG variant, in the order of solvers/pcg/cpu.py: `curvature` is r.z (or
-// the variant's equivalent), which must be finite and positive for the next step to exist.
-__device__ __forceinline__ int stop_reason(double rnorm, double tol, int it, int maxiter, double curvature,
-                                           bool finite) {
-    if (!isfinite(rnorm)) return NOT_FINITE;
-    if (rnorm <= tol) return CONVERGED;
-    if (it >= maxiter) return MAX_ITERATIONS;
-    if (!finite || !isfinite(curvature)) return NOT_FINITE;
-    if (curvature <= 0.0) return BREAKDOWN;
-    return RUNNING;
 }
 
 // x += alpha p (unless x is null), r_out = r - alpha q (unless start), z = M^-1 r_out over the rows

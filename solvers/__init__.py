@@ -7,6 +7,6 @@ __version__ = "0.1.0"
 DISTRIBUTION = "graphsolve-cuda"
 
 from .errors import DeviceError, InputError  # noqa: E402
-from .pcg import PCG, Reason, SolveResult, cg  # noqa: E402
+from .pcg import PCG, BatchedPCG, BatchResult, Reason, SolveResult, cg  # noqa: E402
 
-__all__ = ["cg", "PCG", "Reason", "SolveResult", "InputError", "DeviceError"]
+__all__ = ["cg", "PCG", "BatchedPCG", "BatchResult", "Reason", "SolveResult", "InputError", "DeviceError"]

@@ -138,3 +138,40 @@ def stencil27(shape, dtype=np.float64):
     A = sp.csr_matrix(A, dtype=dtype)
     A.sort_indices()
     return A
+
+
+def variable_diffusion(k, dtype=np.float64):
+    """Finite-volume ``-div(k grad u)`` on a 2-D grid of cells with coefficients ``k`` (Dirichlet walls).
+
+    Neighbouring cells i, j are coupled by the harmonic mean ``2 k_i k_j / (k_i + k_j)``;
+    a wall face adds ``2 k_i`` to its cell's diagonal (the wall half a cell away). SPD
+    for positive ``k``; ``k`` of shape ``(nx, ny)`` gives ``nx * ny`` unknowns.
+    """
+    k = np.asarray(k, dtype=np.float64)
+    nx, ny = k.shape
+    idx = np.arange(nx * ny).reshape(nx, ny)
+    diag = np.zeros((nx, ny))
+    rows, cols, vals = [], [], []
+    for axis in (0, 1):
+        a = [slice(None)] * 2
+        b = [slice(None)] * 2
+        a[axis], b[axis] = slice(0, -1), slice(1, None)
+        ka, kb = k[tuple(a)], k[tuple(b)]
+        w = 2.0 * ka * kb / (ka + kb)
+        diag[tuple(a)] += w
+        diag[tuple(b)] += w
+        rows += [idx[tuple(a)].ravel(), idx[tuple(b)].ravel()]
+        cols += [idx[tuple(b)].ravel(), idx[tuple(a)].ravel()]
+        vals += [-w.ravel(), -w.ravel()]
+        for edge in (0, -1):  # wall faces
+            e = [slice(None)] * 2
+            e[axis] = edge
+            diag[tuple(e)] += 2.0 * k[tuple(e)]
+    rows.append(idx.ravel())
+    cols.append(idx.ravel())
+    vals.append(diag.ravel())
+    A = sp.csr_matrix((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))),
+                      shape=(nx * ny, nx * ny), dtype=dtype)
+    A.sum_duplicates()
+    A.sort_indices()
+    return A

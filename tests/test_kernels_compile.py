@@ -60,3 +60,8 @@ def test_a_layout_mismatch_fails_to_compile(tmp_path):
     proc = subprocess.run([NVCC, "-arch=sm_90", "-std=c++17", "-c", "-o", str(tmp_path / "bad.o"), str(source)],
                           capture_output=True, text=True)
     assert proc.returncode != 0 and "host and device" in proc.stderr
+
+
+def test_batched_kernels_compile(tmp_path):
+    from solvers.pcg.batched import BATCH_RUN
+    compile_ok(kernels.program("batched", "double", before=("stopping",), structs=(BATCH_RUN,)), tmp_path)

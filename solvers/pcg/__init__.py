@@ -3,7 +3,8 @@
 Run ``python -m solvers.pcg --help`` for the command line.
 """
 from .api import cg
+from .batched import BatchedPCG, BatchResult
 from .result import Reason, SolveResult
 from .solver import PCG
 
-__all__ = ["cg", "PCG", "Reason", "SolveResult"]
+__all__ = ["cg", "PCG", "BatchedPCG", "BatchResult", "Reason", "SolveResult"]

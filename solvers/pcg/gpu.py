@@ -85,7 +85,8 @@ def kernel_program(matrix_format, real, run_block_size, gather_stored, stream_ma
     if stream_matrix:
         defines += (("STREAM_MATRIX", "1"),)
     structs = (STATE, PROGRESS) + tuple(v.struct(matrix_format.struct) for v in VARIANTS.values())
-    return dict(name="pcg", real=real, defines=defines, before=("matrix", matrix_format.name), structs=structs)
+    return dict(name="pcg", real=real, defines=defines, before=("stopping", "matrix", matrix_format.name),
+                structs=structs)
 
 
 def to_device_csr(A, dtype):

@@ -1,0 +1,30 @@
+"""NumPy meaning of ``batched.cu``: each system solved alone by classic PCG (the steps of ``pcg_ref``)."""
+import numpy as np
+
+from .pcg_ref import RUNNING, direction_product, pcg_update
+
+
+def solve_system(A, dinv, b, x, tol, maxiter):
+    """What ``batched_pcg``'s block does for one system: ``x`` (holding x0) becomes the solution.
+
+    Returns
+    -------
+    (int, int, float)
+        The stop code, the updates of ``x`` made and the recursive ``||r||`` at the stop.
+    """
+    state = dict(tol=tol, maxiter=maxiter, status=RUNNING, iteration=-1, parity=0, beta=0.0, rz=0.0,
+                 alpha=0.0, pq=0.0, rnorm=0.0)
+    r = b - A @ x
+    p0, p1 = np.zeros_like(b), np.zeros_like(b)
+    z = pcg_update(x, r, None, p0, p1, dinv, state, start=True)
+    while state["status"] == RUNNING:
+        q = direction_product(A, z, p0, p1, state)
+        if state["status"] != RUNNING:
+            break
+        z = pcg_update(x, r, q, p0, p1, dinv, state)
+    return state["status"], state["iteration"], state["rnorm"]
+
+
+def batched_residual_norms(blocks, b, x):
+    """``||b_s - A_s x_s||`` of every system."""
+    return np.array([np.linalg.norm(bs - A @ xs) for A, bs, xs in zip(blocks, b, x)])

@@ -1,0 +1,127 @@
+"""Batched PCG: many systems at once, each as if solved alone; failures stay with their system."""
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+import solvers
+from solvers.errors import InputError
+from solvers.gallery import poisson, variable_diffusion
+from solvers.pcg.result import Reason
+
+
+def diffusion_batch(count, shape=(8, 8), seed=0):
+    rng = np.random.default_rng(seed)
+    return [variable_diffusion(np.exp(rng.normal(size=shape))) for _ in range(count)]
+
+
+def alone(A, b, **options):
+    return solvers.PCG(A, device="cpu", **options).solve(b)
+
+
+@pytest.mark.parametrize("preconditioner", ["jacobi", "none"])
+def test_each_system_as_if_solved_alone(preconditioner):
+    mats = diffusion_batch(6)
+    rng = np.random.default_rng(1)
+    b = rng.standard_normal((6, 64))
+    res = solvers.BatchedPCG(mats, preconditioner=preconditioner, rtol=1e-9, device="cpu").solve(b)
+    assert res.x.shape == (6, 64) and res.converged.all()
+    for s, A in enumerate(mats):
+        ref = alone(A, b[s], preconditioner=preconditioner, rtol=1e-9)
+        assert res.iterations[s] == ref.iterations
+        np.testing.assert_array_equal(res.x[s], ref.x)  # the same algorithm, the same bits
+        assert res.true_residual_norms[s] == pytest.approx(ref.true_residual_norm, rel=1e-12)
+    assert np.all(res.relative_residuals < 1e-8)
+
+
+def test_one_pattern_with_many_value_arrays_and_an_initial_guess():
+    pattern = variable_diffusion(np.ones((5, 7)))
+    rng = np.random.default_rng(2)
+    values = np.array([variable_diffusion(np.exp(rng.normal(size=(5, 7)))).data for _ in range(4)])
+    batch = solvers.BatchedPCG.from_pattern(pattern, values, rtol=1e-10, device="cpu")
+    b = np.ones((4, 35))
+    x0 = rng.standard_normal((4, 35))
+    x0_copy = x0.copy()
+    res = batch.solve(b, x0)
+    assert np.array_equal(x0, x0_copy)
+    for s in range(4):
+        A = sp.csr_matrix((values[s], pattern.indices, pattern.indptr), shape=pattern.shape)
+        ref = alone(A, b[s], rtol=1e-10).x
+        np.testing.assert_allclose(res.x[s], ref, rtol=1e-8, atol=1e-10)
+
+
+def test_systems_of_different_sizes_come_back_as_a_list():
+    mats = [poisson((4, 4)), poisson((3, 5)), poisson((6,))]
+    b = [np.ones(16), np.arange(15.0), -np.ones(6)]
+    res = solvers.BatchedPCG(mats, rtol=1e-10, device="cpu").solve(b)
+    assert isinstance(res.x, list) and [v.size for v in res.x] == [16, 15, 6]
+    for A, bs, xs in zip(mats, b, res.x):
+        np.testing.assert_allclose(A @ xs, bs, atol=1e-8)
+
+
+def test_a_failing_system_is_reported_alone():
+    mats = diffusion_batch(4)
+    n = 64
+    indefinite = sp.diags(np.r_[np.ones(n // 2), -np.ones(n // 2)]).tocsr() + 0.05 * poisson((8, 8))
+    mats[1] = indefinite
+    b = np.ones((4, n))
+    b[2, 5] = np.nan
+    res = solvers.BatchedPCG(mats, preconditioner="none", rtol=1e-9, device="cpu").solve(b)
+    assert res.reasons[1] is Reason.BREAKDOWN and res.info[1] == -1
+    assert res.reasons[2] is Reason.NOT_FINITE and res.info[2] == -2
+    assert res.reasons[0] is res.reasons[3] is Reason.CONVERGED
+    ok = alone(mats[3], b[3], preconditioner="none", rtol=1e-9)
+    np.testing.assert_array_equal(res.x[3], ok.x)
+    res = solvers.BatchedPCG(mats[:1], rtol=1e-9, device="cpu").solve(b[:1], maxiter=3)
+    assert res.reasons[0] is Reason.MAX_ITERATIONS and res.iterations[0] == 3
+
+
+def test_bad_input_names_the_system():
+    mats = diffusion_batch(3)
+    bad = mats[2].tolil()
+    bad[4, 4] = -1.0
+    with pytest.raises(InputError, match="system 2: Jacobi preconditioner needs a positive diagonal"):
+        solvers.BatchedPCG(mats[:2] + [bad.tocsr()], device="cpu")
+    with pytest.raises(InputError, match="system 1: the matrix must be square"):
+        solvers.BatchedPCG([mats[0], sp.csr_matrix(np.ones((2, 3)))], device="cpu")
+    batch = solvers.BatchedPCG(mats, device="cpu")
+    with pytest.raises(InputError, match="b has 2 systems, expected 3"):
+        batch.solve(np.ones((2, 64)))
+    with pytest.raises(InputError, match=r"b: system 1 has shape \(63,\)"):
+        batch.solve([np.ones(64), np.ones(63), np.ones(64)])
+    with pytest.raises(InputError, match="values must have shape"):
+        solvers.BatchedPCG.from_pattern(mats[0], np.ones((2, 3)), device="cpu")
+
+
+def test_numpy_reference_of_the_kernel_is_the_cpu_solver():
+    from solvers.kernels.batched_ref import solve_system
+    A = variable_diffusion(np.exp(np.random.default_rng(4).normal(size=(9, 9))))
+    b = np.random.default_rng(5).standard_normal(81)
+    x = np.zeros(81)
+    code, its, rnorm = solve_system(A, 1.0 / A.diagonal(), b, x, 1e-9 * np.linalg.norm(b), 1000)
+    ref = alone(A, b, rtol=1e-9)
+    assert Reason(code) is ref.reason and its == ref.iterations
+    np.testing.assert_allclose(x, ref.x, rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.gpu
+def test_gpu_batch_agrees_with_cpu_and_isolates_failures():
+    cupy = pytest.importorskip("cupy")
+    mats = diffusion_batch(40, shape=(12, 10), seed=7)
+    n = 120
+    mats[3] = sp.diags(np.r_[np.ones(n // 2), -np.ones(n // 2)]).tocsr() + 0.05 * poisson((12, 10))
+    b = np.random.default_rng(8).standard_normal((40, n))
+    b[7, 0] = np.inf
+    cpu = solvers.BatchedPCG(mats, preconditioner="none", rtol=1e-9, device="cpu").solve(b)
+    gpu_batch = solvers.BatchedPCG(mats, preconditioner="none", rtol=1e-9, device="gpu")
+    gpu = gpu_batch.solve(b)
+    again = gpu_batch.solve(b)
+    assert isinstance(gpu.x, cupy.ndarray) and cupy.array_equal(gpu.x, again.x)  # no scheduling effect
+    assert gpu.reasons == cpu.reasons
+    assert gpu.reasons[3] is Reason.BREAKDOWN and gpu.reasons[7] is Reason.NOT_FINITE
+    ok = [s for s in range(40) if s not in (3, 7)]
+    assert np.all(np.abs(gpu.iterations[ok] - cpu.iterations[ok]) <= 1)
+    np.testing.assert_allclose(gpu.x.get()[ok], cpu.x[ok], rtol=1e-6, atol=1e-8)
+    assert np.all(gpu.relative_residuals[ok] < 2e-9)
+    jac = solvers.BatchedPCG(mats[:3], rtol=1e-10, device="gpu").solve(b[:3])
+    ref = solvers.BatchedPCG(mats[:3], rtol=1e-10, device="cpu").solve(b[:3])
+    np.testing.assert_allclose(jac.x.get(), ref.x, rtol=1e-7, atol=1e-9)
