@@ -1,0 +1,100 @@
+"""SIGINT and SIGTERM in the command-line tools: stop cleanly, leave no half-written file.
+
+Inside :func:`handled` the two signals raise :class:`Interrupted` in the main
+thread, so ``with`` blocks unwind (an output being written is abandoned, its
+temporary file removed) and the CLI prints one line and exits with
+``128 + signal number`` (130 for SIGINT, 143 for SIGTERM), as shells expect.
+Code that must not be cut in two (the rename that publishes a finished file)
+runs inside :func:`deferred`: a signal arriving there is acted on right after.
+After the first signal, further ones are ignored so that the clean-up itself
+cannot be interrupted.
+"""
+import contextlib
+import functools
+import signal
+import sys
+import threading
+
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class Interrupted(BaseException):
+    """The run was stopped by a signal (a BaseException: ``except Exception`` lets it pass).
+
+    Attributes
+    ----------
+    signum : int
+    exit_code : int
+        ``128 + signum``.
+    """
+
+    def __init__(self, signum):
+        self.signum = int(signum)
+        self.exit_code = 128 + self.signum
+        super().__init__(f"interrupted by {signal.Signals(self.signum).name}")
+
+
+class _State:
+    active = False      # handlers installed by `handled`
+    deferring = 0       # depth of `deferred` sections
+    pending = None      # signal received inside a deferred section
+    raised = False      # Interrupted raised once already
+
+
+def _handler(signum, frame):
+    if _State.raised:
+        return  # clean-up after the first signal runs to its end
+    if _State.deferring:
+        _State.pending = signum
+        return
+    _State.raised = True
+    raise Interrupted(signum)
+
+
+@contextlib.contextmanager
+def handled():
+    """Turn SIGINT and SIGTERM into :class:`Interrupted` while the block runs (main thread only).
+
+    Elsewhere (another thread, or handlers already installed by an outer
+    block) this does nothing. The previous handlers come back at the end.
+    """
+    if _State.active or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {s: signal.getsignal(s) for s in SIGNALS}
+    _State.active, _State.deferring, _State.pending, _State.raised = True, 0, None, False
+    try:
+        for s in SIGNALS:
+            signal.signal(s, _handler)
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+        _State.active = False
+
+
+@contextlib.contextmanager
+def deferred():
+    """Hold SIGINT/SIGTERM until the block has finished, then raise :class:`Interrupted`."""
+    _State.deferring += 1
+    try:
+        yield
+    finally:
+        _State.deferring -= 1
+    if not _State.deferring and _State.pending is not None and not _State.raised:
+        signum, _State.pending = _State.pending, None
+        _State.raised = True
+        raise Interrupted(signum)
+
+
+def exits_cleanly(main):
+    """Decorate a CLI's ``main``: a signal ends it with one line on stderr and ``128 + signal``."""
+    @functools.wraps(main)
+    def run(*args, **kwargs):
+        with handled():
+            try:
+                return main(*args, **kwargs)
+            except Interrupted as exc:
+                print(f"error: {exc}", file=sys.stderr, flush=True)
+                return exc.exit_code
+    return run
