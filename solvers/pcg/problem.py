@@ -4,7 +4,8 @@ import os
 
 import numpy as np
 
-from ..mmio import read_matrix, read_vector
+from ..mmio import read_header, read_matrix, read_vector
+from ..resources import require_host_memory
 
 
 @dataclasses.dataclass
@@ -39,19 +40,26 @@ class Problem:
         return float(np.linalg.norm(x - self.x_exact) / np.linalg.norm(self.x_exact))
 
 
-def load_problem(matrix, rhs=None, x0=None, dtype=np.float64):
+def load_problem(matrix, rhs=None, x0=None):
     """Read and validate matrix, right-hand side and initial guess.
 
     Without ``rhs``, ``b = A @ ones`` so that the error against the exact
-    solution can be reported.
+    solution can be reported. Everything is kept in float64, whatever
+    precision the solve runs in: the solver rounds it to its precision,
+    after scaling a system whose entries lie outside that precision's range.
+    Before anything is read, the memory the matrix and vectors take is
+    estimated from the header and checked against the memory available.
     """
-    A = read_matrix(matrix, dtype=dtype)
-    n = A.shape[0]
+    header = read_header(matrix)
+    n = header.rows
+    require_host_memory(8 * n * 3 + 16 * header.entries + 8 * (n + 1),
+                        f"a {n:,}-row system with up to {header.entries:,} nonzeros", matrix)
+    A = read_matrix(matrix)
     x_exact = None
     if rhs is None:
-        x_exact = np.ones(n, dtype=dtype)
+        x_exact = np.ones(n)
         b = A @ x_exact
     else:
-        b = read_vector(rhs, n=n, dtype=dtype)
-    x0v = read_vector(x0, n=n, dtype=dtype) if x0 is not None else None
+        b = read_vector(rhs, n=n)
+    x0v = read_vector(x0, n=n) if x0 is not None else None
     return Problem(os.path.basename(matrix), A, b, x0v, x_exact)
