@@ -22,6 +22,10 @@ class InputError(ValueError):
         self.problem = message
         super().__init__(f"{source}: {message}" if source else message)
 
+    def naming(self, source):
+        """This error, or the same problem attributed to ``source`` when it names no source yet."""
+        return self if self.source else InputError(self.problem, source)
+
 
 class DeviceError(RuntimeError):
     """The requested device cannot be used (no GPU, no CuPy, out of memory)."""

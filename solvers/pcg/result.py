@@ -1,18 +1,27 @@
 """The outcome of one PCG solve, shared by every device and driver."""
 import dataclasses
 import enum
+import math
 
 import numpy as np
 
+#: A solve counts as converged only when the true residual ``||b - A x||``, recomputed from the
+#: returned ``x``, is at most this many times the tolerance. The recursive residual the iteration
+#: stops on drifts from the true one through rounding; in float64 the two agree to well within this
+#: factor, while in float32 a tolerance below what the precision can reach stops with a true
+#: residual tens to thousands of times the tolerance.
+TRUE_RESIDUAL_SLACK = 2.0
+
 
 class Reason(enum.IntEnum):
-    """Why a solve stopped. The values are the codes the GPU status word holds."""
+    """Why a solve stopped. The values below 5 are the codes the GPU status word holds."""
 
     RUNNING = 0
     CONVERGED = 1
     MAX_ITERATIONS = 2
     BREAKDOWN = 3      # p.Ap <= 0 or r.z <= 0: matrix or preconditioner not positive definite
     NOT_FINITE = 4     # NaN or Inf appeared in the recurrences
+    INACCURATE = 5     # set on the host: the recursion converged, the true residual does not confirm it
 
     @property
     def label(self):
@@ -22,15 +31,34 @@ class Reason(enum.IntEnum):
             Reason.MAX_ITERATIONS: "max iterations reached",
             Reason.BREAKDOWN: "breakdown (matrix or preconditioner not positive definite)",
             Reason.NOT_FINITE: "NaN or Inf encountered",
+            Reason.INACCURATE: "the recursive residual converged, the true residual is above the tolerance "
+                               "(precision limit)",
         }[self]
 
     def info(self, iterations):
         """SciPy's ``info``: 0 converged, iterations when not converged, < 0 breakdown."""
         if self is Reason.CONVERGED:
             return 0
-        if self is Reason.MAX_ITERATIONS:
+        if self in (Reason.MAX_ITERATIONS, Reason.INACCURATE):
             return max(int(iterations), 1)
         return -1 if self is Reason.BREAKDOWN else -2
+
+
+def confirmed(reason, true_residual_norm, tolerance):
+    """``reason``, unless the true residual contradicts it (then INACCURATE or NOT_FINITE).
+
+    Parameters
+    ----------
+    reason : Reason
+        What the iteration decided.
+    true_residual_norm, tolerance : float
+        ``||b - A x||`` recomputed from the returned ``x``, and the absolute threshold.
+    """
+    if reason is not Reason.CONVERGED:
+        return reason
+    if not math.isfinite(true_residual_norm):
+        return Reason.NOT_FINITE
+    return reason if true_residual_norm <= TRUE_RESIDUAL_SLACK * tolerance else Reason.INACCURATE
 
 
 @dataclasses.dataclass

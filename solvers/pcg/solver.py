@@ -1,4 +1,11 @@
-"""The reusable PCG solver object: set up once, solve many right-hand sides."""
+"""The reusable PCG solver object: set up once, solve many right-hand sides.
+
+What every device shares lives here, above the CPU and GPU implementations:
+input checks (real, finite, square), the memory check before allocating, the
+power-of-two scaling of badly scaled systems (:mod:`.scaling`) and the check
+of a converged result against its true residual.
+"""
+import math
 import time
 
 import numpy as np
@@ -8,24 +15,80 @@ import scipy.sparse.linalg as spla
 from ..backend import is_device_array, require_cupy, resolve_device
 from ..errors import DeviceError, InputError
 from ..reorder import choose_reordering
+from ..resources import require_device_memory, require_host_memory
+from . import scaling
 from .cpu import CPUPCG, resolve_variant
 from .preconditioners import make_preconditioner
-from .result import SolveResult
+from .result import SolveResult, confirmed
 
 DTYPES = ("float64", "float32")
+# Vectors a solve holds besides the matrix: x, b, r, z, p, q and the true residual on the CPU;
+# single-reduction's extra pairs and the history on the GPU stay below this count.
+_WORK_VECTORS = 12
 
 
 class _OperatorPreconditioner:
-    """Wrap a user's ``M`` (LinearOperator, matrix or callable) as ``M^{-1}`` action on the CPU."""
+    """Wrap a user's ``M`` (LinearOperator, matrix or callable) as ``M^{-1}`` action on the CPU.
+
+    ``shift`` is the power of two ``A`` was scaled by: the action is scaled by
+    its inverse, so that ``M`` stays an approximation of the scaled matrix.
+    """
 
     name = "user"
     inverse_diagonal = None
 
-    def __init__(self, M):
+    def __init__(self, M, shift=0):
         self._apply = spla.aslinearoperator(M).matvec
+        self.shift = shift
 
     def apply(self, r):
-        return self._apply(r)
+        z = self._apply(r)
+        return np.ldexp(z, -self.shift) if self.shift else z
+
+
+def _is_complex(obj):
+    """True for complex arrays, matrices and operators (lists and scalars included)."""
+    dtype = getattr(obj, "dtype", None)
+    if dtype is None and not isinstance(obj, spla.LinearOperator) and not callable(obj):
+        try:
+            dtype = np.asarray(obj).dtype
+        except (TypeError, ValueError):
+            return False
+    return dtype is not None and np.dtype(dtype).kind == "c"
+
+
+def refuse_complex(obj, name):
+    """Raise :class:`InputError` for complex input: CG here solves real systems only."""
+    if _is_complex(obj):
+        raise InputError(f"{name} must be real, got dtype {np.dtype(obj.dtype if hasattr(obj, 'dtype') else complex)}"
+                         " (complex systems are not supported)")
+
+
+def _entries(A):
+    """Stored entries of a matrix (its size when dense; 0 for an operator)."""
+    if isinstance(A, spla.LinearOperator):
+        return 0
+    nnz = getattr(A, "nnz", None)
+    return int(nnz) if nnz is not None else int(np.prod(getattr(A, "shape", (0,))))
+
+
+def host_bytes(n, nnz, dtype, copies_matrix=True):
+    """Host memory a CPU solve of ``n`` rows and ``nnz`` entries takes, matrix copy included."""
+    itemsize = np.dtype(dtype).itemsize
+    return _WORK_VECTORS * n * itemsize + (nnz * (itemsize + 4) + 8 * (n + 1) if copies_matrix else 0)
+
+
+def device_bytes(n, nnz, dtype):
+    """GPU memory a solve takes at least: the matrix (values and 32-bit column indices) and the vectors."""
+    itemsize = np.dtype(dtype).itemsize
+    return nnz * (itemsize + 4) + 4 * (n + 1) + _WORK_VECTORS * n * itemsize
+
+
+def _as_array(v):
+    """A host or device vector as an array whose entries can be scaled."""
+    if is_device_array(v):
+        return scaling._device_array(v)
+    return np.asarray(v)
 
 
 def _is_cupy_sparse(A):
@@ -38,6 +101,7 @@ def _host_matrix(A, dtype):
     if isinstance(A, spla.LinearOperator):
         return A
     if sp.issparse(A):
+        given = A.data
         A = sp.csr_matrix(A, dtype=dtype)
     else:
         A = np.asarray(A)
@@ -45,9 +109,15 @@ def _host_matrix(A, dtype):
             raise InputError(f"A must be 2-D, got shape {A.shape}")
         if not np.issubdtype(A.dtype, np.number) or np.iscomplexobj(A):
             raise InputError(f"A must be real, got dtype {A.dtype}")
+        given = A
         A = sp.csr_matrix(A.astype(dtype))
     if not np.all(np.isfinite(A.data)):
         raise InputError("A has NaN or Inf entries")
+    if np.dtype(given.dtype).itemsize > np.dtype(dtype).itemsize:
+        flushed = np.count_nonzero(given) - np.count_nonzero(A.data)
+        if flushed:
+            raise InputError(f"{flushed} nonzero entries of A are too small to be held in {np.dtype(dtype)} next "
+                             f"to its largest ones (they would become 0); use float64")
     return A
 
 
@@ -99,29 +169,43 @@ class PCG:
                  device="auto", mode="auto", dtype="float64", unroll=32, record_history=False,
                  variant="auto", matrix_format="auto", reorder="auto"):
         t0 = time.perf_counter()
-        if str(np.dtype(dtype)) not in DTYPES:
+        try:
+            dtype_name = str(np.dtype(dtype))
+        except TypeError:
+            dtype_name = str(dtype)
+        if dtype_name not in DTYPES:
             raise InputError(f"dtype must be float64 or float32, not {dtype}")
         self.dtype = np.dtype(dtype)
-        self.rtol, self.atol, self.maxiter = float(rtol), float(atol), maxiter
+        self.rtol, self.atol, self.maxiter = check_tolerances(rtol, atol, maxiter)
+        refuse_complex(A, "A")
+        if M is not None:
+            refuse_complex(M, "M")
         self.record_history = record_history
         self.device, self.device_note = self._choose_device(A, M, device, mode)
         self._order, self.reordering = self._choose_reordering(A, reorder)
         if self._order is not None:
             A = self._order.matrix(self._where_solved(A))
         self.reorder_time = self._order.seconds if self._order is not None else 0.0
+        self._a_shift = self._shift_for(A)
+        A = scaling.scaled(A, self._a_shift)
+        n, nnz = (getattr(A, "shape", None) or (0, 0))[0], _entries(A)
         if self.device == "cpu":
             if matrix_format != "auto":
                 raise InputError(f"matrix format {matrix_format!r} is a GPU storage; "
                                  "the CPU solver takes 'auto'")
             if mode not in ("auto", "eager"):
                 raise DeviceError(f"mode {mode!r} runs CUDA graphs and needs a GPU; use --mode eager or auto on the CPU")
+            copies = not (sp.isspmatrix_csr(A) and A.dtype == self.dtype)
+            require_host_memory(host_bytes(n, nnz, self.dtype, copies), f"a PCG solve of {n:,} rows")
             A = _host_matrix(A, self.dtype)
             self.shape = A.shape
             variant = resolve_variant(variant, A.shape[0], "cpu")
-            precond = _OperatorPreconditioner(M) if M is not None else make_preconditioner(preconditioner, A)
+            precond = (_OperatorPreconditioner(M, self._a_shift) if M is not None
+                       else make_preconditioner(preconditioner, A))
             self._impl = CPUPCG(A, precond, self.dtype, variant)
         else:
             from .gpu import GPUPCG
+            require_device_memory(device_bytes(n, nnz, self.dtype), f"a PCG solve of {n:,} rows")
             self._impl = GPUPCG(A, preconditioner, self.dtype, mode, unroll, record_history, variant,
                                 matrix_format)
             self.shape = self._impl.shape
@@ -145,6 +229,11 @@ class PCG:
         if reorder == "auto" and (_is_cupy_sparse(A) or is_device_array(A)):
             return None, "none (the matrix is on the GPU)"
         return choose_reordering(A.get() if _is_cupy_sparse(A) else A, reorder, self.device)
+
+    def _shift_for(self, A):
+        """The power of two that brings ``A``'s entries into the working precision's safe band."""
+        largest = scaling.largest_entry(A)
+        return 0 if largest is None else scaling.shift_for(largest, self.dtype)
 
     @staticmethod
     def _choose_device(A, M, device, mode):
@@ -182,6 +271,9 @@ class PCG:
         On the GPU the new values are copied in place and the captured graph
         is reused; a different pattern sets the solver up again.
         """
+        refuse_complex(A, "A")
+        shift = self._shift_for(A)
+        A = scaling.scaled(A, shift)
         if self.device == "cpu":
             A = _host_matrix(A, self.dtype)
             if A.shape != self.shape:
@@ -189,8 +281,11 @@ class PCG:
             self._impl.update_values(A)
             if self.preconditioner != "user":
                 self._impl.M = make_preconditioner(self.preconditioner, A)
+            else:
+                self._impl.M.shift = shift
         else:
             self._impl.update_values(A)
+        self._a_shift = shift
 
     def solve(self, b, x0=None, *, rtol=None, atol=None, maxiter=None, callback=None, progress=None):
         """Solve ``A x = b``.
@@ -215,33 +310,73 @@ class PCG:
         SolveResult
         """
         n = self.shape[0]
-        rtol = self.rtol if rtol is None else float(rtol)
-        atol = self.atol if atol is None else float(atol)
-        maxiter = (self.maxiter if self.maxiter is not None else 10 * n) if maxiter is None else int(maxiter)
-        if maxiter < 0:
-            raise InputError(f"maxiter must be >= 0, got {maxiter}")
-        if rtol < 0 or atol < 0:
-            raise InputError("rtol and atol must be >= 0")
-        t0 = time.perf_counter()
-        b = self._impl.check_vector(b, "b")
+        rtol, atol, maxiter = check_tolerances(self.rtol if rtol is None else rtol,
+                                               self.atol if atol is None else atol,
+                                               self.maxiter if maxiter is None else maxiter)
+        maxiter = 10 * n if maxiter is None else maxiter
+        refuse_complex(b, "b")
         if x0 is not None:
-            x0 = self._impl.check_vector(x0, "x0")
+            refuse_complex(x0, "x0")
+        t0 = time.perf_counter()
+        with np.errstate(over="ignore", under="ignore"):  # a b out of range is scaled just below
+            bv = self._impl.check_vector(b, "b")
+            b_norm = self._impl.norm(bv)
+        b_shift = scaling.rhs_shift(b_norm, self.dtype, lambda: scaling.largest_entry(b))
+        if b_shift:
+            bv = self._impl.check_vector(scaling.scaled(_as_array(b), b_shift), "b")
+            b_norm = self._impl.norm(bv)
+        x_shift = b_shift - self._a_shift  # the scaled system's solution is x * 2**x_shift
+        if x0 is not None:
+            x0 = self._impl.check_vector(scaling.scaled(_as_array(x0), x_shift) if x_shift else x0, "x0")
         order = self._order
         if order is not None:
-            b = order.forward(b)
+            bv = order.forward(bv)
             x0 = None if x0 is None else order.forward(x0)
-            if callback is not None:
-                user_callback = callback
-                callback = lambda xk: user_callback(order.backward(xk))  # noqa: E731
-        b_norm = self._impl.norm(b)
-        tol = max(atol, rtol * b_norm)
-        x, reason, its, rnorm, history = self._impl.solve(b, x0, tol, maxiter, callback, self.record_history,
+        tol = max(math.ldexp(atol, b_shift), rtol * b_norm)
+        if callback is not None and (order is not None or x_shift):
+            user_callback = callback
+
+            def callback(xk):  # the caller's numbering and scale
+                user_callback(scaling.scaled(xk if order is None else order.backward(xk), -x_shift))
+        if b_shift and progress is not None:
+            user_progress = progress
+
+            def progress(iteration, rnorm):
+                user_progress(iteration, math.ldexp(rnorm, -b_shift))
+        x, reason, its, rnorm, history = self._impl.solve(bv, x0, tol, maxiter, callback, self.record_history,
                                                           progress)
-        true_rnorm = self._impl.true_residual_norm(b, x)
+        true_rnorm = self._impl.true_residual_norm(bv, x)
+        reason = confirmed(reason, true_rnorm, tol)
         if order is not None:
             x = order.backward(x)
+        if b_shift or x_shift:
+            history, (rnorm, true_rnorm, b_norm, tol) = scaling.restore(x, history, (rnorm, true_rnorm, b_norm, tol),
+                                                                        b_shift, x_shift)
         return SolveResult(x=x, reason=reason, iterations=int(its), residual_norm=float(rnorm),
                            true_residual_norm=true_rnorm, b_norm=b_norm, tolerance=tol,
                            setup_time=self.setup_time, solve_time=time.perf_counter() - t0,
                            loop_time=self._impl.last_loop_time, device=self.device, mode=self._impl.mode,
                            mode_note=self._impl.mode_note or self.device_note, history=history)
+
+
+def check_tolerances(rtol, atol, maxiter):
+    """``(rtol, atol, maxiter)`` checked: finite, non-negative tolerances; an integer limit >= 0 or None."""
+    values = []
+    for name, value in (("rtol", rtol), ("atol", atol)):
+        try:
+            value = float(value)
+        except (TypeError, ValueError):
+            raise InputError(f"{name} must be a number, got {value!r}") from None
+        if not (math.isfinite(value) and value >= 0):
+            raise InputError(f"{name} must be finite and >= 0, got {value}")
+        values.append(value)
+    if maxiter is not None:
+        if isinstance(maxiter, (float, np.floating)) and not float(maxiter).is_integer():
+            raise InputError(f"maxiter must be an integer, got {maxiter}")
+        try:
+            maxiter = int(maxiter)
+        except (TypeError, ValueError, OverflowError):
+            raise InputError(f"maxiter must be an integer, got {maxiter!r}") from None
+        if maxiter < 0:
+            raise InputError(f"maxiter must be >= 0, got {maxiter}")
+    return values[0], values[1], maxiter

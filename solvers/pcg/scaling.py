@@ -1,0 +1,91 @@
+"""Power-of-two scaling that keeps PCG's inner products away from underflow and overflow.
+
+A system whose entries are tiny (1e-300) or huge (1e300), or outside float32's
+range when solved in float32, has squared norms that underflow to 0 or
+overflow to inf: ``||b||`` comes out 0, the tolerance 0, and a solve reports
+"converged in 0 iterations" with ``x = 0``. Multiplying ``A`` and ``b`` by
+powers of two changes exponents only, never mantissas, so the scaled system's
+iterates are exactly the original ones, shifted in exponent. A solver scales
+``A`` by ``2**a`` and ``b`` by ``2**c`` when their largest entries leave a safe
+band of the working precision, solves ``(2**a A) x' = 2**c b``, and returns
+``x = 2**(a - c) x'``. Well-scaled systems (nearly all) are not copied.
+"""
+import math
+
+import numpy as np
+import scipy.sparse as sp
+import scipy.sparse.linalg as spla
+
+from ..backend import is_device_array
+
+
+def safe_band(dtype):
+    """``(lo, hi)``: largest entries in this range need no scaling in ``dtype``.
+
+    A quarter of the exponent range each way, so that products of a few such
+    numbers (squares in the norms, ``p . A p``) stay normal.
+    """
+    e = np.finfo(dtype).maxexp // 4
+    return 2.0 ** -e, 2.0 ** e
+
+
+def shift_for(largest, dtype):
+    """The ``k`` that brings ``largest * 2**k`` into ``[0.5, 1)``, or 0 when ``largest`` is in the band.
+
+    Zero, NaN and Inf need no scaling (they are reported by the solver as they are).
+    """
+    lo, hi = safe_band(dtype)
+    if not (largest > 0 and math.isfinite(largest)) or lo <= largest <= hi:
+        return 0
+    return -math.frexp(largest)[1]
+
+
+def _device_array(a):
+    import cupy
+    return cupy.asarray(a) if hasattr(a, "__cuda_array_interface__") else cupy.from_dlpack(a)
+
+
+def largest_entry(a):
+    """``max |a_ij|`` of a matrix or vector (host, CuPy, cupyx or any DLPack array) as a float.
+
+    None for a :class:`~scipy.sparse.linalg.LinearOperator`, whose entries are not at hand.
+    """
+    if isinstance(a, spla.LinearOperator):
+        return None
+    if sp.issparse(a) or type(a).__module__.startswith("cupyx.scipy.sparse"):
+        data = a.data
+        return float(abs(data).max()) if data.size else 0.0
+    if is_device_array(a):
+        a = _device_array(a)
+        return float(abs(a).max()) if a.size else 0.0
+    a = np.asarray(a)
+    if not np.issubdtype(a.dtype, np.number) or a.size == 0:
+        return 0.0  # the solver's own checks say what is wrong with it
+    return float(np.abs(a).max())
+
+
+def scaled(a, k):
+    """``a * 2**k`` exactly (a new matrix or array of the same kind; ``a`` itself when ``k`` is 0)."""
+    if not k:
+        return a
+    if sp.issparse(a) or type(a).__module__.startswith("cupyx.scipy.sparse"):
+        out = a.copy()
+        out.data = _ldexp(out.data, k)
+        return out
+    if is_device_array(a):
+        return _ldexp(_device_array(a), k)
+    a = np.asarray(a)
+    return np.ldexp(a if np.issubdtype(a.dtype, np.floating) else a.astype(np.float64), k)
+
+
+def _ldexp(v, k):
+    if isinstance(v, np.ndarray):
+        return np.ldexp(v, k)
+    import cupy
+    return cupy.ldexp(v, k)
+
+
+def rescale_in_place(v, k):
+    """``v *= 2**k`` exactly, for a NumPy or CuPy float array."""
+    if k:
+        v[...] = _ldexp(v, k)
