@@ -17,7 +17,9 @@ import time
 
 import numpy as np
 
+from .. import watchdog
 from ..errors import DeviceError, InputError
+from ..interrupts import Interrupted
 
 # Seconds between printing a rank's error and MPI_Abort (see abort_on_error).
 ABORT_GRACE_SECONDS = 0.5
@@ -75,25 +77,33 @@ def agree(comm, fn, *args, **kwargs):
     raise error
 
 
+def abort(comm, message, code=1):
+    """Print ``error: rank R: message`` and end the whole job with ``MPI_Abort(code)``."""
+    print(f"error: rank {comm.Get_rank()}: {message}", file=sys.stderr, flush=True)
+    # Launchers may end the job before forwarding what a rank wrote just before MPI_Abort (seen
+    # once in CI with MPICH's mpiexec: the line was lost); a short pause lets it through.
+    time.sleep(ABORT_GRACE_SECONDS)
+    comm.Abort(code)
+    os._exit(code)  # MPI_Abort may return before the launcher kills this process
+
+
 @contextlib.contextmanager
 def abort_on_error(comm, code=1):
     """Turn an exception on one rank into ``MPI_Abort`` of the whole job.
 
     Errors raised by :func:`agree` pass through: every rank has them, and a
-    normal exit follows.
+    normal exit follows. A SIGINT or SIGTERM (:class:`~solvers.interrupts.Interrupted`,
+    raised once the files being written have been finished or abandoned)
+    aborts with ``128 + signal``, so that no other rank is left waiting.
     """
     try:
         yield
+    except Interrupted as exc:
+        abort(comm, str(exc), exc.exit_code)
     except Exception as exc:
         if getattr(exc, "agreed", False):
             raise
-        print(f"error: rank {comm.Get_rank()}: {type(exc).__name__}: {_first_line(exc)}",
-              file=sys.stderr, flush=True)
-        # Launchers may end the job before forwarding what a rank wrote just before MPI_Abort (seen
-        # once in CI with MPICH's mpiexec: the line was lost); a short pause lets it through.
-        time.sleep(ABORT_GRACE_SECONDS)
-        comm.Abort(code)
-        os._exit(code)  # MPI_Abort may return before the launcher kills this process
+        abort(comm, f"{type(exc).__name__}: {_first_line(exc)}", code)
 
 
 class Timer:
@@ -132,6 +142,7 @@ class HostComm:
         out = np.empty_like(values)
         with self.timer:
             self.comm.Allreduce(values, out, op=MPI.SUM)
+        watchdog.beat()
         return out
 
     def dot(self, u, v):
@@ -155,6 +166,7 @@ class HostComm:
         with self.timer:
             MPI.Request.Waitall(self._requests)
         self._requests = []
+        watchdog.beat()
 
 
 class DeviceComm:

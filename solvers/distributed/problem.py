@@ -89,7 +89,7 @@ def read_distributed(comm, matrix, rhs=None, x0=None, dtype=np.float64):
     def read_and_split():
         if comm.Get_rank() != 0:
             return None, None
-        p = load_problem(matrix, rhs, x0, dtype=dtype)
+        p = load_problem(matrix, rhs, x0)
         return p, nnz_bounds(np.diff(p.A.indptr), 0, p.n, size)
 
     problem, bounds = agree(comm, read_and_split)

@@ -6,8 +6,8 @@ import numpy as np
 
 from ..errors import InputError
 from ..pcg.preconditioners import PRECONDITIONERS, jacobi_inverse_diagonal
-from ..pcg.result import SolveResult
-from ..pcg.solver import DTYPES
+from ..pcg.result import SolveResult, confirmed
+from ..pcg.solver import DTYPES, check_tolerances, refuse_complex
 from .comm import agree
 from .cpu import VARIANTS
 from .partition import split_rows
@@ -89,6 +89,7 @@ class DistributedPCG:
         self.device_name = None
 
         def check_options():
+            refuse_complex(rows, "this rank's rows")
             if variant not in VARIANTS:
                 raise InputError(f"variant must be one of {', '.join(VARIANTS)}, not {variant!r}")
             if str(self.dtype) not in DTYPES:
@@ -137,6 +138,7 @@ class DistributedPCG:
         return self._impl.mode
 
     def _check_vector(self, v, name):
+        refuse_complex(v, name)
         v = np.asarray(v.get() if hasattr(v, "get") else v)
         if v.ndim == 2 and 1 in v.shape:
             v = v.reshape(-1)
@@ -164,18 +166,14 @@ class DistributedPCG:
             ``x`` is this rank's part of the solution (a CuPy array on the GPU).
         """
         n = self.shape[0]
-        rtol = self.rtol if rtol is None else float(rtol)
-        atol = self.atol if atol is None else float(atol)
-        maxiter = (self.maxiter if self.maxiter is not None else 10 * n) if maxiter is None else int(maxiter)
 
         def check():
-            if maxiter < 0:
-                raise InputError(f"maxiter must be >= 0, got {maxiter}")
-            if rtol < 0 or atol < 0:
-                raise InputError("rtol and atol must be >= 0")
-            return self._check_vector(b, "b"), None if x0 is None else self._check_vector(x0, "x0")
+            tolerances = check_tolerances(self.rtol if rtol is None else rtol, self.atol if atol is None else atol,
+                                          self.maxiter if maxiter is None else maxiter)
+            return tolerances, self._check_vector(b, "b"), None if x0 is None else self._check_vector(x0, "x0")
 
-        bv, x0v = agree(self.comm, check)
+        (rtol, atol, maxiter), bv, x0v = agree(self.comm, check)
+        maxiter = 10 * n if maxiter is None else maxiter
         t0 = time.perf_counter()
         comm_before = self._impl.communication_time
         b_norm = self._impl.norm(bv)
@@ -183,6 +181,7 @@ class DistributedPCG:
         x, reason, its, rnorm, history = self._impl.solve(bv, x0v, tol, maxiter, self.record_history)
         communication = self._impl.communication_time - comm_before
         true_rnorm = self._impl.true_residual_norm(bv, x)
+        reason = confirmed(reason, true_rnorm, tol)
         solve_time = time.perf_counter() - t0
         loop_time = self._impl.loop_time
         return DistSolveResult(

@@ -4,12 +4,17 @@ Exit codes: 0 converged, 1 not converged or breakdown, 2 bad input or unusable d
 """
 import argparse
 import json
+import os
 import sys
 
 from ..bundled import EXAMPLE_MATRICES, example_matrix
 from ..cli_common import add_version_option
 from ..distributed.launch import world_size
 from ..errors import DeviceError, InputError
+from ..interrupts import exits_cleanly
+from ..mmio import check_vector_output, write_vector
+from ..options import add_timeout_option, check_finite
+from ..outfiles import AtomicFile, check_target
 from .problem import load_problem
 from .progress import ResidualProgress
 from .solver import PCG
@@ -29,7 +34,8 @@ report. --mode and --progress apply to single-process runs only (refused there),
 --variant auto takes single-reduction below 500,000 rows per rank.
 
 exit codes: 0 converged, 1 not converged (maximum iterations, breakdown,
-NaN/Inf), 2 bad input or no usable device."""
+NaN/Inf, a true residual above the tolerance), 2 bad input or no usable device,
+130/143 stopped by SIGINT/SIGTERM (a file being written is left as it was)."""
 
 
 def _example_path(name):
@@ -76,7 +82,8 @@ def build_parser():
                         "per WHILE pass (while) (default 32)")
     p.add_argument("--dtype", choices=("float64", "float32"), default="float64",
                    help="floating-point type of the matrix, vectors and arithmetic (default float64)")
-    p.add_argument("--output", help="write the solution x (.mtx, else .npy)")
+    p.add_argument("--output", help="write the solution x to this file, in the format its suffix names: "
+                                    ".mtx, .mtx.gz, .npy or .txt")
     p.add_argument("--json", metavar="FILE",
                    help="write the report, with the residual history, as JSON to FILE; "
                         "'-' writes it to stdout and the human-readable report to stderr")
@@ -96,6 +103,7 @@ def build_parser():
                    help="reverse Cuthill-McKee reordering at set-up, undone on the solution; "
                         "auto: on the GPU for a matrix whose product reads are scattered and for "
                         "which it pays off (the report says what was done and why)")
+    add_timeout_option(p)
     g = p.add_mutually_exclusive_group()
     g.add_argument("-q", "--quiet", action="store_true", help="print one summary line")
     g.add_argument("-v", "--verbose", action="store_true",
@@ -165,13 +173,23 @@ def _print_report(rep, args):
     print("\n".join(lines), file=out)
 
 
+def _plot_format(path):
+    return os.path.splitext(path)[1][1:].lower()
+
+
 def _require_matplotlib(path):
-    """Fail before solving, not after, when the plot cannot be made."""
+    """Fail before solving, not after, when the plot cannot be made or written."""
     try:
         import matplotlib
     except ImportError:
         raise InputError("--plot needs matplotlib (pip install matplotlib)", path) from None
     matplotlib.use("Agg")
+    from matplotlib.backend_bases import FigureCanvasBase
+    formats = FigureCanvasBase.get_supported_filetypes()
+    if _plot_format(path) not in formats:
+        raise InputError(f"unknown image format (the name must end in one of "
+                         f"{', '.join('.' + f for f in sorted(formats))})", path)
+    check_target(path, "plot")
 
 
 def _plot(path, history, title):
@@ -184,9 +202,8 @@ def _plot(path, history, title):
     ax.grid(True, which="both", alpha=0.3)
     fig.tight_layout()
     try:
-        fig.savefig(path, dpi=120)
-    except OSError as exc:
-        raise InputError(f"cannot write plot ({exc.strerror})", path) from None
+        with AtomicFile(path, "plot") as f:
+            fig.savefig(f, dpi=120, format=_plot_format(path))
     finally:
         plt.close(fig)
 
@@ -196,19 +213,29 @@ def _write_json(path, rep):
         json.dump(rep, sys.stdout, indent=2)
         print()
         return
-    try:
-        with open(path, "w", encoding="utf-8") as f:
-            json.dump(rep, f, indent=2)
-    except OSError as exc:
-        raise InputError(f"cannot write JSON report ({exc.strerror})", path) from None
+    with AtomicFile(path, "JSON report", text=True) as f:
+        json.dump(rep, f, indent=2)
 
 
 def _write_output(path, x):
-    from ..mmio import write_vector
-    try:
-        write_vector(path, x.get() if hasattr(x, "get") else x)
-    except OSError as exc:
-        raise InputError(f"cannot write solution ({exc.strerror})", path) from None
+    write_vector(path, x.get() if hasattr(x, "get") else x)
+
+
+def _check_options(args, writes=True):
+    """Refuse bad options, and (``writes``) outputs that could not be written, before any work."""
+    check_finite(args, ("rtol", "atol"))
+    if args.maxiter is not None and args.maxiter < 0:
+        raise InputError("--maxiter must be >= 0")
+    if args.rtol < 0 or args.atol < 0:
+        raise InputError("--rtol and --atol must be >= 0")
+    if args.unroll < 1:
+        raise InputError("--unroll must be >= 1")
+    if writes and args.output:
+        check_vector_output(args.output)
+    if writes and args.json and args.json != "-":
+        check_target(args.json, "JSON report")
+    if writes and args.plot:
+        _require_matplotlib(args.plot)
 
 
 def _solve(solver, problem, show_progress):
@@ -224,26 +251,26 @@ def _solve(solver, problem, show_progress):
     return result
 
 
+@exits_cleanly
 def main(argv=None):
     """Run the CLI; returns the exit code."""
-    args = build_parser().parse_args(argv)
     if world_size() > 1:  # started by an MPI launcher: solvers.distributed runs it, rank 0 reports
         from ..distributed.cli import run_distributed
-        return run_distributed(args, sys.modules[__name__])
+        return run_distributed(build_parser(), argv, sys.modules[__name__])
+    args = build_parser().parse_args(argv)
     try:
-        if args.maxiter is not None and args.maxiter < 0:
-            raise InputError("--maxiter must be >= 0")
-        if args.rtol < 0 or args.atol < 0:
-            raise InputError("--rtol and --atol must be >= 0")
-        if args.unroll < 1:
-            raise InputError("--unroll must be >= 1")
-        if args.plot:
-            _require_matplotlib(args.plot)
-        problem = load_problem(args.matrix, args.rhs, args.x0, dtype=args.dtype)
-        solver = PCG(problem.A, preconditioner=args.precond, rtol=args.rtol, atol=args.atol,
-                     maxiter=args.maxiter, device=args.device, mode=args.mode, dtype=args.dtype,
-                     unroll=args.unroll, record_history=bool(args.plot or args.json), variant=args.variant,
-                     matrix_format=args.format, reorder=args.reorder)
+        _check_options(args)
+        if args.timeout is not None:
+            raise InputError("applies to runs under an MPI launcher (mpiexec, srun), where a rank can stop",
+                             "--timeout")
+        problem = load_problem(args.matrix, args.rhs, args.x0)
+        try:
+            solver = PCG(problem.A, preconditioner=args.precond, rtol=args.rtol, atol=args.atol,
+                         maxiter=args.maxiter, device=args.device, mode=args.mode, dtype=args.dtype,
+                         unroll=args.unroll, record_history=bool(args.plot or args.json), variant=args.variant,
+                         matrix_format=args.format, reorder=args.reorder)
+        except InputError as exc:  # what is wrong with the matrix (a zero diagonal, ...) names its file
+            raise exc.naming(args.matrix) from None
         result = _solve(solver, problem, args.progress)
         rep = _report(problem, solver, result, problem.solution_error(result.x))
         _print_report(rep, args)
