@@ -4,17 +4,20 @@ Under an MPI launcher (``mpiexec -n N``, ``srun``) the same command runs one
 simulation over the N ranks (spatial decomposition); rank 0 prints the log and
 writes the files.
 
-Exit codes: 0 finished, 1 the run blew up (non-finite values), 2 bad input or unusable device.
+Exit codes: 0 finished, 1 the run blew up (non-finite values), 2 bad input or unusable device,
+130/143 stopped by SIGINT/SIGTERM (files complete or as they were).
 """
 import argparse
 import sys
 
-from ..cli_common import add_version_option
+from ..cli_common import add_version_option, check_finite
 from ..distributed.launch import world_size
 from ..errors import DeviceError, InputError
+from ..interrupts import exits_cleanly
+from ..outfiles import check_target
 from .forcefield import LennardJones, Morse
 from .integrators import Langevin, VelocityVerlet
-from .io import DumpWriter
+from .io import DumpWriter, check_restart_target
 from .simulation import PRECISIONS, STEPS_PER_CHECK, STEPS_PER_LAUNCH, Simulation
 from .state import lattice_state, read_dump
 from .thermo import UnstableRunError, format_row, header
@@ -142,6 +145,17 @@ def _check_counts(args):
         raise InputError(f"must be >= 1, got {args.unroll}", "--unroll")
 
 
+def _check_values(args, root):
+    """Refuse non-finite numbers, an impossible seed and (on the writing rank) unwritable outputs."""
+    check_finite(args, ("density", "temp", "dt", "rc", "skin", "epsilon", "sigma", "morse", "t_target", "damp"))
+    if args.seed is not None and not 0 <= args.seed < 2 ** 64:
+        raise InputError(f"must be in [0, 2**64), got {args.seed}", "--seed")
+    if root and args.dump:
+        check_target(args.dump, "dump")
+    if root and args.restart:
+        check_restart_target(args.restart)
+
+
 def _simulation(args, comm=None):
     _check_counts(args)
     if comm is not None and args.mode != "auto":
@@ -192,6 +206,7 @@ def run(args, comm=None):
     opened = {}
 
     def setup():
+        _check_values(args, root)
         opened["log"] = _Log(args.log, root)
         opened["sim"] = _simulation(args, comm)
         if args.dump and root:
@@ -229,6 +244,7 @@ def run(args, comm=None):
     return EXIT_OK
 
 
+@exits_cleanly
 def main(argv=None):
     """Run the CLI; returns the exit code."""
     args = build_parser().parse_args(argv)

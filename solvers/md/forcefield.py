@@ -51,8 +51,8 @@ class _PairPotential:
         half = 0.5 * float(min(box))
         if self.rc > half:
             raise InputError(f"cutoff {self.rc} is larger than half the smallest box edge ({half:.6g})", "--rc")
-        if skin < 0:
-            raise InputError(f"skin must be >= 0, got {skin}", "--skin")
+        if not 0 <= skin < float("inf"):
+            raise InputError(f"skin must be >= 0 and finite, got {skin}", "--skin")
 
     def meta(self):
         """Parameters for a restart file (:func:`from_meta` reads them back)."""

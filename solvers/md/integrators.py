@@ -1,4 +1,5 @@
 """Integrators: velocity Verlet (NVE) and Langevin dynamics (NVT)."""
+import math
 from dataclasses import dataclass
 
 from ..errors import InputError
@@ -19,6 +20,8 @@ class VelocityVerlet:
     def __post_init__(self):
         if not self.dt > 0:
             raise InputError(f"timestep must be positive, got {self.dt}", "--dt")
+        if not math.isfinite(self.dt):
+            raise InputError(f"timestep must be finite, got {self.dt}", "--dt")
 
     @property
     def langevin(self):
@@ -55,6 +58,9 @@ class Langevin(VelocityVerlet):
             raise InputError(f"target temperature must be >= 0, got {self.t_target}", "--t-target")
         if not self.damp > 0:
             raise InputError(f"damping time must be positive, got {self.damp}", "--damp")
+        if not (math.isfinite(self.t_target) and math.isfinite(self.damp)):
+            raise InputError(f"target temperature and damping time must be finite, got {self.t_target}, "
+                             f"{self.damp}", "--t-target" if not math.isfinite(self.t_target) else "--damp")
         if not 0 <= int(self.seed) < 2 ** 64:
             raise InputError(f"seed must be in [0, 2**64), got {self.seed}", "--seed")
 

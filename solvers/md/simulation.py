@@ -8,6 +8,7 @@ from ..errors import InputError
 from .forcefield import from_meta
 from .integrators import Langevin, VelocityVerlet
 from .io import read_restart, write_restart
+from .memory import require_run
 from .state import State
 from .thermo import as_arrays, thermo_row
 
@@ -102,6 +103,8 @@ class Simulation:
             raise InputError(f"precision must be double or mixed, got {precision!r}", "--precision")
         if self.device == "cpu" and precision != "double":
             raise InputError("the CPU backend runs double precision only", "--precision")
+        if self.comm is None:
+            require_run(state.n, state.box, forcefield.rc + skin, self.device, self.source)
         if self.comm is not None:
             from .parallel import distributed_backend
             self._backend = distributed_backend(self.device, self.comm, state, forcefield, integrator, skin,

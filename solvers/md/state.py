@@ -1,11 +1,14 @@
 """Particle state: positions, velocities, box; lattice builder and LAMMPS dump reader."""
 import gzip
+import math
 import os
+import zlib
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..errors import InputError
+from .memory import require_state
 
 
 @dataclass
@@ -50,8 +53,9 @@ class State:
         self.origin = np.array(self.origin, dtype=np.float64).reshape(3)
         if n == 0:
             raise InputError("the system has no particles")
-        if not np.all(self.box > 0):
-            raise InputError(f"box edges must be positive, got {self.box.tolist()}")
+        if not (np.all(self.box > 0) and np.isfinite(self.box).all() and np.isfinite(self.origin).all()):
+            raise InputError(f"box edges must be finite and positive, got {self.box.tolist()} "
+                             f"(origin {self.origin.tolist()})")
         if not (np.isfinite(self.positions).all() and np.isfinite(self.velocities).all()):
             raise InputError("positions and velocities must be finite")
         if not self.mass > 0:
@@ -92,8 +96,8 @@ def fcc_lattice(density, cells):
     (positions, box)
     """
     cells = np.asarray(cells, dtype=np.int64)
-    if density <= 0 or cells.shape != (3,) or np.any(cells < 1):
-        raise InputError(f"need density > 0 and three cell counts >= 1, got {density}, {cells.tolist()}")
+    if not (np.isfinite(density) and density > 0) or cells.shape != (3,) or np.any(cells < 1):
+        raise InputError(f"need a finite density > 0 and three cell counts >= 1, got {density}, {cells.tolist()}")
     a = (4.0 / density) ** (1.0 / 3.0)
     basis = np.array([[0, 0, 0], [0.5, 0.5, 0], [0.5, 0, 0.5], [0, 0.5, 0.5]])
     grid = np.stack(np.meshgrid(*(np.arange(c) for c in cells), indexing="ij"), -1).reshape(-1, 1, 3)
@@ -102,8 +106,10 @@ def fcc_lattice(density, cells):
 
 def thermal_velocities(n, temp, mass, seed):
     """Gaussian velocities with zero total momentum, scaled to ``temp`` exactly (3N-3 dof)."""
-    if temp < 0:
-        raise InputError(f"--temp must be >= 0, got {temp}")
+    if not (np.isfinite(temp) and temp >= 0):
+        raise InputError(f"--temp must be finite and >= 0, got {temp}")
+    if not 0 <= int(seed) < 2 ** 64:
+        raise InputError(f"must be in [0, 2**64), got {seed}", "--seed")
     v = np.random.default_rng(seed).standard_normal((n, 3))
     v -= v.mean(axis=0)
     ke2 = mass * np.einsum("ij,ij->", v, v)
@@ -113,6 +119,7 @@ def thermal_velocities(n, temp, mass, seed):
 
 def lattice_state(density=0.8442, cells=(20, 20, 20), temp=1.44, seed=87287, mass=1.0):
     """An fcc crystal with thermal velocities (like LAMMPS ``bench/in.lj``)."""
+    require_state(4 * math.prod(int(c) for c in cells), "--cells")
     pos, box = fcc_lattice(density, cells)
     return State(pos, thermal_velocities(len(pos), temp, mass, seed), box, mass=mass)
 
@@ -169,8 +176,17 @@ def read_dump(path, mass=1.0):
             cols, n = items["columns"], items["n"]
             if n < 1:
                 raise InputError("dump holds no atoms", path)
+            if not np.isfinite(items["bounds"]).all():
+                raise InputError(f"box bounds must be finite, got {items['bounds'].tolist()}", path)
+            require_state(n, path)
             data = np.loadtxt(f, max_rows=n, ndmin=2)
-    except (ValueError, IndexError, UnicodeDecodeError, EOFError, OSError, gzip.BadGzipFile) as exc:
+            if isinstance(getattr(f, "buffer", None), gzip.GzipFile):
+                # read on to the end: only there does the checksum catch a damaged stream
+                while f.buffer.read(1 << 20):
+                    pass
+    except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
+        raise InputError(f"damaged or cut gzip file ({str(exc).splitlines()[0]})", path) from None
+    except (ValueError, IndexError, UnicodeDecodeError, OSError) as exc:
         if isinstance(exc, InputError):
             raise
         raise InputError(f"cannot parse LAMMPS dump ({str(exc).splitlines()[0]})", path) from None
