@@ -74,14 +74,24 @@ def handled():
 
 
 @contextlib.contextmanager
-def deferred():
-    """Hold SIGINT/SIGTERM until the block has finished, then raise :class:`Interrupted`."""
+def deferred(act_at_exit=True):
+    """Hold SIGINT/SIGTERM while the block runs.
+
+    A signal received meanwhile raises :class:`Interrupted` when the block has
+    finished, or (``act_at_exit=False``) stays pending until :func:`act_on_pending`.
+    """
     _State.deferring += 1
     try:
         yield
     finally:
         _State.deferring -= 1
-    if not _State.deferring and _State.pending is not None and not _State.raised:
+    if act_at_exit and not _State.deferring:
+        act_on_pending()
+
+
+def act_on_pending():
+    """Raise :class:`Interrupted` for a signal held by :func:`deferred`, if one came."""
+    if _State.pending is not None and not _State.raised:
         signum, _State.pending = _State.pending, None
         _State.raised = True
         raise Interrupted(signum)

@@ -115,7 +115,8 @@ class AtomicFile:
             stream = self._raw
             if compress:
                 inner = name[:-3] if name.endswith(".gz") else name
-                stream = gzip.GzipFile(filename=inner, mode="wb", fileobj=stream)
+                # no time stamp in the header: the same content gives the same bytes
+                stream = gzip.GzipFile(filename=inner, mode="wb", fileobj=stream, mtime=0)
                 self._layers.append(stream)
             if text:
                 stream = io.TextIOWrapper(stream, encoding="utf-8", newline="\n")

@@ -88,11 +88,15 @@ def test_initial_guess_and_float32(variant):
     res = DistributedPCG(rows, bounds, COMM, rtol=1e-10, device="gpu", variant=variant).solve(b[mine], x0[mine])
     assert res.iterations == ref.iterations
     assert global_max(np.abs(res.x.get() - ref.x[mine]).max()) < 1e-8
-    res32 = DistributedPCG(rows, bounds, COMM, rtol=1e-5, device="gpu", variant=variant,
+    # float32 reaches 1e-3 here; asked for 1e-5 it stops with a true residual of 1.7e-4 (measured on
+    # two H200s), which is reported as not converged.
+    res32 = DistributedPCG(rows, bounds, COMM, rtol=1e-3, device="gpu", variant=variant,
                            dtype="float32").solve(b[mine])
     assert res32.converged and res32.x.dtype == np.float32
-    # float32 recurrences drift from the true residual: 1.7e-4 was measured on two H200s.
-    assert res32.relative_residual < 1e-3
+    assert res32.relative_residual < 2e-3
+    deep = DistributedPCG(rows, bounds, COMM, rtol=1e-5, device="gpu", variant=variant,
+                          dtype="float32").solve(b[mine])
+    assert deep.reason is Reason.INACCURATE
 
 
 @pytest.mark.parametrize("variant", VARIANTS)

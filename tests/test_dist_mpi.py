@@ -364,3 +364,23 @@ def test_out_of_device_memory_on_one_rank_stops_all(monkeypatch):
     rows, bounds = split_evenly(poisson((10, 10)))
     with pytest.raises(DeviceError, match=f"rank {COMM.size - 1}: out of GPU memory"):
         DistributedPCG(rows, bounds, COMM, device="gpu")
+
+
+@pytest.mark.parametrize("scale", [1e-300, 1e300])
+def test_badly_scaled_system_is_scaled_like_one_process(scale):
+    A = poisson((14, 12)).tocsr()
+    b = A @ np.ones(A.shape[0])
+    rows, bounds = split_evenly(A * scale)
+    lo, hi = bounds[COMM.rank], bounds[COMM.rank + 1]
+    res = DistributedPCG(rows, bounds, COMM, rtol=1e-9, device="cpu").solve(b[lo:hi] * scale)
+    ref = PCG(A, rtol=1e-9, device="cpu").solve(b)
+    assert res.converged and res.iterations == ref.iterations > 0
+    assert global_max(np.abs(res.x - 1).max()) < 1e-7
+    assert res.b_norm == pytest.approx(ref.b_norm * scale, rel=1e-12)
+
+
+def test_float32_convergence_is_confirmed_by_the_true_residual():
+    p, A, b = problem_pair("lap2D", None)
+    res = DistributedPCG(p.rows, p.bounds, COMM, rtol=1e-8, device="cpu", dtype="float32").solve(p.b)
+    assert res.reason is Reason.INACCURATE and res.true_residual_norm > 2 * res.tolerance
+    assert DistributedPCG(p.rows, p.bounds, COMM, rtol=1e-5, device="cpu", dtype="float32").solve(p.b).converged

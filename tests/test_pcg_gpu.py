@@ -155,11 +155,14 @@ def test_modes_agree_with_each_other_and_cpu(cupy, matrices_dir, variant):
 def test_float32(cupy):
     A = poisson((40, 40))
     b = np.ones(A.shape[0])
-    r32 = solvers.PCG(A, device="gpu", mode="while", dtype="float32", rtol=1e-5).solve(b)
-    r64 = solvers.PCG(A, device="gpu", mode="while", rtol=1e-5).solve(b)
+    # float32 reaches 1e-4 here (the true residual confirms it); at 1e-5 it stops 4.7 times above.
+    r32 = solvers.PCG(A, device="gpu", mode="while", dtype="float32", rtol=1e-4).solve(b)
+    r64 = solvers.PCG(A, device="gpu", mode="while", rtol=1e-4).solve(b)
     assert r32.converged and r32.x.dtype == np.float32
     assert abs(r32.iterations - r64.iterations) <= 2
-    assert r32.relative_residual < 1e-4
+    assert r32.relative_residual < 2e-4
+    deep = solvers.PCG(A, device="gpu", mode="while", dtype="float32", rtol=1e-7).solve(b)
+    assert deep.reason is Reason.INACCURATE and deep.true_residual_norm > 2 * deep.tolerance
 
 
 @pytest.mark.parametrize("variant", ["classic", "single-reduction"])

@@ -76,11 +76,12 @@ def _scatter_vector(comm, bounds, v):
     return out
 
 
-def read_distributed(comm, matrix, rhs=None, x0=None, dtype=np.float64):
+def read_distributed(comm, matrix, rhs=None, x0=None):
     """Read a system on rank 0, partition it by nonzeros and scatter the rows.
 
     Every rank raises the same :class:`~solvers.errors.InputError` when the
-    files are bad, so all exit alike. Collective.
+    files are bad, so all exit alike. Collective. Values stay float64: the
+    solver rounds them to its precision (after scaling them into its range).
     """
     from ..pcg.problem import load_problem
 
@@ -96,9 +97,8 @@ def read_distributed(comm, matrix, rhs=None, x0=None, dtype=np.float64):
     name, n, nnz, bounds = comm.bcast(
         (problem.name, problem.n, problem.nnz, bounds) if problem is not None else None, root=0)
     rows = _scatter_rows(comm, bounds, problem.A if problem is not None else None)
-    vectors = [_scatter_vector(comm, bounds, getattr(problem, f, None)) for f in ("b", "x0", "x_exact")]
-    b, x0v, x_exact = (v if v is None else v.astype(dtype) for v in vectors)
-    return DistProblem(name, n, nnz, rows.astype(dtype), bounds, b, comm, x0v, x_exact)
+    b, x0v, x_exact = (_scatter_vector(comm, bounds, getattr(problem, f, None)) for f in ("b", "x0", "x_exact"))
+    return DistProblem(name, n, nnz, rows, bounds, b, comm, x0v, x_exact)
 
 
 def _grid_coordinates(shape, first, count):

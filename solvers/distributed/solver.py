@@ -1,11 +1,13 @@
 """The distributed PCG solver object (one per rank, same calls on every rank)."""
 import dataclasses
+import math
 import time
 
 import numpy as np
 
 from ..errors import InputError
 from ..pcg.preconditioners import PRECONDITIONERS, jacobi_inverse_diagonal
+from ..pcg import scaling
 from ..pcg.result import SolveResult, confirmed
 from ..pcg.solver import DTYPES, check_tolerances, refuse_complex
 from .comm import agree
@@ -25,6 +27,11 @@ CLASSIC_MIN_ROWS_PER_RANK = 500_000
 def auto_variant(n, ranks):
     """The PCG variant ``variant="auto"`` runs for ``n`` rows over ``ranks`` ranks."""
     return "classic" if n >= CLASSIC_MIN_ROWS_PER_RANK * ranks else "single-reduction"
+
+
+def _host(v):
+    """A NumPy view or copy of a host or CuPy vector."""
+    return np.asarray(v.get() if hasattr(v, "get") else v)
 
 
 @dataclasses.dataclass
@@ -107,7 +114,8 @@ class DistributedPCG:
 
         agree(comm, check_options)
         self.device, self.device_note = agree(comm, self._choose_device, device)
-        self.matrix = split_rows(rows.astype(self.dtype), self.bounds, comm)
+        self._a_shift = scaling.shift_for(self._largest(rows), self.dtype)  # see solvers.pcg.scaling
+        self.matrix = split_rows(scaling.scaled(rows, self._a_shift).astype(self.dtype), self.bounds, comm)
         inverse_diagonal = agree(comm, self._inverse_diagonal)
         if self.device == "cpu":
             from .cpu import DistCPUPCG
@@ -128,6 +136,11 @@ class DistributedPCG:
             return "cpu", "auto: some ranks have no GPU, running on the CPU"
         return choice, note
 
+    def _largest(self, local):
+        """The largest entry over every rank's ``local`` array or matrix (collective)."""
+        from mpi4py import MPI
+        return self.comm.allreduce(scaling.largest_entry(local), op=MPI.MAX)
+
     def _inverse_diagonal(self):
         if self.preconditioner == "none":
             return None
@@ -139,7 +152,7 @@ class DistributedPCG:
 
     def _check_vector(self, v, name):
         refuse_complex(v, name)
-        v = np.asarray(v.get() if hasattr(v, "get") else v)
+        v = _host(v)
         if v.ndim == 2 and 1 in v.shape:
             v = v.reshape(-1)
         if v.shape != (self.matrix.rows,):
@@ -176,12 +189,23 @@ class DistributedPCG:
         maxiter = 10 * n if maxiter is None else maxiter
         t0 = time.perf_counter()
         comm_before = self._impl.communication_time
-        b_norm = self._impl.norm(bv)
-        tol = max(atol, rtol * b_norm)
+        with np.errstate(over="ignore", under="ignore"):  # a b out of range is scaled just below
+            b_norm = self._impl.norm(bv)
+        b_shift = scaling.rhs_shift(b_norm, self.dtype, lambda: self._largest(_host(b)))  # same on every rank
+        if b_shift:
+            bv = self._check_vector(scaling.scaled(_host(b), b_shift), "b")
+            b_norm = self._impl.norm(bv)
+        x_shift = b_shift - self._a_shift  # the scaled system's solution is x * 2**x_shift
+        if x_shift and x0v is not None:
+            x0v = self._check_vector(scaling.scaled(_host(x0), x_shift), "x0")
+        tol = max(math.ldexp(atol, b_shift), rtol * b_norm)
         x, reason, its, rnorm, history = self._impl.solve(bv, x0v, tol, maxiter, self.record_history)
         communication = self._impl.communication_time - comm_before
         true_rnorm = self._impl.true_residual_norm(bv, x)
         reason = confirmed(reason, true_rnorm, tol)
+        if b_shift or x_shift:
+            history, (rnorm, true_rnorm, b_norm, tol) = scaling.restore(x, history, (rnorm, true_rnorm, b_norm, tol),
+                                                                        b_shift, x_shift)
         solve_time = time.perf_counter() - t0
         loop_time = self._impl.loop_time
         return DistSolveResult(

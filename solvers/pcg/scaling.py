@@ -89,3 +89,27 @@ def rescale_in_place(v, k):
     """``v *= 2**k`` exactly, for a NumPy or CuPy float array."""
     if k:
         v[...] = _ldexp(v, k)
+
+
+def rhs_shift(b_norm, dtype, largest):
+    """The power of two for a right-hand side of norm ``b_norm``.
+
+    0 while ``b_norm`` is in the safe band (nearly always, at no cost); else
+    taken from ``largest()``, the largest entry of ``b`` as given (before its
+    rounding to ``dtype``, which may have flushed or overflowed it).
+    """
+    lo, hi = safe_band(dtype)
+    if lo <= b_norm <= hi:
+        return 0
+    return shift_for(largest(), dtype)
+
+
+def restore(x, history, norms, b_shift, x_shift):
+    """Undo the scaling of a solve: ``x`` in place; returns the history and the ``norms`` scaled back.
+
+    ``norms`` are values in units of ``b`` (``||b||``, residual norms, the tolerance).
+    """
+    rescale_in_place(x, -x_shift)
+    if history is not None:
+        history = np.ldexp(np.asarray(history, dtype=np.float64), -b_shift)
+    return history, [math.ldexp(v, -b_shift) for v in norms]
