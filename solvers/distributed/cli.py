@@ -15,7 +15,7 @@ import sys
 
 from .. import interrupts, watchdog
 from ..errors import DeviceError, InputError
-from ..options import option_name, timeout_seconds
+from ..cli_common import option_name, timeout_seconds
 from .comm import RankError, abort, abort_on_error, agree, world
 
 EXIT_CONVERGED, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2

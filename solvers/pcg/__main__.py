@@ -8,12 +8,11 @@ import os
 import sys
 
 from ..bundled import EXAMPLE_MATRICES, example_matrix
-from ..cli_common import add_version_option
+from ..cli_common import add_timeout_option, add_version_option, check_finite
 from ..distributed.launch import world_size
 from ..errors import DeviceError, InputError
 from ..interrupts import exits_cleanly
 from ..mmio import check_vector_output, write_vector
-from ..options import add_timeout_option, check_finite
 from ..outfiles import AtomicFile, check_target
 from .problem import load_problem
 from .progress import ResidualProgress
