@@ -2,10 +2,12 @@
 
 A rank that is stopped (SIGSTOP, a debugger) or hung leaves the others
 waiting in a collective forever. The run's main thread calls :func:`beat`
-whenever it makes progress (a communication step completes, a phase ends);
-a daemon thread checks the time since the last beat and, past the timeout,
-calls the run's ``on_expire`` (which prints one line and aborts the MPI job,
-so the launcher ends every rank, the stopped one included). Blocking MPI calls
+whenever it makes progress: an MPI exchange or reduction completes (CPU
+ranks), an NCCL call is enqueued (GPU ranks, whose host waits on the device
+at each status read, so a stopped peer stops the beats there), a phase of the
+run ends. A daemon thread checks the time since the last beat and, past the
+timeout, calls the run's ``on_expire`` (which prints one line and aborts the
+MPI job, so the launcher ends every other rank). Blocking MPI and CUDA calls
 release the GIL, so the thread runs while the main thread waits in one.
 """
 import contextlib

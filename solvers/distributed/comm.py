@@ -191,6 +191,9 @@ class DeviceComm:
         """``recv[:count] = sum over ranks of send[:count]`` (CuPy float64 arrays)."""
         nccl = self._nccl
         self.comm.allReduce(send.data.ptr, recv.data.ptr, count, nccl.NCCL_FLOAT64, nccl.NCCL_SUM, stream.ptr)
+        # Enqueued, not done: the host runs at most a status read ahead of its peers, so a rank
+        # that stops holds the others in that read, and the beats stop there.
+        watchdog.beat()
 
     def transfers(self, plan, sendbuf, halo):
         """The point-to-point calls of one halo exchange, worked out once: ``(sends, receives)``."""
@@ -215,3 +218,4 @@ class DeviceComm:
                 self.halo_comm.recv(ptr, size, dtype, peer, stream.ptr)
         finally:
             self._nccl.groupEnd()
+        watchdog.beat()
