@@ -320,6 +320,16 @@ def test_float32_convergence_the_true_residual_does_not_support_is_not_reported(
     assert code == 0 and "converged in" in out
 
 
+def test_new_values_of_a_reordered_matrix_are_reordered_too():
+    A = (poisson((10, 12)) + sp.diags(np.linspace(0, 1, 120))).tocsr()
+    b = np.linspace(1, 2, 120)
+    solver = solvers.PCG(A, reorder="rcm", device="cpu", rtol=1e-12)
+    first = solver.solve(b).x
+    solver.update_values(2 * A)
+    assert solver.reordering == "rcm"
+    np.testing.assert_allclose(solver.solve(b).x, first / 2, rtol=1e-9)
+
+
 def _hermitian():
     A = sp.diags([4.0 + 0j] * 5) + sp.diags([1j] * 4, 1) + sp.diags([-1j] * 4, -1)
     return A.tocsr()

@@ -272,6 +272,8 @@ class PCG:
         is reused; a different pattern sets the solver up again.
         """
         refuse_complex(A, "A")
+        if self._order is not None:  # the solver holds the reordered matrix
+            A = self._order.matrix(A.get() if _is_cupy_sparse(A) else A)
         shift = self._shift_for(A)
         A = scaling.scaled(A, shift)
         if self.device == "cpu":
