@@ -273,7 +273,7 @@ class PCG:
         """
         refuse_complex(A, "A")
         if self._order is not None:  # the solver holds the reordered matrix
-            A = self._order.matrix(A.get() if _is_cupy_sparse(A) else A)
+            A = self._order.matrix(self._where_solved(A))
         shift = self._shift_for(A)
         A = scaling.scaled(A, shift)
         if self.device == "cpu":
