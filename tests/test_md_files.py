@@ -253,23 +253,32 @@ def two_gib(monkeypatch):
     monkeypatch.setattr(resources, "available_host_memory", lambda: 2 << 30)
 
 
-@pytest.mark.parametrize("argv, source", [
-    (["--cells", "1000", "1000", "1000"], "--cells"),
-    (["--density", "1e-6"], "--lattice"),
-])
-def test_huge_systems_are_refused_before_allocating(capsys, two_gib, argv, source):
-    code, out, err = run_cli(capsys, "--device", "cpu", "--steps", "1", *argv)
+def test_huge_lattice_is_refused_before_allocating(capsys, two_gib):
+    code, out, err = run_cli(capsys, "--device", "cpu", "--steps", "1", "--cells", "1000", "1000", "1000")
     assert code == 2 and out == ""
-    assert_one_line_error(err, source, "would need about", "of memory, but only 2 GiB is available")
+    assert_one_line_error(err, "--cells", "a system of 4,000,000,000 atoms would need about",
+                          "of memory, but only 2 GiB is available")
 
 
-@pytest.mark.parametrize("n, bounds", [(2, "0 3000\n0 3000\n0 3000"), (1_000_000_000_000, "0 30\n0 30\n0 30")])
-def test_huge_dumps_are_refused_before_allocating(capsys, tmp_path, two_gib, n, bounds):
+def test_huge_dump_is_refused_before_allocating(capsys, tmp_path, two_gib):
     path = tmp_path / "in.dump"
-    _write_dump(path, DUMP_HEAD.format(n=n, bounds=bounds) + "1 1 1 1\n2 10 10 10\n", compress=False)
+    _write_dump(path, DUMP_HEAD.format(n=1_000_000_000_000, bounds="0 30\n0 30\n0 30") + "1 1 1 1\n2 10 10 10\n",
+                compress=False)
     code, _, err = run_cli(capsys, "--data", path, "--device", "cpu", "--steps", "1")
     assert code == 2
-    assert_one_line_error(err, path, "would need about")
+    assert_one_line_error(err, path, "a system of 1e+12 atoms would need about")
+
+
+@pytest.mark.parametrize("n, edge", [(2, 3000.0), (32_000, 3175.0)])  # sparse atoms, or --density 1e-6
+def test_gpu_cell_grid_of_a_sparse_system_is_counted(monkeypatch, n, edge):
+    from solvers.md import memory
+    asked = {}
+    monkeypatch.setattr(memory, "require_device_memory", lambda nbytes, what, source: asked.update(gpu=nbytes))
+    monkeypatch.setattr(memory, "require_host_memory", lambda nbytes, what, source: asked.update(host=nbytes))
+    memory.require_run(n, np.full(3, edge), 2.8, "gpu", "in.dump")
+    assert asked["gpu"] > 8 * (edge // 2.8) ** 3  # a count and a start for each of a billion cells
+    memory.require_run(n, np.full(3, edge), 2.8, "cpu", "in.dump")
+    assert asked["host"] < 1 << 30  # the k-d tree of the NumPy backend has no grid
 
 
 def test_dump_read_back_after_atomic_write(tmp_path):

@@ -1,14 +1,14 @@
 """Memory a molecular-dynamics run needs, estimated before anything is allocated.
 
 From the atom count (``--cells``, a dump's ``NUMBER OF ATOMS``) and the box
-(``--density``, ``BOX BOUNDS``) alone: the particle arrays, the neighbour list
-(pairs within the list cutoff at the system's density) and the cell grid
-(one cell per ``rc + skin`` along each edge, with room for its fullest cell),
-on the host for the NumPy backend and on the GPU for the CUDA one. The
-estimates are lower bounds of what the backends allocate, so a refusal is
-never a false alarm: ``--cells 1000 1000 1000`` or two atoms in a box of
-3000^3 (a billion empty cells) are refused in one line saying how much they
-would take, instead of failing after minutes.
+(``--density``, ``BOX BOUNDS``) alone: the particle arrays and the neighbour
+list (pairs within the list cutoff at the system's density) on the host for
+the NumPy backend (whose k-d tree needs no grid), and on the GPU for the CUDA
+one, with its cell grid (one cell per ``rc + skin`` along each edge, with room
+for its fullest cell). The estimates are lower bounds of what the backends
+allocate, so a refusal is never a false alarm: ``--cells 1000 1000 1000``, or
+two atoms in a box of 3000^3 on the GPU (a billion empty cells), are refused
+in one line saying how much they would take, instead of failing after minutes.
 """
 import math
 
@@ -20,8 +20,9 @@ from ..resources import require_device_memory, require_host_memory
 # columns they come from and the temporaries of wrapping them into the box.
 _STATE_BYTES_PER_ATOM = 200
 # NumPy backend: positions, velocities, images, forces, list-build positions, per-atom energy
-# and virial; per pair of the half list its two indices, separation and force terms.
-_CPU_BYTES_PER_ATOM, _CPU_BYTES_PER_PAIR = 170, 80
+# and virial, the k-d tree; per pair of the half list its two indices, shift and the sparse
+# gather/scatter products' entries.
+_CPU_BYTES_PER_ATOM, _CPU_BYTES_PER_PAIR = 200, 80
 # CUDA backend: float4 positions (two), velocities, forces, list-build positions and images,
 # per-atom sums, order; 4-byte neighbour entries; per cell slot an index, a sorted index and a
 # float4 position, per cell a count and a start.
@@ -51,12 +52,11 @@ def _cells_and_pairs(n, box, rlist):
 def require_run(n, box, rlist, device, source):
     """Refuse a run of ``n`` atoms in ``box`` with list cutoff ``rlist`` that cannot fit on ``device``."""
     cells, per_cell, pairs = _cells_and_pairs(n, box, rlist)
-    what = f"a run of {_atoms(n)} atoms in {cells:,} neighbour cells"
     if device == "cpu":
-        # the cell table (cells x fullest cell) and each cell's count and start, 8 bytes each
-        need = n * (_CPU_BYTES_PER_ATOM + _CPU_BYTES_PER_PAIR * pairs) + 8 * cells * (2 + per_cell)
-        require_host_memory(int(need), what, source)
+        need = n * (_CPU_BYTES_PER_ATOM + _CPU_BYTES_PER_PAIR * pairs)
+        require_host_memory(int(need), f"a run of {_atoms(n)} atoms", source)
         return
+    what = f"a run of {_atoms(n)} atoms in {cells:,} neighbour cells"
     require_host_memory(_STATE_BYTES_PER_ATOM * n, what, source)
     need = (n * (_GPU_BYTES_PER_ATOM + _GPU_BYTES_PER_NEIGHBOUR * 2 * pairs)
             + cells * (_GPU_BYTES_PER_CELL + _GPU_BYTES_PER_SLOT * per_cell))
