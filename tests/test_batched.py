@@ -75,6 +75,22 @@ def test_a_failing_system_is_reported_alone():
     assert res.reasons[0] is Reason.MAX_ITERATIONS and res.iterations[0] == 3
 
 
+def test_a_convergence_the_true_residual_does_not_confirm_is_not_reported(monkeypatch):
+    import solvers.pcg.batched as batched
+    mats = diffusion_batch(2)
+    real = batched.pcg_iterate
+
+    def claims_convergence_for_the_second(matvec, psolve, b, x, tol, maxiter):
+        if b[0] < 0:  # the second system: stop at once, x untouched, and claim convergence
+            return Reason.CONVERGED, 0, 0.0
+        return real(matvec, psolve, b, x, tol, maxiter)
+
+    monkeypatch.setattr(batched, "pcg_iterate", claims_convergence_for_the_second)
+    res = solvers.BatchedPCG(mats, rtol=1e-8, device="cpu").solve(np.stack([np.ones(64), -np.ones(64)]))
+    assert res.reasons == [Reason.CONVERGED, Reason.INACCURATE]
+    assert not res.converged[1] and res.info[1] > 0
+
+
 def test_bad_input_names_the_system():
     mats = diffusion_batch(3)
     bad = mats[2].tolil()

@@ -17,7 +17,7 @@ from ..errors import InputError
 from ..kernels.structs import Struct
 from .cpu import pcg_iterate
 from .preconditioners import jacobi_inverse_diagonal
-from .result import Reason
+from .result import Reason, confirmed
 
 # The argument struct of kernels/batched.cu (stacked CSR, per-row vectors, per-system results).
 BATCH_RUN = Struct("BatchRun", [
@@ -212,7 +212,9 @@ class BatchedPCG:
             x, status, its, rnorm, true_norms = self._gpu.solve(bs, xs, tol, maxiter)
         else:
             x, status, its, rnorm, true_norms = self._solve_cpu(bs, xs, tol, maxiter)
-        return BatchResult(x=self._split(x), reasons=[Reason(int(c)) for c in status], iterations=its,
+        # a convergence the true residual does not confirm is not reported as one
+        reasons = [confirmed(Reason(int(c)), float(t), float(e)) for c, t, e in zip(status, true_norms, tol)]
+        return BatchResult(x=self._split(x), reasons=reasons, iterations=its,
                            residual_norms=rnorm, true_residual_norms=true_norms, b_norms=b_norms, tolerances=tol,
                            setup_time=self.setup_time, solve_time=time.perf_counter() - t0, device=self.device)
 
