@@ -135,9 +135,11 @@ def test_gpu_batch_agrees_with_cpu_and_isolates_failures():
     assert gpu.reasons == cpu.reasons
     assert gpu.reasons[3] is Reason.BREAKDOWN and gpu.reasons[7] is Reason.NOT_FINITE
     ok = [s for s in range(40) if s not in (3, 7)]
-    assert np.all(np.abs(gpu.iterations[ok] - cpu.iterations[ok]) <= 1)
-    np.testing.assert_allclose(gpu.x.get()[ok], cpu.x[ok], rtol=1e-6, atol=1e-8)
-    assert np.all(gpu.relative_residuals[ok] < 2e-9)
+    # other summation orders round differently: iteration counts within 2 of 60-80 (seen on an H200)
+    assert np.all(np.abs(gpu.iterations[ok] - cpu.iterations[ok]) <= 2)
+    assert np.all(gpu.relative_residuals[ok] < 2e-9) and np.all(cpu.relative_residuals[ok] < 2e-9)
+    error = np.linalg.norm(gpu.x.get()[ok] - cpu.x[ok], axis=1) / np.linalg.norm(cpu.x[ok], axis=1)
+    assert error.max() < 2e-6  # condition numbers up to 352 here: 2 x 352 x 1e-9 bounds the gap
     jac = solvers.BatchedPCG(mats[:3], rtol=1e-10, device="gpu").solve(b[:3])
     ref = solvers.BatchedPCG(mats[:3], rtol=1e-10, device="cpu").solve(b[:3])
     np.testing.assert_allclose(jac.x.get(), ref.x, rtol=1e-7, atol=1e-9)

@@ -386,3 +386,25 @@ def test_timeout_is_for_distributed_runs(capsys):
     code, _, err = run_cli(capsys, "--matrix", EXAMPLE, "--device", "cpu", "--timeout", "5")
     assert code == 2
     assert_one_line_error(err, "--timeout", "MPI launcher")
+
+
+class _ForeignDtype:
+    """A dtype object NumPy cannot interpret, as another array library's (``torch.float64``)."""
+
+    def __init__(self, name, is_complex):
+        self.name, self.is_complex = name, is_complex
+
+    def __str__(self):
+        return f"foreign.{self.name}"
+
+
+class _ForeignArray:
+    def __init__(self, name, is_complex):
+        self.dtype = _ForeignDtype(name, is_complex)
+
+
+def test_complex_check_reads_other_libraries_dtypes():
+    from solvers.pcg.solver import refuse_complex
+    refuse_complex(_ForeignArray("float64", False), "b")  # real: accepted without asking NumPy
+    with pytest.raises(InputError, match="b must be real, got dtype foreign.complex128"):
+        refuse_complex(_ForeignArray("complex128", True), "b")

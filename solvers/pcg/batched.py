@@ -17,7 +17,7 @@ from ..errors import InputError
 from ..kernels.structs import Struct
 from .cpu import pcg_iterate
 from .preconditioners import jacobi_inverse_diagonal
-from .result import Reason, confirmed
+from .result import TRUE_RESIDUAL_SLACK, Reason
 
 # The argument struct of kernels/batched.cu (stacked CSR, per-row vectors, per-system results).
 BATCH_RUN = Struct("BatchRun", [
@@ -26,6 +26,7 @@ BATCH_RUN = Struct("BatchRun", [
     ("p", "real_t*"), ("q", "real_t*"), ("tol", "const double*"), ("status", "int*"), ("iterations", "int*"),
     ("rnorm", "double*"), ("maxiter", "int"), ("systems", "int")])
 PRECONDITIONERS = ("jacobi", "none")
+_REASONS = {int(r): r for r in Reason}
 
 
 @dataclasses.dataclass
@@ -84,6 +85,8 @@ def _as_csr(A, s):
     A = sp.csr_matrix(A, dtype=np.float64)
     if A.shape[0] != A.shape[1]:
         raise InputError(f"system {s}: the matrix must be square, got shape {A.shape}")
+    if A.shape[0] == 0:
+        raise InputError(f"system {s}: the matrix is empty")
     if not np.all(np.isfinite(A.data)):
         raise InputError(f"system {s}: the matrix has NaN or Inf entries")
     A.sum_duplicates()
@@ -161,6 +164,11 @@ class BatchedPCG:
         """``b`` as one stacked host vector (from a (B, n) array or a sequence of B vectors)."""
         if hasattr(b, "get"):
             b = b.get()
+        if isinstance(b, np.ndarray) and b.ndim == 2 and b.shape[0] == self.systems \
+                and np.all(self.sizes == b.shape[1]):  # the common case, checked as a whole
+            if np.iscomplexobj(b) or not np.issubdtype(b.dtype, np.number):
+                raise InputError(f"{name} must be real, got dtype {b.dtype}")
+            return np.ascontiguousarray(b, dtype=np.float64).reshape(-1)
         if isinstance(b, np.ndarray) and b.ndim == 2:
             parts = list(b)
         else:
@@ -206,14 +214,19 @@ class BatchedPCG:
         t0 = time.perf_counter()
         bs = self._right_hand_sides(b, "b")
         xs = np.zeros_like(bs) if x0 is None else self._right_hand_sides(x0, "x0")
-        b_norms = np.array([np.linalg.norm(bs[a:c]) for a, c in zip(self.start[:-1], self.start[1:])])
+        with np.errstate(over="ignore", invalid="ignore"):  # a NaN or Inf b is that system's own failure
+            b_norms = np.sqrt(np.add.reduceat(bs * bs, self.start[:-1]))
         tol = np.maximum(atol, rtol * b_norms)
         if self._gpu is not None:
             x, status, its, rnorm, true_norms = self._gpu.solve(bs, xs, tol, maxiter)
         else:
             x, status, its, rnorm, true_norms = self._solve_cpu(bs, xs, tol, maxiter)
-        # a convergence the true residual does not confirm is not reported as one
-        reasons = [confirmed(Reason(int(c)), float(t), float(e)) for c, t, e in zip(status, true_norms, tol)]
+        # a convergence the true residual does not confirm is not reported as one (solvers.pcg.result.confirmed)
+        status = np.asarray(status, dtype=np.int64).copy()
+        converged = status == Reason.CONVERGED
+        status[converged & ~np.isfinite(true_norms)] = Reason.NOT_FINITE
+        status[converged & np.isfinite(true_norms) & (true_norms > TRUE_RESIDUAL_SLACK * tol)] = Reason.INACCURATE
+        reasons = [_REASONS[c] for c in status]
         return BatchResult(x=self._split(x), reasons=reasons, iterations=its,
                            residual_norms=rnorm, true_residual_norms=true_norms, b_norms=b_norms, tolerances=tol,
                            setup_time=self.setup_time, solve_time=time.perf_counter() - t0, device=self.device)

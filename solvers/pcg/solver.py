@@ -54,14 +54,19 @@ def _is_complex(obj):
             dtype = np.asarray(obj).dtype
         except (TypeError, ValueError):
             return False
-    return dtype is not None and np.dtype(dtype).kind == "c"
+    if dtype is None:
+        return False
+    try:
+        return np.dtype(dtype).kind == "c"
+    except TypeError:  # another library's dtype object (torch.float64, ...)
+        return bool(getattr(dtype, "is_complex", False)) or "complex" in str(dtype)
 
 
 def refuse_complex(obj, name):
     """Raise :class:`InputError` for complex input: CG here solves real systems only."""
     if _is_complex(obj):
-        raise InputError(f"{name} must be real, got dtype {np.dtype(obj.dtype if hasattr(obj, 'dtype') else complex)}"
-                         " (complex systems are not supported)")
+        raise InputError(f"{name} must be real, got dtype {getattr(obj, 'dtype', 'complex')} "
+                         "(complex systems are not supported)")
 
 
 def _entries(A):
