@@ -5,7 +5,7 @@ Prints a markdown table (time per iteration, iterations, time to solution, set-u
 costs, ratios) and saves it under ``scripts/results/`` with the date and the GPU
 name.
 
-Problems: Poisson stencils, the shared SuiteSparse matrices, and unstructured
+Problems: Poisson stencils, the SuiteSparse matrices in ``tests/data``, and unstructured
 classes from :mod:`solvers.gallery` (random geometric and power-law graph
 Laplacians with random numbering, a 27-point stencil), once more with reverse
 Cuthill-McKee reordering (``reorder="rcm"``) where it applies. Peers run plain CG
@@ -135,8 +135,7 @@ def main(argv=None):
     import cupyx.scipy.sparse as csp
 
     repo = pathlib.Path(__file__).resolve().parent.parent
-    data = next((d for d in (repo.parent / "shared" / "data" / "matrices", repo / "shared" / "data" / "matrices")
-                 if d.is_dir()), None)
+    data = repo / "tests" / "data" / "matrices"
     header = ("| problem | n | nnz | storage | iters | while us/it | graph us/it | eager us/it | 1-red. iters "
               "| 1-red. while us/it | cupyx cg us/it | JAX cg us/it | SciPy us/it | cuSPARSE SpMV us "
               "| best while time to sol. ms | format ms | reorder ms | cupyx/best | JAX/best | best/SpMV "

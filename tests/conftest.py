@@ -14,7 +14,8 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 
 
 def _data_dir():
-    candidates = [os.environ.get("GRAPHSOLVE_DATA"), REPO.parent / "shared" / "data", REPO / "shared" / "data"]
+    """``GRAPHSOLVE_DATA`` when set (another copy of the data), else the copy in ``tests/data``."""
+    candidates = [os.environ.get("GRAPHSOLVE_DATA"), REPO / "tests" / "data"]
     for c in candidates:
         if c and (pathlib.Path(c) / "matrices").is_dir():
             return pathlib.Path(c)
