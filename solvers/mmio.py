@@ -324,6 +324,55 @@ def check_symmetry(A, source="matrix"):
             "CG needs a symmetric positive definite matrix", source)
 
 
+def _read_array(path, n, block):
+    """The numbers of a vector file (``.npy``, text or Matrix Market array), rows checked against ``n``.
+
+    ``block``: the file holds ``n`` rows of one or more vectors (its first axis
+    is checked); otherwise one vector of ``n`` entries (its size is checked).
+    """
+    what = "vectors" if block else "vector"
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise InputError("no such file", path)
+    if os.path.isdir(path):
+        raise InputError(f"is a directory, not a {what} file", path)
+
+    def check_rows(count):
+        if n is not None and count != n:
+            raise InputError(f"{what} {'have' if block else 'has'} {count} {'rows' if block else 'entries'} "
+                             f"but the matrix has {n} rows", path)
+
+    try:
+        if path.endswith(".npy"):
+            mapped = np.load(path, mmap_mode="r", allow_pickle=False)  # the header, without the data
+            check_rows(mapped.shape[0] if block and mapped.ndim else mapped.size)
+            v = np.array(mapped)
+        elif path.endswith((".txt", ".dat", ".csv")):
+            v = np.loadtxt(path, delimiter="," if path.endswith(".csv") else None, ndmin=2 if block else 1)
+        else:
+            header = read_header(path)
+            check_rows(header.rows if block else header.rows * header.cols)
+            v = read_entries(path, header).toarray()
+    except InputError:
+        raise
+    except Exception as exc:
+        raise InputError(f"cannot read {what} ({_first_line(exc)})", path) from None
+    if np.iscomplexobj(v):
+        raise InputError("complex vectors are not supported", path)
+    return v
+
+
+def _as_finite(v, dtype, what, path):
+    """``v`` as ``dtype``, or InputError naming ``what`` (a vector, vectors) when not numeric or not finite."""
+    try:
+        v = v.astype(dtype)
+    except (TypeError, ValueError) as exc:
+        raise InputError(f"non-numeric {what} ({_first_line(exc)})", path) from None
+    if not np.all(np.isfinite(v)):
+        raise InputError(f"{what} {'have' if what == 'vectors' else 'has'} NaN or Inf entries", path)
+    return v
+
+
 def read_vector(path, n=None, dtype=np.float64):
     """Read a vector from ``.npy``, ``.txt`` or a Matrix Market array / n x 1 matrix.
 
@@ -332,44 +381,29 @@ def read_vector(path, n=None, dtype=np.float64):
     n : int, optional
         Expected length; a mismatch raises :class:`InputError`.
     """
-    path = os.fspath(path)
-    if not os.path.exists(path):
-        raise InputError("no such file", path)
-    if os.path.isdir(path):
-        raise InputError("is a directory, not a vector file", path)
-    try:
-        if path.endswith(".npy"):
-            mapped = np.load(path, mmap_mode="r", allow_pickle=False)  # the header, without the data
-            if n is not None and mapped.size != n:
-                raise InputError(f"vector has {mapped.size} entries but the matrix has {n} rows", path)
-            v = np.array(mapped)
-        elif path.endswith((".txt", ".dat", ".csv")):
-            v = np.loadtxt(path, delimiter="," if path.endswith(".csv") else None, ndmin=1)
-        else:
-            header = read_header(path)
-            if n is not None and header.rows * header.cols != n:
-                raise InputError(f"vector has {header.rows * header.cols} entries but the matrix has {n} rows",
-                                 path)
-            v = read_entries(path, header).toarray()
-    except InputError:
-        raise
-    except Exception as exc:
-        raise InputError(f"cannot read vector ({_first_line(exc)})", path) from None
-    if np.iscomplexobj(v):
-        raise InputError("complex vectors are not supported", path)
+    v = _read_array(path, n, block=False)
     if v.ndim == 2 and 1 in v.shape:
         v = v.reshape(-1)
     if v.ndim != 1:
         raise InputError(f"expected a vector, got an array of shape {v.shape}", path)
     if n is not None and v.shape[0] != n:
         raise InputError(f"vector has {v.shape[0]} entries but the matrix has {n} rows", path)
-    try:
-        v = v.astype(dtype)
-    except (TypeError, ValueError) as exc:
-        raise InputError(f"non-numeric vector ({_first_line(exc)})", path) from None
-    if not np.all(np.isfinite(v)):
-        raise InputError("vector has NaN or Inf entries", path)
-    return v
+    return _as_finite(v, dtype, "vector", path)
+
+
+def read_vectors(path, n=None, dtype=np.float64):
+    """Read ``k`` vectors of ``n`` entries as an ``(n, k)`` array (``.npy``, text columns or Matrix Market array).
+
+    A file of one vector gives ``(n, 1)``. Used for an AMG near-nullspace.
+    """
+    v = _read_array(path, n, block=True)
+    if v.ndim == 1:
+        v = v[:, None]
+    if v.ndim != 2:
+        raise InputError(f"expected an (n, k) array of vectors, got shape {v.shape}", path)
+    if n is not None and v.shape[0] != n:
+        raise InputError(f"vectors have {v.shape[0]} rows but the matrix has {n} rows", path)
+    return _as_finite(v, dtype, "vectors", path)
 
 
 def vector_format(path):

@@ -61,18 +61,22 @@ def agree(comm, fn, *args, **kwargs):
     try:
         result = fn(*args, **kwargs)
     except MemoryError:
-        failure = ("DeviceError", "out of host memory")
+        failure = ("DeviceError", "out of host memory", None)
     except Exception as exc:  # every rank must learn about any failure
-        failure = (type(exc).__name__, _first_line(exc))
+        source = getattr(exc, "source", None)  # an InputError's file or option, kept apart from the problem
+        failure = (type(exc).__name__, _first_line(exc) if source is None else exc.problem, source)
     failures = comm.allgather(failure)
     failed = [(r, f) for r, f in enumerate(failures) if f is not None]
     if not failed:
         return result
-    first_rank, (name, message) = failed[0]
+    first_rank, (name, message, source) = failed[0]
     if len(failed) < comm.Get_size() or len(set(f for _, f in failed)) > 1:
-        message = f"rank {first_rank}: {message}"
+        message, source = f"rank {first_rank}: {message if source is None else f'{source}: {message}'}", None
     known = {"InputError": InputError, "DeviceError": DeviceError}
-    error = known[name](message) if name in known else RankError(f"{name}: {message}")
+    if name == "InputError":
+        error = InputError(message, source)
+    else:
+        error = known[name](message) if name in known else RankError(f"{name}: {message}")
     error.agreed = True  # raised on every rank: see abort_on_error
     raise error
 

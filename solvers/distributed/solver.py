@@ -6,7 +6,7 @@ import time
 import numpy as np
 
 from ..errors import InputError
-from ..pcg.preconditioners import PRECONDITIONERS, jacobi_inverse_diagonal
+from ..pcg.preconditioners import as_preconditioner, jacobi_inverse_diagonal, refuse_unsupported
 from ..pcg import scaling
 from ..pcg.result import SolveResult, confirmed
 from ..pcg.solver import DTYPES, check_tolerances, refuse_complex
@@ -64,7 +64,8 @@ class DistributedPCG:
         Row bounds of every rank (``len = ranks + 1``).
     comm : mpi4py communicator, optional
         ``MPI.COMM_WORLD`` by default.
-    preconditioner : {"jacobi", "none"}
+    preconditioner : {"jacobi", "none"} or Preconditioner
+        One that declares itself distributed (``chebyshev`` and ``amg`` are refused).
     rtol, atol, maxiter, dtype, record_history
         As for :class:`solvers.pcg.PCG`.
     device : {"auto", "cpu", "gpu"}
@@ -90,7 +91,6 @@ class DistributedPCG:
         self.shape = (int(self.bounds[-1]), int(self.bounds[-1]))
         self.rtol, self.atol, self.maxiter = float(rtol), float(atol), maxiter
         self.record_history = record_history
-        self.preconditioner = preconditioner
         self.variant = variant = auto_variant(self.shape[0], self.ranks) if variant == "auto" else variant
         self.dtype = np.dtype(dtype)
         self.device_name = None
@@ -101,9 +101,7 @@ class DistributedPCG:
                 raise InputError(f"variant must be one of {', '.join(VARIANTS)}, not {variant!r}")
             if str(self.dtype) not in DTYPES:
                 raise InputError(f"dtype must be float64 or float32, not {dtype}")
-            if preconditioner not in PRECONDITIONERS:
-                raise InputError(f"unknown preconditioner {preconditioner!r}; "
-                                 f"choose from {', '.join(PRECONDITIONERS)}")
+            refuse_unsupported(as_preconditioner(preconditioner), distributed=True)
             if len(self.bounds) != self.ranks + 1:
                 raise InputError(f"bounds has {len(self.bounds)} entries for {self.ranks} ranks")
             lo, hi = self.bounds[comm.Get_rank()], self.bounds[comm.Get_rank() + 1]
@@ -113,6 +111,7 @@ class DistributedPCG:
                 raise InputError("check_every must be >= 1")
 
         agree(comm, check_options)
+        self.preconditioner = as_preconditioner(preconditioner).name
         self.device, self.device_note = agree(comm, self._choose_device, device)
         self._a_shift = scaling.shift_for(self._largest(rows), self.dtype)  # see solvers.pcg.scaling
         self.matrix = split_rows(scaling.scaled(rows, self._a_shift).astype(self.dtype), self.bounds, comm)

@@ -8,12 +8,14 @@ import os
 import sys
 
 from ..bundled import EXAMPLE_MATRICES, example_matrix
-from ..cli_common import add_timeout_option, add_version_option, check_finite
+from ..cli_common import add_timeout_option, add_version_option, check_finite, option_name
 from ..distributed.launch import world_size
 from ..errors import DeviceError, InputError
 from ..interrupts import exits_cleanly
-from ..mmio import check_vector_output, write_vector
+from ..mmio import check_vector_output, read_vectors, write_vector
 from ..outfiles import AtomicFile, check_target
+from .preconditioners import AMG, Chebyshev
+from .preconditioners.amg import MAX_COARSE_ROWS, SMOOTHERS
 from .problem import load_problem
 from .progress import ResidualProgress
 from .solver import PCG
@@ -66,9 +68,24 @@ def build_parser():
                         "(default 1e-8; the library's default is SciPy's 1e-5)")
     p.add_argument("--atol", type=float, default=0.0, help="absolute tolerance (default 0)")
     p.add_argument("--maxiter", type=int, help="iteration limit (default 10 n, as in SciPy)")
-    p.add_argument("--precond", choices=("none", "jacobi"), default="jacobi",
-                   help="preconditioner: jacobi (divide by the diagonal) or none (plain CG) "
+    p.add_argument("--precond", choices=("none", "jacobi", "chebyshev", "amg"), default="jacobi",
+                   help="preconditioner: jacobi (divide by the diagonal), none (plain CG), chebyshev "
+                        "(a Chebyshev polynomial in the Jacobi-scaled matrix) or amg (one smoothed-aggregation "
+                        "V-cycle; needs PyAMG); chebyshev and amg run on the CPU only so far "
                         "(default jacobi; solvers.cg's default is none, as in SciPy)")
+    p.add_argument("--cheb-degree", type=int, metavar="K",
+                   help="degree of the Chebyshev polynomial: of --precond chebyshev, or of the smoother of "
+                        "--precond amg (default 3)")
+    p.add_argument("--amg-smoother", choices=SMOOTHERS,
+                   help="relaxation on every AMG level: chebyshev (default) or weighted jacobi")
+    p.add_argument("--amg-sweeps", type=int, metavar="N",
+                   help="steps of the jacobi AMG smoother before and after the coarse correction (default 1)")
+    p.add_argument("--amg-coarse-size", type=int, metavar="N",
+                   help="AMG coarsening stops at this many nodes; the coarsest level is solved with a dense "
+                        f"inverse (default 100, at most {MAX_COARSE_ROWS})")
+    p.add_argument("--nullspace", metavar="FILE",
+                   help="AMG near-nullspace: k vectors of n entries (.npy or text of shape (n, k), or Matrix "
+                        "Market array), e.g. rigid body modes for elasticity (default: constants)")
     p.add_argument("--device", choices=("auto", "cpu", "gpu"), default="auto",
                    help="where to solve: gpu needs CuPy and a CUDA device; auto takes the GPU when "
                         "there is one, else the CPU, and the report's note says why (default auto)")
@@ -115,7 +132,10 @@ def _report(problem, solver, result, error):
         "matrix": problem.name, "n": problem.n, "nnz": problem.nnz,
         "device": result.device, "device_name": getattr(solver, "device_name", None),
         "mode": result.mode, "mode_note": result.mode_note,
-        "preconditioner": solver.preconditioner, "variant": solver.variant, "dtype": str(solver.dtype),
+        "preconditioner": solver.preconditioner,
+        "preconditioner_details": getattr(solver, "preconditioner_details", {}),
+        "preconditioner_setup_time_s": getattr(solver, "preconditioner_setup_time", None),
+        "variant": solver.variant, "dtype": str(solver.dtype),
         "format": getattr(solver, "format", None), "reordering": getattr(solver, "reordering", None),
         "reorder_time_s": getattr(solver, "reorder_time", 0.0),
         "converged": result.converged, "reason": result.reason.label, "info": result.info,
@@ -134,7 +154,8 @@ def _human_stream(args):
     return sys.stderr if args.json == "-" else sys.stdout
 
 
-def _print_report(rep, args):
+def _print_report(rep, args, preconditioner_lines=()):
+    """Print the human-readable report; ``preconditioner_lines`` are ``(label, text)`` pairs."""
     status = "converged" if rep["converged"] else "NOT CONVERGED: " + rep["reason"]
     out = _human_stream(args)
     if args.quiet:
@@ -147,6 +168,7 @@ def _print_report(rep, args):
         f"device                  {where}, mode {rep['mode']}",
         f"preconditioner          {rep['preconditioner']}, {rep['dtype']}, {rep['variant']} PCG",
     ]
+    lines += [f"{label:<23} {text}" for label, text in preconditioner_lines]
     if rep["format"]:
         lines.append(f"matrix format           {rep['format']}")
     if rep["reordering"] and (rep["device"] == "gpu" or rep["reorder_time_s"]):
@@ -159,7 +181,9 @@ def _print_report(rep, args):
     ]
     if rep["error_vs_exact"] is not None:
         lines.append(f"error vs exact solution {rep['error_vs_exact']:.3e}  (b = A @ ones, ||x - 1|| / ||1||)")
-    lines.append(f"setup time              {rep['setup_time_s'] * 1e3:.3f} ms")
+    own = rep["preconditioner_setup_time_s"] if rep["preconditioner_details"] else None
+    own_text = f"  (preconditioner {own * 1e3:.3f} ms)" if own is not None else ""
+    lines.append(f"setup time              {rep['setup_time_s'] * 1e3:.3f} ms{own_text}")
     per_it = rep["time_per_iteration_s"]
     per_it_text = f"  ({per_it * 1e6:.2f} us per iteration)" if per_it else ""
     lines.append(f"solve time              {rep['solve_time_s'] * 1e3:.3f} ms{per_it_text}")
@@ -220,9 +244,50 @@ def _write_output(path, x):
     write_vector(path, x.get() if hasattr(x, "get") else x)
 
 
+# The options of one preconditioner, with what they need to apply.
+PRECONDITIONER_OPTIONS = {
+    "cheb_degree": ("--precond chebyshev, or amg with the chebyshev smoother",
+                    lambda a: a.precond == "chebyshev" or (a.precond == "amg" and a.amg_smoother != "jacobi")),
+    "amg_smoother": ("--precond amg", lambda a: a.precond == "amg"),
+    "amg_sweeps": ("--precond amg --amg-smoother jacobi", lambda a: a.precond == "amg" and a.amg_smoother == "jacobi"),
+    "amg_coarse_size": ("--precond amg", lambda a: a.precond == "amg"),
+    "nullspace": ("--precond amg", lambda a: a.precond == "amg"),
+}
+
+
+def _check_preconditioner_options(args):
+    for name, (needs, applies) in PRECONDITIONER_OPTIONS.items():
+        if getattr(args, name) is not None and not applies(args):
+            raise InputError(f"applies to {needs}", option_name(name))
+    for name, lowest, highest in (("cheb_degree", 1, None), ("amg_sweeps", 1, None),
+                                  ("amg_coarse_size", 1, MAX_COARSE_ROWS)):
+        value = getattr(args, name)
+        if value is not None and (value < lowest or (highest is not None and value > highest)):
+            span = f">= {lowest}" if highest is None else f"from {lowest} to {highest}"
+            raise InputError(f"must be {span}, got {value}", option_name(name))
+
+
+def _preconditioner(args, n):
+    """What ``--precond`` and its options ask for: a name, or an object holding the options given."""
+    if args.precond == "chebyshev":
+        return Chebyshev() if args.cheb_degree is None else Chebyshev(args.cheb_degree)
+    if args.precond != "amg":
+        return args.precond
+    options = {key: value for key, value in (("smoother", args.amg_smoother), ("degree", args.cheb_degree),
+                                             ("sweeps", args.amg_sweeps), ("coarse_size", args.amg_coarse_size))
+               if value is not None}
+    if args.nullspace is None:
+        return AMG(**options)
+    try:
+        return AMG(near_nullspace=read_vectors(args.nullspace, n), **options)
+    except InputError as exc:  # a zero vector, more vectors than rows
+        raise exc.naming(args.nullspace) from None
+
+
 def _check_options(args, writes=True):
     """Refuse bad options, and (``writes``) outputs that could not be written, before any work."""
     check_finite(args, ("rtol", "atol"))
+    _check_preconditioner_options(args)
     if args.maxiter is not None and args.maxiter < 0:
         raise InputError("--maxiter must be >= 0")
     if args.rtol < 0 or args.atol < 0:
@@ -263,8 +328,9 @@ def main(argv=None):
             raise InputError("applies to runs under an MPI launcher (mpiexec, srun), where a rank can stop",
                              "--timeout")
         problem = load_problem(args.matrix, args.rhs, args.x0)
+        preconditioner = _preconditioner(args, problem.n)
         try:
-            solver = PCG(problem.A, preconditioner=args.precond, rtol=args.rtol, atol=args.atol,
+            solver = PCG(problem.A, preconditioner=preconditioner, rtol=args.rtol, atol=args.atol,
                          maxiter=args.maxiter, device=args.device, mode=args.mode, dtype=args.dtype,
                          unroll=args.unroll, record_history=bool(args.plot or args.json), variant=args.variant,
                          matrix_format=args.format, reorder=args.reorder)
@@ -272,7 +338,7 @@ def main(argv=None):
             raise exc.naming(args.matrix) from None
         result = _solve(solver, problem, args.progress)
         rep = _report(problem, solver, result, problem.solution_error(result.x))
-        _print_report(rep, args)
+        _print_report(rep, args, solver.preconditioner_lines)
         if args.output:
             _write_output(args.output, result.x)
         if args.json:

@@ -21,8 +21,9 @@ def cg(A, b, x0=None, *, rtol=1e-5, atol=0.0, maxiter=None, M=None, callback=Non
         Preconditioner (action of ``M^{-1}``), as in SciPy.
     callback : callable, optional
         ``callback(xk)`` after each iteration.
-    preconditioner : {"none", "jacobi"}
-        Built-in preconditioner when ``M`` is None (SciPy's default is none).
+    preconditioner : {"none", "jacobi", "chebyshev", "amg"} or Preconditioner
+        Built-in preconditioner when ``M`` is None (SciPy's default is none); see
+        :class:`~solvers.pcg.PCG`.
     device : {None, "auto", "cpu", "gpu"}
         None follows the inputs: GPU arrays solve on the GPU, host arrays on the CPU.
     mode : {"auto", "eager", "graph", "while"}

@@ -18,7 +18,7 @@ from ..reorder import choose_reordering
 from ..resources import require_device_memory, require_host_memory
 from . import scaling
 from .cpu import CPUPCG, resolve_variant
-from .preconditioners import make_preconditioner
+from .preconditioners import Preconditioner, as_preconditioner, make_preconditioner, refuse_unsupported
 from .result import SolveResult, confirmed
 
 DTYPES = ("float64", "float32")
@@ -27,7 +27,7 @@ DTYPES = ("float64", "float32")
 _WORK_VECTORS = 12
 
 
-class _OperatorPreconditioner:
+class _OperatorPreconditioner(Preconditioner):
     """Wrap a user's ``M`` (LinearOperator, matrix or callable) as ``M^{-1}`` action on the CPU.
 
     ``shift`` is the power of two ``A`` was scaled by: the action is scaled by
@@ -136,8 +136,13 @@ class PCG:
     ----------
     A : sparse matrix, ndarray, LinearOperator, CuPy / cupyx array or any DLPack / CUDA array
         The system matrix. Device arrays select the GPU without a host round trip.
-    preconditioner : {"jacobi", "none"}
-        Built-in preconditioner; ignored when ``M`` is given.
+    preconditioner : {"jacobi", "none", "chebyshev", "amg"} or Preconditioner
+        A built-in preconditioner by name (default options), or an object with
+        its options (:class:`~solvers.pcg.Chebyshev`, :class:`~solvers.pcg.AMG`,
+        ...), set up here on the matrix; ignored when ``M`` is given.
+        ``chebyshev`` and ``amg`` run on the CPU only so far: ``device="auto"``
+        then takes the CPU (the ``device_note`` says why) and ``device="gpu"``
+        is refused.
     M : LinearOperator or matrix, optional
         User preconditioner (action of ``M^{-1}``), CPU only.
     rtol, atol : float
@@ -186,7 +191,8 @@ class PCG:
         if M is not None:
             refuse_complex(M, "M")
         self.record_history = record_history
-        self.device, self.device_note = self._choose_device(A, M, device, mode)
+        spec = None if M is not None else as_preconditioner(preconditioner)
+        self.device, self.device_note = self._choose_device(A, M, spec, device, mode)
         self._order, self.reordering = self._choose_reordering(A, reorder)
         if self._order is not None:
             A = self._order.matrix(self._where_solved(A))
@@ -205,19 +211,23 @@ class PCG:
             A = _host_matrix(A, self.dtype)
             self.shape = A.shape
             variant = resolve_variant(variant, A.shape[0], "cpu")
-            precond = (_OperatorPreconditioner(M, self._a_shift) if M is not None
-                       else make_preconditioner(preconditioner, A))
+            if M is None:
+                refuse_unsupported(spec, "cpu", variant, self.dtype)
+                precond = make_preconditioner(spec, A, self._order)
+            else:
+                precond = _OperatorPreconditioner(M, self._a_shift)
             self._impl = CPUPCG(A, precond, self.dtype, variant)
         else:
             from .gpu import GPUPCG
+            refuse_unsupported(spec, "gpu", variant, self.dtype)
             require_device_memory(device_bytes(n, nnz, self.dtype), f"a PCG solve of {n:,} rows")
-            self._impl = GPUPCG(A, preconditioner, self.dtype, mode, unroll, record_history, variant,
+            self._impl = GPUPCG(A, spec.name, self.dtype, mode, unroll, record_history, variant,
                                 matrix_format)
             self.shape = self._impl.shape
             variant = self._impl.variant
         if self.shape[0] != self.shape[1]:
             raise InputError(f"A must be square, got shape {self.shape}")
-        self.preconditioner = "user" if M is not None else preconditioner
+        self.preconditioner = "user" if M is not None else spec.name
         self.variant = variant
         self.format = self._impl.describe() if self.device == "gpu" else None
         self.setup_time = time.perf_counter() - t0
@@ -240,10 +250,32 @@ class PCG:
         largest = scaling.largest_entry(A)
         return 0 if largest is None else scaling.shift_for(largest, self.dtype)
 
+    @property
+    def preconditioner_details(self):
+        """What the preconditioner's set-up chose and found (levels, bounds, ...), for reports; {} on the GPU."""
+        return self._impl.M.details() if self.device == "cpu" else {}
+
+    @property
+    def preconditioner_lines(self):
+        """``(label, text)`` lines describing the preconditioner for the human-readable report."""
+        return self._impl.M.describe() if self.device == "cpu" else []
+
+    @property
+    def preconditioner_setup_time(self):
+        """Seconds the preconditioner's last set-up took on the CPU (part of ``setup_time``); None on the GPU."""
+        return self._impl.M.setup_time if self.device == "cpu" else None
+
     @staticmethod
-    def _choose_device(A, M, device, mode):
+    def _choose_device(A, M, spec, device, mode):
         on_device = is_device_array(A) or _is_cupy_sparse(A)
         host_only = isinstance(A, spla.LinearOperator) or M is not None
+        if spec is not None and "gpu" not in spec.variants:
+            if device == "gpu" or on_device or (mode not in ("auto", "eager") and device != "cpu"):
+                refuse_unsupported(spec, "gpu")
+            if device == "auto":
+                choice, note = resolve_device("auto")
+                return "cpu", (note if choice == "cpu" else
+                               f"auto: preconditioner {spec.name!r} runs on the CPU only so far")
         if host_only and device == "gpu":
             raise DeviceError("the GPU path needs an explicit matrix and a built-in preconditioner "
                               "(LinearOperator A or M runs on the CPU)")
@@ -274,7 +306,9 @@ class PCG:
         """Replace the matrix values, keeping the sparsity pattern when it is unchanged.
 
         On the GPU the new values are copied in place and the captured graph
-        is reused; a different pattern sets the solver up again.
+        is reused; a different pattern sets the solver up again. On the CPU the
+        preconditioner takes the new values (``Preconditioner.update_values``:
+        AMG keeps its aggregation when the pattern is unchanged).
         """
         refuse_complex(A, "A")
         if self._order is not None:  # the solver holds the reordered matrix
@@ -287,7 +321,7 @@ class PCG:
                 raise InputError(f"new matrix has shape {A.shape}, expected {self.shape}")
             self._impl.update_values(A)
             if self.preconditioner != "user":
-                self._impl.M = make_preconditioner(self.preconditioner, A)
+                self._impl.M.update_values(A)
             else:
                 self._impl.M.shift = shift
         else:

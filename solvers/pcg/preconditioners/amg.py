@@ -1,0 +1,259 @@
+"""Smoothed-aggregation algebraic multigrid: one V-cycle per application.
+
+The hierarchy (strength of connection, aggregation, the smoothed prolongators
+``P``, restrictions ``R = P^T`` and Galerkin operators ``R A P``) is set up by
+PyAMG's ``smoothed_aggregation_solver`` with its defaults, but for the size at
+which coarsening stops. The cycle is this module's own, the one the GPU is to
+run: Jacobi or Chebyshev smoothing in ``D^{-1} A`` (:mod:`.smoothers`) on every
+level, the same before and after the coarse correction (a symmetric
+preconditioner), and a dense inverse of the coarsest operator (one product).
+"""
+import numpy as np
+import scipy.linalg
+import scipy.sparse as sp
+
+from ...errors import InputError
+from .base import Preconditioner
+from .chebyshev import check_degree
+from .smoothers import JACOBI_OMEGA, ChebyshevSmoother, JacobiSmoother
+from .spectrum import LANCZOS_STEPS
+
+SMOOTHERS = ("chebyshev", "jacobi")
+#: Coarsening stops at this many nodes (PyAMG's ``max_coarse``: rows, or blocks of k rows for a
+#: near-nullspace of k vectors). PyAMG's default, 10, suits a CPU; on the GPU every level costs
+#: a few kernel launches whatever its size, while a dense product with a few hundred rows costs
+#: about one, so the hierarchy stops earlier.
+COARSE_SIZE = 100
+#: The coarsest level is solved with a dense inverse: at most this many rows (128 MiB in float64).
+MAX_COARSE_ROWS = 4096
+
+
+def require_pyamg():
+    """The pyamg module, or :class:`InputError` saying how to install it."""
+    try:
+        import pyamg
+    except ImportError:
+        raise InputError("the amg preconditioner needs PyAMG: pip install 'graphsolve-cuda[amg]'") from None
+    return pyamg
+
+
+def _check_count(value, name, lowest, highest=None):
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < lowest or (
+            highest is not None and value > highest):
+        span = f">= {lowest}" if highest is None else f"from {lowest} to {highest}"
+        raise InputError(f"{name} must be an integer {span}, got {value!r}")
+    return int(value)
+
+
+def check_near_nullspace(B, n=None):
+    """The near-nullspace ``B`` as a finite real ``(n, k)`` float64 array, else :class:`InputError`."""
+    try:
+        B = np.array(B, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise InputError("the near-nullspace must be a real (n, k) array of numbers") from None
+    if B.ndim == 1:
+        B = B[:, None]
+    if B.ndim != 2 or B.shape[1] < 1:
+        raise InputError(f"the near-nullspace must be an (n, k) array with k >= 1, got shape {B.shape}")
+    if n is not None and B.shape[0] != n:
+        raise InputError(f"the near-nullspace has {B.shape[0]} rows but the matrix has {n}")
+    if B.shape[1] > B.shape[0]:
+        raise InputError(f"the near-nullspace has more vectors ({B.shape[1]}) than rows ({B.shape[0]})")
+    if not np.all(np.isfinite(B)):
+        raise InputError("the near-nullspace has NaN or Inf entries")
+    if not np.linalg.norm(B, axis=0).all():
+        raise InputError("the near-nullspace has a zero vector")
+    return B
+
+
+def _dense_inverse(A):
+    """``A^+`` of the coarsest operator as a dense matrix, by Cholesky.
+
+    With several near-nullspace vectors an aggregate smaller than their count
+    leaves rows and columns of zeros in the Galerkin operator (PyAMG's ``splu``
+    coarse solver drops them the same way); they are left out and their rows of
+    the inverse are zero, which is the pseudo-inverse. The rest must be positive
+    definite.
+    """
+    dense = A.toarray().astype(np.float64)
+    kept = np.flatnonzero(np.abs(dense).sum(axis=1) > 0)
+    inverse = np.zeros_like(dense)
+    try:
+        factor = scipy.linalg.cho_factor(dense[np.ix_(kept, kept)])
+    except np.linalg.LinAlgError:
+        raise InputError("AMG: the coarsest-level operator is not positive definite "
+                         "(the matrix is not symmetric positive definite)") from None
+    inverse[np.ix_(kept, kept)] = scipy.linalg.cho_solve(factor, np.eye(kept.size))
+    return inverse
+
+
+class _Level:
+    """One level of the cycle: its operator, smoother and the transfers to the next level."""
+
+    def __init__(self, A, P, R, smoother):
+        self.A, self.P, self.R, self.smoother = A, P, R, smoother
+
+
+class AMG(Preconditioner):
+    """Smoothed-aggregation AMG (PyAMG's hierarchy), one V-cycle per application.
+
+    Parameters
+    ----------
+    smoother : {"chebyshev", "jacobi"}
+        Relaxation before and after the coarse correction on every level but the
+        coarsest: Chebyshev of ``degree`` in ``D^{-1} A`` (default), or ``sweeps``
+        steps of Jacobi weighted ``omega / rho(D^{-1} A)``.
+    degree : int
+        Chebyshev degree (3, PyAMG's).
+    sweeps : int
+        Jacobi steps before and after (1).
+    omega : float
+        Jacobi weight relative to the estimated ``rho(D^{-1} A)`` (4/3).
+    coarse_size : int
+        Coarsening stops once a level has at most this many nodes (see :data:`COARSE_SIZE`).
+    max_levels : int
+        At most this many levels (10, PyAMG's).
+    near_nullspace : array of shape (n,) or (n, k), optional
+        Vectors the smoothed prolongators reproduce, in the caller's numbering
+        (the rigid body modes for elasticity); constants by default.
+    lanczos_steps : int
+        Steps of each level's eigenvalue estimate (10).
+    """
+
+    name = "amg"
+
+    def __init__(self, *, smoother="chebyshev", degree=3, sweeps=1, omega=JACOBI_OMEGA, coarse_size=COARSE_SIZE,
+                 max_levels=10, near_nullspace=None, lanczos_steps=LANCZOS_STEPS):
+        if smoother not in SMOOTHERS:
+            raise InputError(f"AMG smoother must be one of {', '.join(SMOOTHERS)}, not {smoother!r}")
+        self.smoother = smoother
+        self.degree = check_degree(degree)
+        self.sweeps = _check_count(sweeps, "AMG sweeps", 1)
+        if not 0 < omega < 2:
+            raise InputError(f"AMG Jacobi weight omega must lie in (0, 2), got {omega}")
+        self.omega = float(omega)
+        self.coarse_size = _check_count(coarse_size, "AMG coarse size", 1, MAX_COARSE_ROWS)
+        self.max_levels = _check_count(max_levels, "AMG max_levels", 2)
+        self.lanczos_steps = _check_count(lanczos_steps, "lanczos_steps", 1)
+        self.near_nullspace = None if near_nullspace is None else check_near_nullspace(near_nullspace)
+        self.aggregation_reused = False
+
+    # -- set-up ---------------------------------------------------------------
+    def _candidates(self, A):
+        """The near-nullspace in the solver's numbering and precision, or None (PyAMG: constants)."""
+        if self.near_nullspace is None:
+            return None
+        B = check_near_nullspace(self.near_nullspace, A.shape[0])
+        if self.reordering is not None:
+            B = self.reordering.forward(B)
+        return np.ascontiguousarray(B, dtype=A.dtype)
+
+    def _setup(self, A):
+        self._hierarchy(A, reuse=None)
+
+    def update_values(self, A):
+        """New values: with the same sparsity pattern the aggregation is kept and the rest recomputed.
+
+        The prolongators, Galerkin operators, smoothers and coarse inverse are
+        numeric and are rebuilt from the new values; aggregates (and the strength
+        graph they came from) are kept. A new pattern sets everything up again.
+        """
+        fine = self.levels[0].A if self.levels else self._coarse_matrix
+        same = (bool(self.levels) and A.shape == fine.shape and A.nnz == fine.nnz
+                and np.array_equal(A.indptr, fine.indptr) and np.array_equal(A.indices, fine.indices))
+        self._timed(lambda M: self._hierarchy(M, reuse=self._ml if same else None), A)
+
+    def _hierarchy(self, A, reuse):
+        pyamg = require_pyamg()
+        options = dict(B=self._candidates(A), max_coarse=self.coarse_size, max_levels=self.max_levels,
+                       presmoother=None, postsmoother=None, keep=True)
+        if reuse is not None:  # PyAMG's predefined strength and aggregates, level by level
+            kept = reuse.levels[:-1]
+            options.update(strength=[("predefined", {"C": lvl.C}) for lvl in kept],
+                           aggregate=[("predefined", {"AggOp": lvl.AggOp}) for lvl in kept],
+                           max_levels=len(reuse.levels))
+        try:
+            ml = pyamg.smoothed_aggregation_solver(A, **options)
+        except (ValueError, np.linalg.LinAlgError) as exc:
+            raise InputError(f"AMG set-up failed: {exc}") from None
+        coarsest = ml.levels[-1].A
+        if coarsest.shape[0] > MAX_COARSE_ROWS:
+            raise InputError(f"AMG coarsening stopped at {coarsest.shape[0]:,} rows after {len(ml.levels)} levels "
+                             f"(max_levels); the coarsest level's dense inverse takes at most {MAX_COARSE_ROWS:,} "
+                             "rows: raise max_levels")
+        self._ml, self.aggregation_reused = ml, reuse is not None
+        self.pyamg_version = pyamg.__version__
+        self.levels = []
+        for lvl in ml.levels[:-1]:
+            level_A = sp.csr_matrix(lvl.A, dtype=A.dtype)
+            P = sp.csr_matrix(lvl.P, dtype=A.dtype)
+            self.levels.append(_Level(level_A, P, sp.csr_matrix(P.T), self._smoother(level_A)))
+        self._coarse_matrix = sp.csr_matrix(coarsest, dtype=A.dtype)
+        self.coarse_inverse = _dense_inverse(self._coarse_matrix).astype(A.dtype)
+
+    def _smoother(self, A):
+        if self.smoother == "chebyshev":
+            return ChebyshevSmoother(A, self.degree, steps=self.lanczos_steps, user="AMG smoother")
+        return JacobiSmoother(A, self.omega, self.sweeps, steps=self.lanczos_steps, user="AMG smoother")
+
+    # -- the cycle ------------------------------------------------------------
+    def apply(self, r):
+        return self._cycle(0, r)
+
+    def _cycle(self, k, b):
+        """``x ~ A_k^{-1} b`` by one V-cycle from level ``k`` down."""
+        if k == len(self.levels):
+            return self.coarse_inverse @ b
+        level = self.levels[k]
+        x = level.smoother.from_zero(b)
+        x += level.P @ self._cycle(k + 1, level.R @ (b - level.A @ x))
+        level.smoother.improve(x, b)
+        return x
+
+    # -- reports --------------------------------------------------------------
+    def level_sizes(self):
+        """``(rows, nonzeros)`` of every level's operator, finest first."""
+        return [(lv.A.shape[0], int(lv.A.nnz)) for lv in self.levels] + [
+            (self._coarse_matrix.shape[0], int(self._coarse_matrix.nnz))]
+
+    def operator_complexity(self):
+        """Nonzeros of all levels over those of the finest (PyAMG's definition)."""
+        sizes = self.level_sizes()
+        return sum(nnz for _, nnz in sizes) / sizes[0][1]
+
+    def grid_complexity(self):
+        """Rows of all levels over those of the finest (PyAMG's definition)."""
+        sizes = self.level_sizes()
+        return sum(rows for rows, _ in sizes) / sizes[0][0]
+
+    def _cycle_name(self):
+        steps = 1 if self.smoother == "chebyshev" else self.sweeps
+        what = f"chebyshev degree {self.degree}" if self.smoother == "chebyshev" else (
+            f"jacobi (omega {self.omega:.4g} / rho)")
+        return f"V({steps},{steps}), {what} smoothing"
+
+    def details(self):
+        return {
+            "method": "smoothed aggregation", "hierarchy": f"PyAMG {self.pyamg_version} smoothed_aggregation_solver",
+            "levels": [{"rows": rows, "nonzeros": nnz} for rows, nnz in self.level_sizes()],
+            "operator_complexity": self.operator_complexity(), "grid_complexity": self.grid_complexity(),
+            "cycle": self._cycle_name(), "smoother": self.smoother,
+            "smoothers": [lv.smoother.details() for lv in self.levels],
+            "coarse_solver": "dense inverse", "coarse_size": self.coarse_size,
+            "near_nullspace": "constant" if self.near_nullspace is None else (
+                f"{self.near_nullspace.shape[1]} given vectors"),
+            "aggregation": "reused (values updated)" if self.aggregation_reused else "new",
+            "setup_time_s": self.setup_time,
+        }
+
+    def describe(self):
+        sizes = self.level_sizes()
+        nullspace = "constant" if self.near_nullspace is None else (
+            f"{self.near_nullspace.shape[1]} given vectors")
+        lines = [("amg", f"smoothed aggregation (PyAMG {self.pyamg_version}), {len(sizes)} levels, "
+                         f"operator complexity {self.operator_complexity():.3f}, "
+                         f"grid complexity {self.grid_complexity():.3f}"),
+                 ("amg cycle", f"{self._cycle_name()}, dense inverse on the coarsest {sizes[-1][0]:,} rows, "
+                               f"near-nullspace {nullspace}")]
+        lines += [(f"  level {k}", f"{rows:,} rows, {nnz:,} nonzeros") for k, (rows, nnz) in enumerate(sizes)]
+        return lines

@@ -1,0 +1,136 @@
+"""Relaxation on ``A x = b`` with the Jacobi-scaled matrix ``D^{-1} A``: weighted Jacobi and Chebyshev.
+
+Both are polynomials in ``D^{-1} A``, which is self-adjoint in the ``A`` inner
+product, so a V-cycle that smooths the same way before and after its coarse
+correction is a symmetric preconditioner (CG needs one); Gauss-Seidel, which
+needs an ordering, would not map to the GPU's one-thread-a-row kernels.
+
+Each smoother has two entry points, the two shapes a V-cycle uses: :meth:`from_zero`
+(pre-smoothing from ``x = 0``: the first product ``A x`` is skipped) and
+:meth:`improve` (post-smoothing of a given ``x``, in place). The Chebyshev
+preconditioner is :meth:`ChebyshevSmoother.from_zero` on the finest matrix.
+"""
+import numpy as np
+
+from .base import jacobi_inverse_diagonal
+from .spectrum import LANCZOS_STEPS, scaled_spectrum_bounds
+
+#: Chebyshev interval relative to the estimated largest eigenvalue ``rho`` of ``D^{-1} A``:
+#: ``[rho / 30, 1.1 rho]``, PyAMG's ``setup_chebyshev`` defaults (``lower_bound=1/30``,
+#: ``upper_bound=1.1``). The 1.1 covers Lanczos' underestimate of ``rho`` (hypre's
+#: ``hypre_ParCSRRelax_Cheby_Setup`` takes the same factor, after Adams, Brezina, Hu and
+#: Tuminaro, J. Comput. Phys. 188, 2003); the lower end leaves the smooth modes, below
+#: rho / 30, to the coarse grid (hypre's default ``cheby_fraction`` 0.3 is a smoother choice).
+LOWER_FRACTION = 1.0 / 30.0
+SAFETY = 1.1
+#: Jacobi weight over the estimated ``rho``: PyAMG's ``('jacobi', {'omega': 4/3})`` smoother
+#: (``omega / rho(D^{-1} A)``), the usual damping for smoothing with weighted Jacobi.
+JACOBI_OMEGA = 4.0 / 3.0
+
+
+class JacobiSmoother:
+    """``sweeps`` steps of ``x += (omega / rho) D^{-1} (b - A x)``.
+
+    Parameters
+    ----------
+    A : scipy.sparse.csr_matrix
+    omega : float
+        Weight relative to the estimated largest eigenvalue ``rho`` of ``D^{-1} A``.
+    sweeps : int
+    steps : int
+        Lanczos steps of the estimate.
+    """
+
+    name = "jacobi"
+
+    def __init__(self, A, omega=JACOBI_OMEGA, sweeps=1, steps=LANCZOS_STEPS, user="Jacobi smoother"):
+        self.A = A
+        self.inverse_diagonal = jacobi_inverse_diagonal(A.diagonal(), user=user).astype(A.dtype)
+        self.lambda_max = scaled_spectrum_bounds(A, self.inverse_diagonal, steps)[1]
+        self.sweeps = int(sweeps)
+        self.weight = omega / self.lambda_max
+        self._scaled = (self.weight * self.inverse_diagonal).astype(A.dtype)
+
+    def from_zero(self, b):
+        """The smoothed solution of ``A x = b`` from ``x = 0``."""
+        x = self._scaled * b
+        for _ in range(self.sweeps - 1):
+            x += self._scaled * (b - self.A @ x)
+        return x
+
+    def improve(self, x, b):
+        """Smooth ``x`` in place."""
+        for _ in range(self.sweeps):
+            x += self._scaled * (b - self.A @ x)
+
+    def details(self):
+        return {"smoother": self.name, "sweeps": self.sweeps, "weight": self.weight, "lambda_max": self.lambda_max}
+
+
+class ChebyshevSmoother:
+    """Chebyshev iteration of ``degree`` steps on ``D^{-1} A x = D^{-1} b`` over ``[lower, upper]``.
+
+    The residual after it is ``C(D^{-1} A)`` times the one before, with ``C`` the
+    degree-``degree`` Chebyshev polynomial scaled to ``[lower, upper]`` and ``C(0) = 1``
+    (the polynomial PyAMG's ``chebyshev_polynomial_coefficients`` gives, here on the
+    Jacobi-scaled matrix, as in hypre's scaled variant). It runs as the three-term
+    recurrence (Saad, Iterative Methods for Sparse Linear Systems, 2nd ed., Alg. 12.1),
+    stable at any degree where monomial coefficients are not, and one fused kernel a
+    step on the GPU: ``d = c1 d + c2 D^{-1} r``, ``x += d``, ``r -= A d``.
+
+    Parameters
+    ----------
+    A : scipy.sparse.csr_matrix
+    degree : int
+        Degree of the residual polynomial: ``degree`` products with ``A`` to
+        improve an ``x``, one fewer from ``x = 0``.
+    lower_fraction, safety : float
+        The interval is ``[lower_fraction * rho, safety * rho]`` for the estimate
+        ``rho`` of the largest eigenvalue of ``D^{-1} A``.
+    steps : int
+        Lanczos steps of the estimate.
+    """
+
+    name = "chebyshev"
+
+    def __init__(self, A, degree=3, lower_fraction=LOWER_FRACTION, safety=SAFETY, steps=LANCZOS_STEPS,
+                 user="Chebyshev smoother"):
+        self.A = A
+        self.inverse_diagonal = jacobi_inverse_diagonal(A.diagonal(), user=user).astype(A.dtype)
+        self.lambda_min, self.lambda_max = scaled_spectrum_bounds(A, self.inverse_diagonal, steps)
+        self.degree = int(degree)
+        self.lower, self.upper = lower_fraction * self.lambda_max, safety * self.lambda_max
+        theta, delta = (self.upper + self.lower) / 2, (self.upper - self.lower) / 2
+        # The recurrence's scalars, the same for every application: d_0 = r / theta, then
+        # d_k = c1[k] d_{k-1} + c2[k] D^{-1} r_k with rho_k = 1 / (2 sigma - rho_{k-1}).
+        sigma = theta / delta
+        rho = 1.0 / sigma
+        self.first = 1.0 / theta
+        self.coefficients = []
+        for _ in range(self.degree - 1):
+            rho_next = 1.0 / (2.0 * sigma - rho)
+            self.coefficients.append((rho_next * rho, 2.0 * rho_next / delta))
+            rho = rho_next
+
+    def _iterate(self, x, r):
+        """The recurrence from ``x`` and its scaled residual ``r = D^{-1} (b - A x)`` (overwritten)."""
+        d = self.first * r
+        x += d
+        for c1, c2 in self.coefficients:
+            r -= self.inverse_diagonal * (self.A @ d)
+            d *= c1
+            d += c2 * r
+            x += d
+        return x
+
+    def from_zero(self, b):
+        """The smoothed solution of ``A x = b`` from ``x = 0``."""
+        return self._iterate(np.zeros_like(b), self.inverse_diagonal * b)
+
+    def improve(self, x, b):
+        """Smooth ``x`` in place."""
+        self._iterate(x, self.inverse_diagonal * (b - self.A @ x))
+
+    def details(self):
+        return {"smoother": self.name, "degree": self.degree, "interval": [self.lower, self.upper],
+                "lambda_max": self.lambda_max}
