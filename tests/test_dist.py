@@ -222,6 +222,14 @@ def test_cli_single_process_options_are_rejected_under_mpi(option):
 
 
 @pytest.mark.mpi
+def test_cli_single_process_preconditioner_is_refused_under_mpi():
+    proc = run_mpi(2, "-m", "solvers.pcg", "--matrix", EXAMPLE, "--device", "cpu", "--precond", "amg", timeout=60)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.strip() == ("error: preconditioner 'amg': runs in a single process only; distributed runs "
+                                   "take none or jacobi"), proc.stderr
+
+
+@pytest.mark.mpi
 def test_cli_bundled_example_and_json_to_stdout_under_mpi():
     proc = run_mpi(2, "-m", "solvers.pcg", "--example", "lap2D_5pt_n100", "--device", "cpu", "--json", "-",
                    timeout=60)

@@ -24,7 +24,7 @@ from solvers.distributed.partition import nnz_bounds, split_rows  # noqa: E402
 from solvers.distributed.problem import poisson_distributed  # noqa: E402
 from solvers.errors import DeviceError, InputError  # noqa: E402
 from solvers.gallery import poisson  # noqa: E402
-from solvers.pcg import PCG, Reason  # noqa: E402
+from solvers.pcg import PCG, Chebyshev, Reason  # noqa: E402
 
 from mpi_cases import COMM, VARIANTS, global_max, problem_pair  # noqa: E402
 from solvers.distributed.gpu import KERNELS  # noqa: E402
@@ -131,6 +131,11 @@ def test_setup_error_on_one_rank_is_raised_on_all():
         return COMM.rank
     with pytest.raises(InputError, match=f"rank {COMM.size - 1}: bad piece"):
         agree(COMM, fails_on_last)
+    def refused_everywhere():
+        raise InputError("not here", "--option")
+    with pytest.raises(InputError) as refused:
+        agree(COMM, refused_everywhere)
+    assert (refused.value.source, refused.value.problem) == ("--option", "not here")  # the source kept apart
     with pytest.raises(RankError, match="ZeroDivisionError"):
         agree(COMM, lambda: 1 / (COMM.rank - 1))
     assert agree(COMM, lambda: COMM.rank) == COMM.rank
@@ -142,6 +147,14 @@ def test_non_positive_diagonal_on_one_rank():
     rows, bounds = split_evenly(A.tocsr())
     with pytest.raises(InputError, match=f"row {A.shape[0]}"):
         DistributedPCG(rows, bounds, COMM, device="cpu")
+
+
+@pytest.mark.parametrize("preconditioner", ["chebyshev", "amg", Chebyshev(5)])
+def test_single_process_preconditioners_are_refused(preconditioner):
+    rows, bounds = split_evenly(poisson((8, 8)))
+    with pytest.raises(InputError, match="runs in a single process only; distributed runs take none or jacobi") as err:
+        DistributedPCG(rows, bounds, COMM, device="cpu", preconditioner=preconditioner)
+    assert err.value.source in ("preconditioner 'chebyshev'", "preconditioner 'amg'")
 
 
 def test_bad_options_and_vectors():

@@ -251,3 +251,89 @@ def test_progress_display_rate_limits_plain_lines():
         progress(it, 1.0 / it)
     progress.close(1000, 1e-3)
     assert log.getvalue().splitlines() == ["PCG: iteration 1  ||r|| = 1.000e+00", "PCG: iteration 1,000  ||r|| = 1.000e-03"]
+
+
+# -- preconditioner options ---------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def elasticity(tmp_path_factory):
+    """A 2-D linear elasticity matrix file (2,048 rows) and its rigid body modes as .npy."""
+    pytest.importorskip("pyamg")
+    from solvers.gallery import linear_elasticity_2d
+    folder = tmp_path_factory.mktemp("elasticity")
+    A, B = linear_elasticity_2d((32, 32))
+    scipy.io.mmwrite(str(folder / "elas.mtx"), A, symmetry="symmetric")
+    np.save(folder / "B.npy", B)
+    return folder / "elas.mtx", folder / "B.npy", B
+
+
+def test_chebyshev_option_report_and_json(capsys, tmp_path):
+    js = tmp_path / "r.json"
+    code, out, _ = run_cli(capsys, "--matrix", EXAMPLE, "--device", "cpu", "--precond", "chebyshev",
+                           "--cheb-degree", "5", "--json", js)
+    rep = json.loads(js.read_text())
+    assert code == 0 and rep["preconditioner"] == "chebyshev" and rep["converged"]
+    assert rep["preconditioner_details"]["degree"] == 5 and rep["iterations"] < 183 / 3  # Jacobi takes 183
+    assert "chebyshev               degree 5 in D^-1 A on [" in out and "(preconditioner " in out
+    assert 0 < rep["preconditioner_setup_time_s"] <= rep["setup_time_s"]
+
+
+def test_amg_options_report_and_json(capsys, tmp_path, elasticity):
+    matrix, nullspace, _ = elasticity
+    js = tmp_path / "r.json"
+    code, out, _ = run_cli(capsys, "--matrix", matrix, "--device", "cpu", "--precond", "amg", "--nullspace", nullspace,
+                           "--amg-smoother", "jacobi", "--amg-sweeps", "2", "--amg-coarse-size", "20", "--json", js)
+    rep = json.loads(js.read_text())
+    details = rep["preconditioner_details"]
+    assert code == 0 and rep["converged"] and rep["iterations"] < 20
+    assert details["near_nullspace"] == "3 given vectors" and details["coarse_size"] == 20
+    assert details["cycle"].startswith("V(2,2), jacobi") and len(details["levels"]) >= 3
+    assert details["levels"][0] == {"rows": rep["n"], "nonzeros": rep["nnz"]}
+    assert rep["preconditioner_setup_time_s"] == details["setup_time_s"] > 0 and rep["solve_time_s"] > 0
+    lines = out.splitlines()
+    amg = next(line for line in lines if line.startswith("amg  "))
+    assert f"{len(details['levels'])} levels, operator complexity {details['operator_complexity']:.3f}" in amg
+    for k, level in enumerate(details["levels"]):
+        assert f"  level {k}               {level['rows']:,} rows, {level['nonzeros']:,} nonzeros" in lines
+
+
+def test_amg_near_nullspace_from_text_and_without_it(capsys, tmp_path, elasticity):
+    matrix, _, B = elasticity
+    text = tmp_path / "B.txt"
+    np.savetxt(text, B)
+    code, out, _ = run_cli(capsys, "--matrix", matrix, "--device", "cpu", "--precond", "amg", "--nullspace", text, "-q")
+    with_modes = int(out.split(", ")[1].split()[0])
+    code_plain, out_plain, _ = run_cli(capsys, "--matrix", matrix, "--device", "cpu", "--precond", "amg", "-q")
+    assert code == code_plain == 0 and with_modes < int(out_plain.split(", ")[1].split()[0])
+
+
+PRECOND_OPTION_ERRORS = [
+    (["--precond", "jacobi", "--cheb-degree", "4"], "--cheb-degree: applies to --precond chebyshev, or amg"),
+    (["--precond", "amg", "--amg-smoother", "jacobi", "--cheb-degree", "4"], "--cheb-degree: applies to"),
+    (["--precond", "chebyshev", "--amg-smoother", "jacobi"], "--amg-smoother: applies to --precond amg"),
+    (["--precond", "amg", "--amg-sweeps", "2"], "--amg-sweeps: applies to --precond amg --amg-smoother jacobi"),
+    (["--amg-coarse-size", "50"], "--amg-coarse-size: applies to --precond amg"),
+    (["--precond", "none", "--nullspace", "B.npy"], "--nullspace: applies to --precond amg"),
+    (["--precond", "chebyshev", "--cheb-degree", "0"], "--cheb-degree: must be >= 1, got 0"),
+    (["--precond", "amg", "--amg-coarse-size", "5000"], "--amg-coarse-size: must be from 1 to 4096, got 5000"),
+    (["--precond", "amg", "--device", "gpu"], "preconditioner 'amg': has no GPU implementation yet"),
+    (["--precond", "chebyshev", "--mode", "graph"], "preconditioner 'chebyshev': has no GPU implementation yet"),
+]
+
+
+@pytest.mark.parametrize("options, message", PRECOND_OPTION_ERRORS)
+def test_preconditioner_option_errors_are_one_line(capsys, options, message):
+    code, out, err = run_cli(capsys, "--matrix", EXAMPLE, *options)
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1 and err.startswith(f"error: {message}"), err
+
+
+def test_bad_nullspace_file_is_named(capsys, tmp_path, elasticity):
+    matrix, _, B = elasticity
+    short, zero = tmp_path / "short.npy", tmp_path / "zero.npy"
+    np.save(short, B[:-2])
+    np.save(zero, np.c_[B, np.zeros(B.shape[0])])
+    for path, message in ((short, f"vectors have {B.shape[0] - 2} rows but the matrix has {B.shape[0]} rows"),
+                          (zero, "the near-nullspace has a zero vector"),
+                          (tmp_path / "missing.npy", "no such file")):
+        code, out, err = run_cli(capsys, "--matrix", matrix, "--device", "cpu", "--precond", "amg",
+                                 "--nullspace", path)
+        assert code == 2 and err.strip() == f"error: {path}: {message}", err
