@@ -114,7 +114,7 @@ class AMG(Preconditioner):
     max_levels : int
         At most this many levels (10, PyAMG's).
     near_nullspace : array of shape (n,) or (n, k), optional
-        Vectors the smoothed prolongators reproduce, in the caller's numbering
+        Vectors the tentative prolongators reproduce exactly, in the caller's numbering
         (the rigid body modes for elasticity); constants by default.
     lanczos_steps : int
         Steps of each level's eigenvalue estimate (10).

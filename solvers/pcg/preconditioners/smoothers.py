@@ -2,8 +2,9 @@
 
 Both are polynomials in ``D^{-1} A``, which is self-adjoint in the ``A`` inner
 product, so a V-cycle that smooths the same way before and after its coarse
-correction is a symmetric preconditioner (CG needs one); Gauss-Seidel, which
-needs an ordering, would not map to the GPU's one-thread-a-row kernels.
+correction is a symmetric preconditioner (CG needs one). Both are pointwise, one
+thread a row on the GPU; Gauss-Seidel, PyAMG's default, runs row after row (or
+colour after colour) and is symmetric only when swept both ways.
 
 Each smoother has two entry points, the two shapes a V-cycle uses: :meth:`from_zero`
 (pre-smoothing from ``x = 0``: the first product ``A x`` is skipped) and
@@ -13,14 +14,14 @@ preconditioner is :meth:`ChebyshevSmoother.from_zero` on the finest matrix.
 import numpy as np
 
 from .base import jacobi_inverse_diagonal
-from .spectrum import LANCZOS_STEPS, scaled_spectrum_bounds
+from .spectrum import LANCZOS_STEPS, largest_scaled_eigenvalue
 
 #: Chebyshev interval relative to the estimated largest eigenvalue ``rho`` of ``D^{-1} A``:
 #: ``[rho / 30, 1.1 rho]``, PyAMG's ``setup_chebyshev`` defaults (``lower_bound=1/30``,
 #: ``upper_bound=1.1``). The 1.1 covers Lanczos' underestimate of ``rho`` (hypre's
 #: ``hypre_ParCSRRelax_Cheby_Setup`` takes the same factor, after Adams, Brezina, Hu and
-#: Tuminaro, J. Comput. Phys. 188, 2003); the lower end leaves the smooth modes, below
-#: rho / 30, to the coarse grid (hypre's default ``cheby_fraction`` 0.3 is a smoother choice).
+#: Tuminaro, J. Comput. Phys. 188, 2003); below the lower end lie the smooth modes the coarse
+#: grid corrects (hypre's default ``cheby_fraction`` puts it at 0.3 of the interval instead).
 LOWER_FRACTION = 1.0 / 30.0
 SAFETY = 1.1
 #: Jacobi weight over the estimated ``rho``: PyAMG's ``('jacobi', {'omega': 4/3})`` smoother
@@ -46,7 +47,7 @@ class JacobiSmoother:
     def __init__(self, A, omega=JACOBI_OMEGA, sweeps=1, steps=LANCZOS_STEPS, user="Jacobi smoother"):
         self.A = A
         self.inverse_diagonal = jacobi_inverse_diagonal(A.diagonal(), user=user).astype(A.dtype)
-        self.lambda_max = scaled_spectrum_bounds(A, self.inverse_diagonal, steps)[1]
+        self.lambda_max = largest_scaled_eigenvalue(A, self.inverse_diagonal, steps)
         self.sweeps = int(sweeps)
         self.weight = omega / self.lambda_max
         self._scaled = (self.weight * self.inverse_diagonal).astype(A.dtype)
@@ -97,7 +98,7 @@ class ChebyshevSmoother:
                  user="Chebyshev smoother"):
         self.A = A
         self.inverse_diagonal = jacobi_inverse_diagonal(A.diagonal(), user=user).astype(A.dtype)
-        self.lambda_min, self.lambda_max = scaled_spectrum_bounds(A, self.inverse_diagonal, steps)
+        self.lambda_max = largest_scaled_eigenvalue(A, self.inverse_diagonal, steps)
         self.degree = int(degree)
         self.lower, self.upper = lower_fraction * self.lambda_max, safety * self.lambda_max
         theta, delta = (self.upper + self.lower) / 2, (self.upper - self.lower) / 2

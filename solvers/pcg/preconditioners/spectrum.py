@@ -1,4 +1,4 @@
-"""Eigenvalue bounds of the Jacobi-scaled matrix ``D^{-1} A`` from a few Lanczos steps.
+"""The largest eigenvalue of the Jacobi-scaled matrix ``D^{-1} A``, estimated by a few Lanczos steps.
 
 ``D^{-1} A`` is self-adjoint in the ``D`` inner product, so Lanczos runs on the
 symmetric ``D^{-1/2} A D^{-1/2}``, which has the same eigenvalues. Ritz values lie
@@ -15,8 +15,8 @@ from ...errors import InputError
 LANCZOS_STEPS = 10
 
 
-def scaled_spectrum_bounds(A, inverse_diagonal, steps=LANCZOS_STEPS, seed=0):
-    """Smallest and largest Ritz values of ``D^{-1} A`` after ``steps`` Lanczos steps.
+def largest_scaled_eigenvalue(A, inverse_diagonal, steps=LANCZOS_STEPS, seed=0):
+    """The largest Ritz value of ``D^{-1} A`` after ``steps`` Lanczos steps (at most ``lambda_max``).
 
     Parameters
     ----------
@@ -31,8 +31,8 @@ def scaled_spectrum_bounds(A, inverse_diagonal, steps=LANCZOS_STEPS, seed=0):
 
     Returns
     -------
-    (float, float)
-        ``(lambda_min_estimate, lambda_max_estimate)``, computed in float64.
+    float
+        The estimate, computed in float64.
     """
     n = A.shape[0]
     scale = np.sqrt(np.asarray(inverse_diagonal, dtype=np.float64))
@@ -54,4 +54,4 @@ def scaled_spectrum_bounds(A, inverse_diagonal, steps=LANCZOS_STEPS, seed=0):
         betas.append(beta)
         v_prev, v = v, w / beta
     ritz = scipy.linalg.eigvalsh_tridiagonal(np.array(alphas), np.array(betas[: len(alphas) - 1]))
-    return float(ritz[0]), float(ritz[-1])
+    return float(ritz[-1])
