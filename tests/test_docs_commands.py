@@ -5,13 +5,15 @@ to the repository's top-level entries (so ``examples/...`` and ``scripts/...`` r
 files the commands write stay out of the checkout); the lines of one page run in order, in one
 folder, so a page may use a file its earlier command wrote. ``python`` blocks run as scripts.
 
-A line ending in ``# needs: gpu``, ``# needs: mpi`` or ``# needs: slurm`` (or several, comma
-separated) needs what it names; a python block needs what any of its lines names, and runs under
-``mpiexec -n 2`` when that includes mpi. MPI commands run where mpi4py and mpiexec are installed;
-GPU and Slurm commands are left to the GPU tests and tests/test_slurm.py. ``python -m pip install``
+A line ending in ``# needs: gpu``, ``# needs: mpi``, ``# needs: slurm`` or ``# needs: amg`` (or
+several, comma separated) needs what it names; a python block needs what any of its lines names,
+and runs under ``mpiexec -n 2`` when that includes mpi. MPI commands run where mpi4py and mpiexec
+are installed, amg ones where PyAMG is (the test extra installs it); GPU and Slurm commands are left
+to the GPU tests and tests/test_slurm.py. ``python -m pip install``
 and ``python -m pytest`` steps are checked (an install of this checkout with extras it defines; the
 test command CI runs), not run from inside this test run.
 """
+import importlib.util
 import os
 import pathlib
 import re
@@ -25,7 +27,7 @@ import pytest
 REPO = pathlib.Path(__file__).resolve().parent.parent
 PAGES = ["README.md", *sorted(str(p.relative_to(REPO)) for p in (REPO / "docs").glob("*.md"))]
 NEEDS = re.compile(r"#\s*needs:\s*([a-z, ]+)$", flags=re.M)
-KNOWN_NEEDS = {"gpu", "mpi", "slurm"}
+KNOWN_NEEDS = {"gpu", "mpi", "slurm", "amg"}
 TIMEOUT = 300
 
 
@@ -113,6 +115,8 @@ def runnable(needs):
     assert needs <= KNOWN_NEEDS, f"unknown needs {needs - KNOWN_NEEDS}"
     if needs & {"gpu", "slurm"}:
         return False
+    if "amg" in needs and importlib.util.find_spec("pyamg") is None:  # installed by the test extra, as in CI
+        return False
     if "mpi" in needs and not mpi_available():
         if os.environ.get("REQUIRE_MPI") == "1":
             pytest.fail("REQUIRE_MPI=1 but mpi4py or mpiexec is missing")
@@ -157,3 +161,4 @@ def test_needs_markers_are_read():
     assert commands == {"sbatch x.sbatch   # needs: slurm": {"slurm"}, "mpiexec -n 2 y  # needs: mpi, gpu": {"mpi", "gpu"},
                         "python -m solvers.pcg    --example lap2D_5pt_n100": set()}
     assert not runnable({"gpu"}) and not runnable({"slurm"}) and runnable(set())
+    assert runnable({"amg"}) == (importlib.util.find_spec("pyamg") is not None)

@@ -6,6 +6,8 @@ and 2-D linear elasticity with its rigid body modes, at sizes that solve in a
 fraction of a second. Iteration counts are to rtol 1e-8, as PyAMG's ``solve``
 counts them (``||r|| < tol ||b||``, the stopping rule of this project's PCG).
 """
+import sys
+
 import numpy as np
 import pytest
 import scipy.sparse as sp
@@ -18,7 +20,7 @@ from solvers.pcg import AMG, BatchedPCG, Chebyshev, Jacobi, PCG, Preconditioner
 from solvers.pcg.preconditioners.smoothers import ChebyshevSmoother
 from solvers.pcg.preconditioners.spectrum import largest_scaled_eigenvalue
 
-pyamg = pytest.importorskip("pyamg")
+pyamg = pytest.importorskip("pyamg")  # the test extra installs it (CI runs these); skipped where it is absent
 
 RTOL = 1e-8
 
@@ -258,6 +260,12 @@ def test_auto_takes_the_cpu_for_a_cpu_only_preconditioner_and_says_why(monkeypat
     monkeypatch.setattr(solver_module, "resolve_device", lambda device: ("gpu", None))  # as on a GPU machine
     solver = PCG(poisson((8, 8)), preconditioner="amg")
     assert solver.device == "cpu" and solver.device_note == "auto: preconditioner 'amg' runs on the CPU only so far"
+
+
+def test_amg_without_pyamg_says_how_to_install_it(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pyamg", None)  # as if not installed: import fails
+    with pytest.raises(InputError, match=r"the amg preconditioner needs PyAMG: pip install 'graphsolve-cuda\[amg\]'"):
+        PCG(poisson((8, 8)), preconditioner="amg", device="cpu")
 
 
 def test_batched_solver_takes_pointwise_preconditioners_only():
