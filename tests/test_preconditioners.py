@@ -185,6 +185,21 @@ def test_near_nullspace_follows_a_reordering(problems):
     assert iterations(A, b, "amg") > 2 * plain  # constants only: the rigid body modes matter
 
 
+@pytest.mark.parametrize("preconditioner", ["chebyshev", "amg"])
+def test_tiny_and_empty_systems(preconditioner):
+    empty = PCG(sp.csr_matrix((0, 0)), preconditioner=preconditioner, device="cpu").solve(np.zeros(0))
+    assert empty.converged and empty.iterations == 0
+    one = PCG(sp.csr_matrix([[2.0]]), preconditioner=preconditioner, device="cpu").solve(np.ones(1))
+    assert one.converged and one.x == pytest.approx([0.5])
+
+
+def test_a_matrix_within_the_coarse_size_is_solved_directly():
+    A = poisson((8, 8))
+    solver = PCG(A, preconditioner=AMG(coarse_size=64), rtol=1e-12, device="cpu")
+    assert solver.preconditioner_details["levels"] == [{"rows": 64, "nonzeros": A.nnz}]
+    assert solver.solve(np.arange(64.0)).iterations == 1
+
+
 def test_report_fields_of_each_preconditioner(problems):
     A, B, b = problems["elasticity"]
     cheb = PCG(A, preconditioner=Chebyshev(4), device="cpu")

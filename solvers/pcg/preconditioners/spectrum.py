@@ -35,6 +35,8 @@ def largest_scaled_eigenvalue(A, inverse_diagonal, steps=LANCZOS_STEPS, seed=0):
         The estimate, computed in float64.
     """
     n = A.shape[0]
+    if n == 0:  # no eigenvalues: 1, the mean eigenvalue of any D^{-1} A, keeps the users' scalars finite
+        return 1.0
     scale = np.sqrt(np.asarray(inverse_diagonal, dtype=np.float64))
     v = np.random.default_rng(seed).standard_normal(n)
     v /= np.linalg.norm(v)
