@@ -120,8 +120,26 @@ def displacement_sq(x, hold, box):
     return np.einsum("ij,ij->i", d, d)
 
 
-def lj_pair(rsq, epsilon, sigma, eshift, energy=True):
-    """Lennard-Jones pair terms for squared distances ``rsq`` inside the cutoff.
+def _scratch(rsq, work, k):
+    """``k`` arrays of ``rsq``'s shape: rows of ``work`` when given (no allocation), else new ones."""
+    if work is None:
+        return [np.empty(np.shape(rsq)) for _ in range(k)]
+    return [work[r] for r in range(k)]
+
+
+def lj_pair(rsq, epsilon, sigma, eshift, energy=True, rc_sq=np.inf, work=None):
+    """Lennard-Jones pair terms for squared distances ``rsq`` (> 0), zero at and beyond ``rc_sq``.
+
+    Parameters
+    ----------
+    rsq : ndarray
+    epsilon, sigma, eshift : float
+    energy : bool
+    rc_sq : float
+        Squared cutoff (none by default).
+    work : ndarray, shape (3,) + rsq.shape, optional
+        Room to compute in: without ``energy`` nothing is allocated and ``F/r`` is
+        returned in ``work[0]`` (the NumPy backend calls this on blocks of pairs every step).
 
     Returns
     -------
@@ -130,39 +148,57 @@ def lj_pair(rsq, epsilon, sigma, eshift, energy=True):
         ``4 eps ((s/r)^12 - (s/r)^6) - eshift``, and the pair virial ``r . F``;
         ``e`` and ``w`` are None unless ``energy``.
     """
-    sr6 = (sigma * sigma) / rsq
-    sr6 *= sr6 * sr6
-    w = 2.0 * sr6
-    w -= 1.0
-    w *= sr6
-    w *= 24.0 * epsilon
-    fr = w / rsq
+    fr, inv, inv3 = _scratch(rsq, work, 3)
+    # 1/r^2 inside the cutoff and 0 beyond it, so that every term below is 0 there.
+    np.less(rsq, rc_sq, out=inv)
+    np.divide(inv, rsq, out=inv)
+    np.multiply(inv, inv, out=inv3)
+    inv3 *= inv
+    # F/r = 24 eps (2 s^12 / r^14 - s^6 / r^8), in place from 1/r^6 and 1/r^2.
+    s6 = sigma ** 6
+    np.multiply(inv3, 48.0 * epsilon * s6 * s6, out=fr)
+    fr -= 24.0 * epsilon * s6
+    fr *= inv3
+    fr *= inv
     if not energy:
         return fr, None, None
+    sr6 = s6 * inv3
     e = sr6 - 1.0
     e *= sr6
     e *= 4.0 * epsilon
-    e -= eshift
-    return fr, e, w
+    e -= eshift * (rsq < rc_sq)
+    return fr, e, fr * rsq
 
 
-def morse_pair(rsq, d0, alpha, r0, eshift, energy=True):
-    """Morse pair terms (LAMMPS ``pair_style morse``) for squared distances ``rsq`` inside the cutoff.
+def morse_pair(rsq, d0, alpha, r0, eshift, energy=True, rc_sq=np.inf, work=None):
+    """Morse pair terms (LAMMPS ``pair_style morse``) for squared distances ``rsq``, zero at and beyond ``rc_sq``.
 
     ``U(r) = D0 (exp(-2 a (r - r0)) - 2 exp(-a (r - r0))) - eshift``.
 
-    Returns
-    -------
-    (fr, e, w)
-        As for :func:`lj_pair`.
+    Parameters and returns are those of :func:`lj_pair` (``work`` of shape (2,) + rsq.shape).
     """
+    fr, ex = _scratch(rsq, work, 2)
+    inside = rsq < rc_sq
     r = np.sqrt(rsq)
-    ex = np.exp(-alpha * (r - r0))
-    w = 2.0 * alpha * d0 * ex * (ex - 1.0) * r
-    fr = w / rsq
+    np.subtract(r, r0, out=ex)
+    ex *= -alpha
+    np.exp(ex, out=ex)
+    # r . F = 2 a D0 ex (ex - 1) r
+    np.subtract(ex, 1.0, out=fr)
+    fr *= ex
+    fr *= r
+    fr *= 2.0 * alpha * d0
+    fr *= inside
+    w = fr.copy() if energy else None
+    fr /= rsq
     if not energy:
         return fr, None, None
-    return fr, d0 * ex * (ex - 2.0) - eshift, w
+    e = ex - 2.0
+    e *= ex
+    e *= d0
+    e -= eshift
+    e *= inside
+    return fr, e, w
 
 
 def thermo_sums(v, mass, pe_atom, vir_atom):

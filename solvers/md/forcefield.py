@@ -17,22 +17,25 @@ class _PairPotential:
 
     rc: float
     shift: bool
+    WORK_ROWS = 3  # rows of the ``work`` array :meth:`terms` computes in
 
     def _check_cutoff(self):
         if not self.rc > 0:
             raise InputError(f"cutoff must be positive, got {self.rc}", "--rc")
 
-    def terms(self, rsq, energy=True):
+    def terms(self, rsq, energy=True, work=None):
         """Pair terms ``(F/r, energy, r.F)`` for squared distances (> 0); zero at and beyond the cutoff.
 
-        ``energy`` False: ``(F/r, None, None)``.
+        ``energy`` False: ``(F/r, None, None)``. ``work``: room to compute in, shape
+        ``(WORK_ROWS,) + rsq.shape``; without ``energy`` nothing is then allocated.
         """
-        inside = rsq < self.rc * self.rc
-        out = self._terms(rsq, energy=energy)
-        for v in out:
-            if v is not None:
-                v *= inside
-        return out
+        return self._terms(rsq, energy=energy, rc_sq=self.rc * self.rc, work=work)
+
+    def _shift(self, shift, energy):
+        """The energy shift to use: ``shift``, else this potential's (only worked out when energies are wanted)."""
+        if shift is not None:
+            return shift
+        return self.energy_shift if energy else 0.0
 
     @property
     def energy_shift(self):
@@ -94,8 +97,8 @@ class LennardJones(_PairPotential):
         """Closer than sigma / 2 is an overlap."""
         return 0.5 * self.sigma
 
-    def _terms(self, rsq, shift=None, energy=True):
-        return md_ref.lj_pair(rsq, self.epsilon, self.sigma, self.energy_shift if shift is None else shift, energy)
+    def _terms(self, rsq, shift=None, energy=True, rc_sq=np.inf, work=None):
+        return md_ref.lj_pair(rsq, self.epsilon, self.sigma, self._shift(shift, energy), energy, rc_sq, work)
 
     def device_params(self):
         """Field values of the device functor's parameters (``PairLJ`` in kernels/md_params.py)."""
@@ -143,9 +146,9 @@ class Morse(_PairPotential):
         """Closer than r0 / 2 is an overlap."""
         return 0.5 * self.r0
 
-    def _terms(self, rsq, shift=None, energy=True):
-        return md_ref.morse_pair(rsq, self.d0, self.alpha, self.r0, self.energy_shift if shift is None else shift,
-                                 energy)
+    def _terms(self, rsq, shift=None, energy=True, rc_sq=np.inf, work=None):
+        return md_ref.morse_pair(rsq, self.d0, self.alpha, self.r0, self._shift(shift, energy), energy, rc_sq,
+                                 work)
 
     def device_params(self):
         """Field values of the device functor's parameters (``PairMorse`` in kernels/md_params.py)."""
