@@ -2,7 +2,7 @@
 import numpy as np
 
 from ..kernels import md_ref
-from .neighbor_cpu import PairForces, build_frame, build_pairs
+from .neighbor_cpu import CandidatePairs, build_frame
 from .thermo import UnstableRunError
 
 
@@ -22,6 +22,12 @@ def unstable(step, ids, move_sq, max_move_sq):
     return UnstableRunError(
         f"step {step}: particle {ids[k]} moved {np.sqrt(move_sq[k]):.3g} in one step "
         f"(more than half the neighbour cutoff, or not finite): the run blew up")
+
+
+# Candidate pairs are searched for within rlist + CANDIDATE_SKINS * skin: they serve the list builds
+# until some particle has moved that many half skins, about three builds (a tree query costs several
+# times a cut by distance).
+CANDIDATE_SKINS = 3.0
 
 
 class CpuBackend:
@@ -51,6 +57,9 @@ class CpuBackend:
         self.x, self.v, self.img = state.positions.copy(), state.velocities.copy(), state.images.copy()
         self.step = state.step
         self.rlist = forcefield.rc + skin
+        # The candidates' radius stays within half the box, where each pair has one nearest image.
+        self.candidate_radius = max(self.rlist, min(self.rlist + CANDIDATE_SKINS * skin, 0.5 * float(min(self.box))))
+        self.candidates = None
         self.trigger_sq = (0.5 * skin) ** 2
         self.max_move_sq = (0.5 * self.rlist) ** 2
         if restart is None:
@@ -66,8 +75,9 @@ class CpuBackend:
     # -- pieces of a step ----------------------------------------------------
     def _build(self, at):
         self.hold = at.copy()
-        i, j = build_pairs(at, self.box, self.rlist)
-        self.pairs = PairForces(i, j, self.n, periodic=(at, self.box))
+        if self.candidates is None or not self.candidates.covers(at, self.rlist):
+            self.candidates = CandidatePairs(at, self.box, self.candidate_radius)
+        self.pairs = self.candidates.verlet(at, self.rlist)
 
     def _forces(self, y, step, energy):
         self.f, pe, vir = self.pairs.compute(y, self.ff, self.n, energy)
@@ -102,8 +112,8 @@ class CpuBackend:
 
     def memory_bytes(self):
         """Bytes held in per-particle and per-pair arrays."""
-        g = self.pairs._gather
-        return sum(a.nbytes for a in (self.x, self.v, self.f, self.img, self.hold, g.data, g.indices, g.indptr)) * 2
+        return (sum(a.nbytes for a in (self.x, self.v, self.f, self.img, self.hold)) + self.pairs.nbytes
+                + self.candidates.nbytes)
 
     def arrays(self):
         """Host copies of the per-particle arrays a restart needs."""

@@ -1,16 +1,32 @@
-"""Neighbour pairs and pair forces for the NumPy backends.
+"""Neighbour lists and pair forces of the NumPy backends.
 
 Pairs come from ``scipy.spatial.cKDTree`` (periodic through ``boxsize`` for one
 process; plain over owned atoms and ghost copies for a rank of a distributed run).
-Between list builds each pair keeps the periodic shift it had at the build, so a
-step needs no minimum-image arithmetic: positions are taken in the build's frame
-(:func:`build_frame`), and the separations are one sparse product.
+A list (:class:`PairList`) is a half list in rows: pairs ``(i, j)`` ordered by
+``i``, then ``j``. A pair across the periodic boundary refers to an image of
+``j``, an extra atom at ``y[source] + shift``, so a step needs no minimum-image
+arithmetic: positions are taken in the frame of the list's build
+(:func:`build_frame`), in which the images recorded then still apply.
+
+Forces are worked out in blocks of rows small enough to stay in the CPU's cache
+and in place (every pass over a million pairs that leaves the cache costs a
+millisecond): separations by gathers, the pair terms, then the forces on ``i``
+as a sum over each row and those on ``j`` by an unbuffered scatter-add.
+
+One process (:class:`CandidatePairs`): the tree is asked for the pairs within
+a wider radius, and the Verlet lists of the next few list builds are cut from
+those candidates by distance, which costs a fraction of a tree query.
 """
 import numpy as np
-import scipy.sparse as sp
 from scipy.spatial import cKDTree
 
 from ..kernels.md_ref import minimum_image
+
+# Pairs per block: about ten arrays of this length are live at once, 1.3 MB, inside a core's L2 cache.
+BLOCK_PAIRS = 16384
+# Rows of work space per block: separations (3), squared distances, the potential's own rows.
+_WORK_ROWS = 5
+_NO_SHIFT = 13  # image code of (0, 0, 0): codes are sum_k (s_k + 1) 3^k for shifts s_k in {-1, 0, 1}
 
 
 def build_pairs(x, box, rlist):
@@ -28,75 +44,177 @@ def build_pairs(x, box, rlist):
     -------
     (i, j) : two int64 ndarrays
     """
-    pairs = cKDTree(x, boxsize=box).query_pairs(rlist, output_type="ndarray")
+    # An unbalanced tree of plain nodes builds and is searched faster for particles of uniform density.
+    tree = cKDTree(x, boxsize=box, balanced_tree=False, compact_nodes=False)
+    pairs = tree.query_pairs(rlist, output_type="ndarray")
     return pairs[:, 0].astype(np.int64), pairs[:, 1].astype(np.int64)
 
 
 def local_pairs(y, n_owned, rlist):
     """Pairs ``i < j`` closer than ``rlist`` among owned atoms ``[0, n_owned)`` and ghosts, no periodicity.
 
-    Pairs of two ghosts are left out: their owners compute them.
+    Pairs of two ghosts are left out: their owners compute them. Sorted by ``i``, then ``j``.
     """
-    pairs = cKDTree(y).query_pairs(rlist, output_type="ndarray")
+    pairs = cKDTree(y, balanced_tree=False, compact_nodes=False).query_pairs(rlist, output_type="ndarray")
     pairs = pairs[pairs[:, 0] < n_owned]
-    return pairs[:, 0].astype(np.int64), pairs[:, 1].astype(np.int64)
+    i, j, _ = _sorted(pairs[:, 0].astype(np.int64), pairs[:, 1].astype(np.int64), None, len(y))
+    return i, j
 
 
 def build_frame(x, hold, box):
     """Positions continued from the build positions ``hold``, and the displacements since the build.
 
     ``hold + min_image(x - hold)``: the frame of the build, in which the pair
-    shifts recorded then still apply (particles move less than half the box
+    images recorded then still apply (particles move less than half the box
     between builds).
     """
     disp = minimum_image(x - hold, box)
     return hold + disp, disp
 
 
-class PairForces:
-    """Forces of a fixed pair list: separations and their reaction forces as sparse products.
+def _sorted(i, j, code, n):
+    """Pairs ordered by ``i``, then ``j``, then ``code`` (0..26 or None), the same order whatever order they came in."""
+    bits = max(int(n - 1).bit_length(), 1)
+    low = 5 if code is not None else 0
+    if 2 * bits + low > 63:  # too many atoms to pack a pair into one integer
+        order = np.lexsort((j, i) if code is None else (code, j, i))
+        return i[order], j[order], None if code is None else code[order]
+    key = (i << (bits + low)) | (j << low)
+    if code is not None:
+        key |= code
+    key.sort()
+    out_code = (key & 31).astype(np.int8) if code is not None else None
+    key >>= low
+    return key >> bits, key & ((1 << bits) - 1), out_code
+
+
+def _image_codes(y, i, j, box):
+    """Code of the image of ``j`` nearest to ``i`` for each pair (``_NO_SHIFT``: ``j`` itself)."""
+    code = np.zeros(len(i), np.int8)
+    d = np.empty(len(i))
+    for k in (2, 1, 0):
+        np.take(y[:, k], j, out=d)
+        d -= np.take(y[:, k], i)
+        code *= 3
+        code += 1
+        code -= d > 0.5 * box[k]
+        code += d < -0.5 * box[k]
+    return code
+
+
+def _shifts(codes):
+    """Shift of each image code in whole boxes, shape (len(codes), 3)."""
+    codes = np.asarray(codes, np.int64)
+    return np.stack([codes % 3, codes // 3 % 3, codes // 9], axis=1) - 1
+
+
+def _with_images(i, src, code, n_atoms, box):
+    """The :class:`PairList` of pairs ``(i, image code of src)`` (already in order), images numbered in order."""
+    crossing = np.flatnonzero(code != _NO_SHIFT)
+    keys, index = np.unique(src[crossing] * 27 + code[crossing], return_inverse=True)
+    j = src.copy()
+    j[crossing] = n_atoms + index
+    return PairList(i, j, n_atoms, images=(keys // 27, _shifts(keys % 27) * box))
+
+
+def _blocks(offsets):
+    """Rows split into blocks of about ``BLOCK_PAIRS`` pairs: ``(a0, a1, p0, p1, rows, starts)`` for each,
+    rows ``[a0, a1)`` holding pairs ``[p0, p1)``, of which ``rows`` have any, starting at ``starts`` (from p0)."""
+    cuts = np.searchsorted(offsets, np.arange(0, offsets[-1], BLOCK_PAIRS))
+    cuts = np.unique(np.concatenate([cuts, [len(offsets) - 1]]))
+    blocks = []
+    for a0, a1 in zip(cuts[:-1], cuts[1:]):
+        p0, p1 = offsets[a0], offsets[a1]
+        if p1 > p0:
+            rows = a0 + np.flatnonzero(offsets[a0 + 1:a1 + 1] > offsets[a0:a1])
+            blocks.append((int(a0), int(a1), int(p0), int(p1), rows, offsets[rows] - p0))
+    return blocks
+
+
+class PairList:
+    """A half list and the forces of its pairs.
 
     Parameters
     ----------
     i, j : ndarray of int64
-        Pairs (``i`` owned; ``j`` owned or a ghost).
+        Pairs, sorted by ``i`` then ``j``; ``i < n_atoms``, ``j < n_atoms`` or an image.
     n_atoms : int
         Atoms the indices refer to (owned and ghosts).
-    periodic : (ndarray (n_atoms, 3), ndarray (3,)), optional
-        Build positions and box of a single-process list: each pair gets the periodic shift
-        that makes ``y[j] - y[i]`` its minimum image at the build.
+    images : (ndarray (G,) of int64, ndarray (G, 3)), optional
+        Source atom and shift of the image atoms ``n_atoms .. n_atoms + G - 1``.
     """
 
-    def __init__(self, i, j, n_atoms, periodic=None):
-        m = len(i)
+    def __init__(self, i, j, n_atoms, images=None):
         self.i, self.j, self.n_atoms = i, j, n_atoms
-        # Row p of the gather: +1 at j, -1 at i, so gather @ y = y[j] - y[i].
-        cols = np.empty(2 * m, np.int64)
-        cols[0::2], cols[1::2] = j, i
-        self._gather = sp.csr_matrix((np.tile([1.0, -1.0], m), cols, np.arange(0, 2 * m + 1, 2)), shape=(m, n_atoms))
-        self._scatter = self._gather.T.tocsr()
-        self._shift_rows = np.empty(0, np.int64)
-        if periodic is not None:
-            at, box = periodic
-            shift = self._gather @ at
-            shift /= box
-            np.rint(shift, out=shift)
-            shift *= -box
-            self._shift_rows = np.flatnonzero(np.any(shift != 0.0, axis=1))
-            self._shift = shift[self._shift_rows]
+        if images is None:
+            images = (np.empty(0, np.int64), np.empty((0, 3)))
+        self.image_source, self.image_shift = images
+        counts = np.bincount(i, minlength=n_atoms)
+        self._counts = counts
+        offsets = np.zeros(n_atoms + 1, np.int64)
+        np.cumsum(counts, out=offsets[1:])
+        self._blocks = _blocks(offsets)
+        n_all = n_atoms + len(self.image_source)
+        self._y, self._f = np.empty((3, n_all)), np.empty((3, n_all))
+        width = max((b[3] - b[2] for b in self._blocks), default=0)
+        self._work = np.empty((_WORK_ROWS + 3, width))
 
     def __len__(self):
         return len(self.i)
 
-    def separations(self, y):
-        """``y[j] - y[i]`` (plus the pair shifts), shape (pairs, 3)."""
-        d = self._gather @ y
-        if self._shift_rows.size:
-            d[self._shift_rows] += self._shift
-        return d
+    @property
+    def nbytes(self):
+        """Bytes held by the list and its work space."""
+        return sum(a.nbytes for a in (self.i, self.j, self._counts, self._y, self._f, self._work))
+
+    def source(self, j):
+        """The atom each index of ``j`` is (itself, or the source of the image)."""
+        src = j.copy()
+        image = np.flatnonzero(j >= self.n_atoms)
+        src[image] = self.image_source[j[image] - self.n_atoms]
+        return src
+
+    def _load(self, y):
+        n = self.n_atoms
+        self._y[:, :n] = y.T
+        if len(self.image_source):
+            np.add(y[self.image_source].T, self.image_shift.T, out=self._y[:, n:])
+
+    def _separations(self, block):
+        """``y[j] - y[i]`` of a block's pairs, shape (3, pairs), and their squared lengths."""
+        a0, a1, p0, p1 = block[:4]
+        d, rsq, sq = self._work[:3, :p1 - p0], self._work[3, :p1 - p0], self._work[4, :p1 - p0]
+        j, counts = self.j[p0:p1], self._counts[a0:a1]
+        for k in range(3):
+            # Indices are in range by construction; "clip" spares numpy's buffered bounds checks.
+            np.take(self._y[k], j, out=d[k], mode="clip")
+            d[k] -= np.repeat(self._y[k, a0:a1], counts)
+        np.multiply(d[0], d[0], out=rsq)
+        for k in (1, 2):
+            np.multiply(d[k], d[k], out=sq)
+            rsq += sq
+        return d, rsq
+
+    def within(self, y, r):
+        """Mask of the pairs closer than ``r`` (``<=``) at positions ``y``."""
+        self._load(y)
+        keep = np.empty(len(self), bool)
+        for block in self._blocks:
+            p0, p1 = block[2:4]
+            rsq = self._separations(block)[1]
+            np.less_equal(rsq, r * r, out=keep[p0:p1])
+        return keep
 
     def compute(self, y, potential, n_out, energy=False):
         """Pair forces on atoms ``[0, n_out)``; with ``energy`` also their halves of pair energy and virial.
+
+        Parameters
+        ----------
+        y : ndarray (n_atoms, 3)
+            Positions in the frame of the list's build.
+        potential : LennardJones or Morse
+        n_out : int
+        energy : bool
 
         Returns
         -------
@@ -105,14 +223,82 @@ class PairForces:
             each of its atoms half its energy and virial; halves of ghosts are
             left to their owners.
         """
-        d = self.separations(y)
-        fr, e, w = potential.terms(np.einsum("ij,ij->i", d, d), energy)
-        d *= fr[:, None]
-        f = (self._scatter @ d)[:n_out]
+        self._load(y)
+        f = self._f
+        f.fill(0.0)
+        halves = np.zeros((2, f.shape[1])) if energy else None
+        for block in self._blocks:
+            p0, p1, rows, starts = block[2:]
+            j = self.j[p0:p1]
+            d, rsq = self._separations(block)
+            fr, e, w = potential.terms(rsq, energy, work=self._work[_WORK_ROWS:, :p1 - p0])
+            for k in range(3):
+                d[k] *= fr
+                f[k, rows] -= np.add.reduceat(d[k], starts)
+                np.add.at(f[k], j, d[k])
+            if energy:
+                for total, v in zip(halves, (e, w)):
+                    v *= 0.5
+                    total[rows] += np.add.reduceat(v, starts)
+                    np.add.at(total, j, v)
+        forces = self._fold(f)[:, :n_out].T.copy()
         if not energy:
-            return f, None, None
+            return forces, None, None
+        pe, vir = self._fold(halves)[:, :n_out]
+        return forces, pe, vir
 
-        def halves(v):
-            return 0.5 * (np.bincount(self.i, v, self.n_atoms) + np.bincount(self.j, v, self.n_atoms))[:n_out]
+    def _fold(self, per_atom):
+        """Rows of per-atom sums with each image's sum added to its source atom (in place); the atoms' part."""
+        n = self.n_atoms
+        if len(self.image_source):
+            for row in per_atom:
+                row[:n] += np.bincount(self.image_source, row[n:], n)
+        return per_atom[:, :n]
 
-        return f, halves(e), halves(w)
+
+class CandidatePairs:
+    """Pairs closer than ``radius`` at wrapped positions ``x``, from which Verlet lists are cut.
+
+    A pair closer than ``rlist`` now was closer than ``rlist + 2 m`` at ``x`` if no
+    atom has moved more than ``m`` since. So while every atom is within
+    ``(radius - rlist) / 2`` of its place at ``x`` (:meth:`covers`), the pairs
+    closer than ``rlist`` are found among the candidates by distance
+    (:meth:`verlet`), the same list in the same order as a tree query would give.
+
+    Parameters
+    ----------
+    x : ndarray (N, 3)
+        Wrapped positions.
+    box : ndarray (3,)
+    radius : float
+    """
+
+    def __init__(self, x, box, radius):
+        self.hold, self.box, self.radius = x.copy(), box, radius
+        i, j = build_pairs(x, box, radius)
+        i, j, self._codes = _sorted(i, j, _image_codes(x, i, j, box), len(x))
+        self.pairs = _with_images(i, j, self._codes, len(x), box)
+
+    @property
+    def nbytes(self):
+        """Bytes held by the candidates."""
+        return self.pairs.nbytes + self._codes.nbytes + self.hold.nbytes
+
+    def covers(self, x, rlist):
+        """Whether every pair closer than ``rlist`` at wrapped positions ``x`` is a candidate."""
+        disp = minimum_image(x - self.hold, self.box)
+        return np.einsum("ij,ij->i", disp, disp).max(initial=0.0) <= (0.5 * (self.radius - rlist)) ** 2
+
+    def verlet(self, x, rlist):
+        """The :class:`PairList` of the pairs closer than ``rlist`` at wrapped positions ``x`` (which
+        :meth:`covers` must accept), with the images that apply in ``x``'s frame."""
+        y = build_frame(x, self.hold, self.box)[0]
+        keep = self.pairs.within(y, rlist)
+        i = self.pairs.i[keep]
+        src = self.pairs.source(self.pairs.j[keep])
+        # y = x + k box: an image shift of the candidates' frame changes by the boxes between the frames.
+        offset = np.rint((y - x) / self.box).astype(np.int8) @ np.array([1, 3, 9], np.int8)
+        code = self._codes[keep]
+        code += offset[src]
+        code -= offset[i]
+        return _with_images(i, src, code, len(x), self.box)

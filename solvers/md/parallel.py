@@ -21,7 +21,7 @@ from ..errors import DeviceError, InputError
 from ..kernels import md_ref
 from .cpu import langevin_force
 from .domain import Domain, choose_grid
-from .neighbor_cpu import PairForces, build_frame, local_pairs
+from .neighbor_cpu import PairList, build_frame, local_pairs
 from .thermo import UnstableRunError
 
 EXIT_BLOWUP, EXIT_BAD_INPUT = 1, 2
@@ -162,7 +162,7 @@ class DistCpuBackend:
         self.plan = GhostPlan(self.domain, self.hold, self.rlist, self.comm)
         y = np.concatenate([self.hold, self.plan.exchange(self.hold)])
         i, j = local_pairs(y, self.n, self.rlist)
-        self.pairs = PairForces(i, j, len(y))
+        self.pairs = PairList(i, j, len(y))
 
     def _forces(self, y, step, energy):
         y_all = np.concatenate([y, self.plan.exchange(y)])
@@ -207,8 +207,7 @@ class DistCpuBackend:
 
     def memory_bytes(self):
         """Bytes held in per-particle and per-pair arrays on this rank."""
-        g = self.pairs._gather
-        return sum(a.nbytes for a in (self.x, self.v, self.f, self.img, self.hold, g.data, g.indices, g.indptr)) * 2
+        return sum(a.nbytes for a in (self.x, self.v, self.f, self.img, self.hold)) + self.pairs.nbytes
 
     def arrays(self):
         """The restart arrays of all atoms, in the starting state's order, on rank 0 (None elsewhere)."""
