@@ -103,10 +103,13 @@ def drift_wrap(x, v, img, box, dt):
     dx = dt * v
     x = x + dx
     hi, lo = x >= box, x < 0.0
-    x = np.where(hi, x - box, np.where(lo, x + box, x))
+    np.subtract(x, box, out=x, where=hi)
+    np.add(x, box, out=x, where=lo)
     # x + L can round up to exactly L: that point is 0 again.
-    x = np.where(x >= box, 0.0, x)
-    return x, img + hi.astype(img.dtype) - lo.astype(img.dtype), np.einsum("ij,ij->i", dx, dx)
+    x[x >= box] = 0.0
+    img = img + hi
+    img -= lo
+    return x, img, np.einsum("ij,ij->i", dx, dx)
 
 
 def minimum_image(d, box):

@@ -11,13 +11,15 @@ import numpy as np
 from ..errors import InputError
 from ..kernels import md_ref
 
+# Rows of the ``work`` array :meth:`_PairPotential.terms` computes in (enough for every potential).
+WORK_ROWS = 3
+
 
 class _PairPotential:
     """What :class:`LennardJones` and :class:`Morse` share: cutoff checks, masking, restart metadata."""
 
     rc: float
     shift: bool
-    WORK_ROWS = 3  # rows of the ``work`` array :meth:`terms` computes in
 
     def _check_cutoff(self):
         if not self.rc > 0:

@@ -21,16 +21,34 @@ import numpy as np
 from scipy.spatial import cKDTree
 
 from ..kernels.md_ref import minimum_image
+from .forcefield import WORK_ROWS
 
 # Pairs per block: about ten arrays of this length are live at once, 1.3 MB, inside a core's L2 cache.
 BLOCK_PAIRS = 16384
-# Rows of work space per block: separations (3), squared distances, the potential's own rows.
-_WORK_ROWS = 5
+# Rows of work space per block: separations (3) and squared distances; the potential's own rows follow.
+_PAIR_ROWS = 4
 _NO_SHIFT = 13  # image code of (0, 0, 0): codes are sum_k (s_k + 1) 3^k for shifts s_k in {-1, 0, 1}
 
 
+def _tree(x, box=None):
+    # An unbalanced tree of plain nodes builds and is searched faster for particles of uniform density.
+    return cKDTree(x, boxsize=box, balanced_tree=False, compact_nodes=False)
+
+
+def _sorted(pairs, n):
+    """Pairs (rows ``(i, j)`` of an (m, 2) int64 array) sorted by ``i``, then ``j``: two int64 arrays."""
+    # Atom indices have at most 31 bits (memory.require_run refuses larger runs): a pair packs into one int64.
+    bits = max(int(n - 1).bit_length(), 1)
+    key = pairs[:, 0] << bits
+    key |= pairs[:, 1]
+    key.sort()
+    j = key & ((1 << bits) - 1)
+    key >>= bits
+    return key, j
+
+
 def build_pairs(x, box, rlist):
-    """All pairs ``i < j`` closer than ``rlist`` (minimum image); the tree's order is deterministic.
+    """All pairs ``i < j`` closer than ``rlist`` (minimum image), sorted by ``i``, then ``j``.
 
     Parameters
     ----------
@@ -44,10 +62,7 @@ def build_pairs(x, box, rlist):
     -------
     (i, j) : two int64 ndarrays
     """
-    # An unbalanced tree of plain nodes builds and is searched faster for particles of uniform density.
-    tree = cKDTree(x, boxsize=box, balanced_tree=False, compact_nodes=False)
-    pairs = tree.query_pairs(rlist, output_type="ndarray")
-    return pairs[:, 0].astype(np.int64), pairs[:, 1].astype(np.int64)
+    return _sorted(_tree(x, box).query_pairs(rlist, output_type="ndarray"), len(x))
 
 
 def local_pairs(y, n_owned, rlist):
@@ -55,10 +70,8 @@ def local_pairs(y, n_owned, rlist):
 
     Pairs of two ghosts are left out: their owners compute them. Sorted by ``i``, then ``j``.
     """
-    pairs = cKDTree(y, balanced_tree=False, compact_nodes=False).query_pairs(rlist, output_type="ndarray")
-    pairs = pairs[pairs[:, 0] < n_owned]
-    i, j, _ = _sorted(pairs[:, 0].astype(np.int64), pairs[:, 1].astype(np.int64), None, len(y))
-    return i, j
+    pairs = _tree(y).query_pairs(rlist, output_type="ndarray")
+    return _sorted(pairs[pairs[:, 0] < n_owned], len(y))
 
 
 def build_frame(x, hold, box):
@@ -72,33 +85,18 @@ def build_frame(x, hold, box):
     return hold + disp, disp
 
 
-def _sorted(i, j, code, n):
-    """Pairs ordered by ``i``, then ``j``, then ``code`` (0..26 or None), the same order whatever order they came in."""
-    bits = max(int(n - 1).bit_length(), 1)
-    low = 5 if code is not None else 0
-    if 2 * bits + low > 63:  # too many atoms to pack a pair into one integer
-        order = np.lexsort((j, i) if code is None else (code, j, i))
-        return i[order], j[order], None if code is None else code[order]
-    key = (i << (bits + low)) | (j << low)
-    if code is not None:
-        key |= code
-    key.sort()
-    out_code = (key & 31).astype(np.int8) if code is not None else None
-    key >>= low
-    return key >> bits, key & ((1 << bits) - 1), out_code
-
-
-def _image_codes(y, i, j, box):
+def _image_codes(x, i, j, box):
     """Code of the image of ``j`` nearest to ``i`` for each pair (``_NO_SHIFT``: ``j`` itself)."""
-    code = np.zeros(len(i), np.int8)
-    d = np.empty(len(i))
-    for k in (2, 1, 0):
-        np.take(y[:, k], j, out=d)
-        d -= np.take(y[:, k], i)
-        code *= 3
-        code += 1
-        code -= d > 0.5 * box[k]
-        code += d < -0.5 * box[k]
+    cols = [np.ascontiguousarray(x[:, k]) for k in range(3)]
+    code = np.full(len(i), _NO_SHIFT, np.int8)
+    for p in range(0, len(i), BLOCK_PAIRS):
+        ib, jb = i[p:p + BLOCK_PAIRS], j[p:p + BLOCK_PAIRS]
+        for k, weight in enumerate((1, 3, 9)):
+            d = np.take(cols[k], jb, mode="clip")
+            d -= np.take(cols[k], ib, mode="clip")
+            shift = (d < -0.5 * box[k]).view(np.int8) - (d > 0.5 * box[k]).view(np.int8)
+            shift *= weight
+            code[p:p + BLOCK_PAIRS] += shift
     return code
 
 
@@ -111,23 +109,34 @@ def _shifts(codes):
 def _with_images(i, src, code, n_atoms, box):
     """The :class:`PairList` of pairs ``(i, image code of src)`` (already in order), images numbered in order."""
     crossing = np.flatnonzero(code != _NO_SHIFT)
-    keys, index = np.unique(src[crossing] * 27 + code[crossing], return_inverse=True)
+    keys = np.take(src, crossing) * 27
+    keys += np.take(code, crossing)
+    # Images numbered in the order of (source, code), through a table of every possible one.
+    used = np.zeros(27 * n_atoms, bool)
+    used[keys] = True
+    image_keys = np.flatnonzero(used)
+    number = np.empty(27 * n_atoms, np.int64)
+    number[image_keys] = np.arange(n_atoms, n_atoms + len(image_keys))
     j = src.copy()
-    j[crossing] = n_atoms + index
-    return PairList(i, j, n_atoms, images=(keys // 27, _shifts(keys % 27) * box))
+    j[crossing] = number[keys]
+    return PairList(i, j, n_atoms, images=(image_keys // 27, _shifts(image_keys % 27) * box))
 
 
 def _blocks(offsets):
     """Rows split into blocks of about ``BLOCK_PAIRS`` pairs: ``(a0, a1, p0, p1, rows, starts)`` for each,
-    rows ``[a0, a1)`` holding pairs ``[p0, p1)``, of which ``rows`` have any, starting at ``starts`` (from p0)."""
+    rows ``[a0, a1)`` holding pairs ``[p0, p1)``, of which ``rows`` (a slice when all) have any, starting at
+    ``starts`` (from p0)."""
     cuts = np.searchsorted(offsets, np.arange(0, offsets[-1], BLOCK_PAIRS))
     cuts = np.unique(np.concatenate([cuts, [len(offsets) - 1]]))
     blocks = []
-    for a0, a1 in zip(cuts[:-1], cuts[1:]):
-        p0, p1 = offsets[a0], offsets[a1]
+    for a0, a1 in zip(cuts[:-1].tolist(), cuts[1:].tolist()):
+        p0, p1 = int(offsets[a0]), int(offsets[a1])
         if p1 > p0:
             rows = a0 + np.flatnonzero(offsets[a0 + 1:a1 + 1] > offsets[a0:a1])
-            blocks.append((int(a0), int(a1), int(p0), int(p1), rows, offsets[rows] - p0))
+            starts = offsets[rows] - p0
+            if len(rows) == a1 - a0:
+                rows = slice(a0, a1)  # a view, not a gather and scatter
+            blocks.append((a0, a1, p0, p1, rows, starts))
     return blocks
 
 
@@ -157,7 +166,7 @@ class PairList:
         n_all = n_atoms + len(self.image_source)
         self._y, self._f = np.empty((3, n_all)), np.empty((3, n_all))
         width = max((b[3] - b[2] for b in self._blocks), default=0)
-        self._work = np.empty((_WORK_ROWS + 3, width))
+        self._work = np.empty((_PAIR_ROWS + WORK_ROWS, width))
 
     def __len__(self):
         return len(self.i)
@@ -183,16 +192,13 @@ class PairList:
     def _separations(self, block):
         """``y[j] - y[i]`` of a block's pairs, shape (3, pairs), and their squared lengths."""
         a0, a1, p0, p1 = block[:4]
-        d, rsq, sq = self._work[:3, :p1 - p0], self._work[3, :p1 - p0], self._work[4, :p1 - p0]
+        d, rsq = self._work[:3, :p1 - p0], self._work[3, :p1 - p0]
         j, counts = self.j[p0:p1], self._counts[a0:a1]
         for k in range(3):
             # Indices are in range by construction; "clip" spares numpy's buffered bounds checks.
             np.take(self._y[k], j, out=d[k], mode="clip")
             d[k] -= np.repeat(self._y[k, a0:a1], counts)
-        np.multiply(d[0], d[0], out=rsq)
-        for k in (1, 2):
-            np.multiply(d[k], d[k], out=sq)
-            rsq += sq
+        np.einsum("kp,kp->p", d, d, out=rsq)
         return d, rsq
 
     def within(self, y, r):
@@ -231,7 +237,7 @@ class PairList:
             p0, p1, rows, starts = block[2:]
             j = self.j[p0:p1]
             d, rsq = self._separations(block)
-            fr, e, w = potential.terms(rsq, energy, work=self._work[_WORK_ROWS:, :p1 - p0])
+            fr, e, w = potential.terms(rsq, energy, work=self._work[_PAIR_ROWS:, :p1 - p0])
             for k in range(3):
                 d[k] *= fr
                 f[k, rows] -= np.add.reduceat(d[k], starts)
@@ -275,14 +281,14 @@ class CandidatePairs:
 
     def __init__(self, x, box, radius):
         self.hold, self.box, self.radius = x.copy(), box, radius
-        i, j = build_pairs(x, box, radius)
-        i, j, self._codes = _sorted(i, j, _image_codes(x, i, j, box), len(x))
-        self.pairs = _with_images(i, j, self._codes, len(x), box)
+        i, self._src = build_pairs(x, box, radius)
+        self._codes = _image_codes(x, i, self._src, box)
+        self.pairs = _with_images(i, self._src, self._codes, len(x), box)
 
     @property
     def nbytes(self):
         """Bytes held by the candidates."""
-        return self.pairs.nbytes + self._codes.nbytes + self.hold.nbytes
+        return self.pairs.nbytes + self._src.nbytes + self._codes.nbytes + self.hold.nbytes
 
     def covers(self, x, rlist):
         """Whether every pair closer than ``rlist`` at wrapped positions ``x`` is a candidate."""
@@ -293,12 +299,10 @@ class CandidatePairs:
         """The :class:`PairList` of the pairs closer than ``rlist`` at wrapped positions ``x`` (which
         :meth:`covers` must accept), with the images that apply in ``x``'s frame."""
         y = build_frame(x, self.hold, self.box)[0]
-        keep = self.pairs.within(y, rlist)
-        i = self.pairs.i[keep]
-        src = self.pairs.source(self.pairs.j[keep])
+        keep = np.flatnonzero(self.pairs.within(y, rlist))
+        i, src, code = (np.take(a, keep) for a in (self.pairs.i, self._src, self._codes))
         # y = x + k box: an image shift of the candidates' frame changes by the boxes between the frames.
         offset = np.rint((y - x) / self.box).astype(np.int8) @ np.array([1, 3, 9], np.int8)
-        code = self._codes[keep]
-        code += offset[src]
-        code -= offset[i]
+        code += np.take(offset, src)
+        code -= np.take(offset, i)
         return _with_images(i, src, code, len(x), self.box)
