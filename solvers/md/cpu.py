@@ -30,6 +30,12 @@ def unstable(step, ids, move_sq, max_move_sq):
 CANDIDATE_SKINS = 3.0
 
 
+def candidate_radius(rlist, skin, box):
+    """Radius of the candidate pairs: ``rlist`` plus ``CANDIDATE_SKINS`` skins, at most half the
+    smallest box edge (where each pair has one nearest image), at least ``rlist``."""
+    return max(rlist, min(rlist + CANDIDATE_SKINS * skin, 0.5 * float(min(box))))
+
+
 class CpuBackend:
     """Velocity Verlet (plus Langevin) with a half Verlet list, float64.
 
@@ -57,8 +63,7 @@ class CpuBackend:
         self.x, self.v, self.img = state.positions.copy(), state.velocities.copy(), state.images.copy()
         self.step = state.step
         self.rlist = forcefield.rc + skin
-        # The candidates' radius stays within half the box, where each pair has one nearest image.
-        self.candidate_radius = max(self.rlist, min(self.rlist + CANDIDATE_SKINS * skin, 0.5 * float(min(self.box))))
+        self.candidate_radius = candidate_radius(self.rlist, skin, self.box)
         self.candidates = None
         self.trigger_sq = (0.5 * skin) ** 2
         self.max_move_sq = (0.5 * self.rlist) ** 2

@@ -20,9 +20,10 @@ from ..resources import require_device_memory, require_host_memory
 # columns they come from and the temporaries of wrapping them into the box.
 _STATE_BYTES_PER_ATOM = 200
 # NumPy backend: positions, velocities, images, forces, list-build positions, per-atom energy
-# and virial, the k-d tree; per pair of the half list its two indices, shift and the sparse
-# gather/scatter products' entries.
-_CPU_BYTES_PER_ATOM, _CPU_BYTES_PER_PAIR = 200, 80
+# and virial, the k-d tree; per pair of the half list its two indices; per candidate pair (the
+# pairs within the wider radius the k-d tree is asked for) its two indices, its source atom and
+# image code, and the tree's own output while they are sorted.
+_CPU_BYTES_PER_ATOM, _CPU_BYTES_PER_PAIR, _CPU_BYTES_PER_CANDIDATE = 200, 16, 40
 # CUDA backend: float4 positions (two), velocities, forces, list-build positions and images,
 # per-atom sums, order; 4-byte neighbour entries; per cell slot an index, a sorted index and a
 # float4 position, per cell a count and a start.
@@ -38,22 +39,34 @@ def require_state(n, source):
     require_host_memory(_STATE_BYTES_PER_ATOM * n, f"a system of {_atoms(n)} atoms", source)
 
 
+def _volume_density(n, box):
+    volume = float(np.prod(np.asarray(box, float)))
+    return volume, (n / volume if volume > 0 else 0.0)
+
+
+def _pairs_per_atom(n, box, radius):
+    """Pairs per atom of the half list of cutoff ``radius`` at the system's density."""
+    return 0.5 * min(_volume_density(n, box)[1] * 4.0 / 3.0 * math.pi * radius ** 3, n)
+
+
 def _cells_and_pairs(n, box, rlist):
     """Cells of the grid, atoms in the fullest cell (at least) and pairs per atom of the half list."""
     edges = [max(int(b // rlist), 1) if math.isfinite(b // rlist) else 1 for b in np.asarray(box, float)]
     cells = math.prod(edges)
-    volume = float(np.prod(np.asarray(box, float)))
-    density = n / volume if volume > 0 else 0.0
+    volume, density = _volume_density(n, box)
     per_cell = density * volume / cells
-    pairs = 0.5 * min(density * 4.0 / 3.0 * math.pi * rlist ** 3, n)
-    return cells, max(1, math.ceil(per_cell)), pairs
+    return cells, max(1, math.ceil(per_cell)), _pairs_per_atom(n, box, rlist)
 
 
-def require_run(n, box, rlist, device, source):
-    """Refuse a run of ``n`` atoms in ``box`` with list cutoff ``rlist`` that cannot fit on ``device``."""
+def require_run(n, box, rlist, device, source, candidates=None):
+    """Refuse a run of ``n`` atoms in ``box`` with list cutoff ``rlist`` that cannot fit on ``device``.
+
+    ``candidates``: the radius of the NumPy backend's candidate pairs (``rlist`` if not given).
+    """
     cells, per_cell, pairs = _cells_and_pairs(n, box, rlist)
     if device == "cpu":
-        need = n * (_CPU_BYTES_PER_ATOM + _CPU_BYTES_PER_PAIR * pairs)
+        wide = _pairs_per_atom(n, box, rlist if candidates is None else candidates)
+        need = n * (_CPU_BYTES_PER_ATOM + _CPU_BYTES_PER_PAIR * pairs + _CPU_BYTES_PER_CANDIDATE * wide)
         require_host_memory(int(need), f"a run of {_atoms(n)} atoms", source)
         return
     what = f"a run of {_atoms(n)} atoms in {cells:,} neighbour cells"

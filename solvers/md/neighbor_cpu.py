@@ -36,9 +36,12 @@ def _tree(x, box=None):
 
 
 def _sorted(pairs, n):
-    """Pairs (rows ``(i, j)`` of an (m, 2) int64 array) sorted by ``i``, then ``j``: two int64 arrays."""
-    # Atom indices have at most 31 bits (memory.require_run refuses larger runs): a pair packs into one int64.
+    """Pairs (rows ``(i, j)`` of an (m, 2) int64 array, indices below ``n``) sorted by ``i``, then ``j``:
+    two int64 arrays."""
     bits = max(int(n - 1).bit_length(), 1)
+    if 2 * bits > 63:  # too many atoms to pack a pair into one int64 key
+        order = np.lexsort((pairs[:, 1], pairs[:, 0]))
+        return pairs[order, 0], pairs[order, 1]
     key = pairs[:, 0] << bits
     key |= pairs[:, 1]
     key.sort()

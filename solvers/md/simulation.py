@@ -8,6 +8,7 @@ from ..errors import InputError
 from .forcefield import from_meta
 from .integrators import Langevin, VelocityVerlet
 from .io import read_restart, write_restart
+from .cpu import CpuBackend, candidate_radius
 from .memory import require_run
 from .state import State
 from .thermo import as_arrays, thermo_row
@@ -104,7 +105,8 @@ class Simulation:
         if self.device == "cpu" and precision != "double":
             raise InputError("the CPU backend runs double precision only", "--precision")
         if self.comm is None:
-            require_run(state.n, state.box, forcefield.rc + skin, self.device, self.source)
+            require_run(state.n, state.box, forcefield.rc + skin, self.device, self.source,
+                        candidates=candidate_radius(forcefield.rc + skin, skin, state.box))
         if self.comm is not None:
             from .parallel import distributed_backend
             self._backend = distributed_backend(self.device, self.comm, state, forcefield, integrator, skin,
@@ -115,7 +117,6 @@ class Simulation:
                                        unroll=STEPS_PER_LAUNCH if unroll is None else unroll, restart=restart,
                                        neighbor_capacity=neighbor_capacity, tpp=tpp, cell_order=cell_order)
         else:
-            from .cpu import CpuBackend
             self._backend = CpuBackend(state, forcefield, integrator, skin, restart=restart)
         self.mode, self.precision = self._backend.mode, precision
         self._check_overlaps()

@@ -1,0 +1,92 @@
+"""Neighbour lists and pair forces of the NumPy MD backend, against direct sums over all pairs."""
+import numpy as np
+import pytest
+
+from solvers.md import Langevin, LennardJones, Morse, Simulation, cpu, lattice_state, neighbor_cpu
+from solvers.md.neighbor_cpu import CandidatePairs, build_pairs
+
+RLIST = 2.8
+
+
+def liquid(seed, cells=(5, 6, 7), noise=0.12):
+    """An fcc lattice (density 0.8442) shaken by Gaussian noise, wrapped into its box (edges 8.4 to 11.8)."""
+    state = lattice_state(cells=cells, temp=1.0, seed=seed)
+    x = state.positions + np.random.default_rng(seed).normal(0.0, noise, state.positions.shape)
+    return x % state.box, state.box
+
+
+def direct_terms(x, box, potential):
+    """Forces, and halves of pair energy and virial per atom, summed over all pairs (minimum image)."""
+    d = x[None, :, :] - x[:, None, :]  # d[i, j] = x_j - x_i
+    d -= box * np.rint(d / box)
+    rsq = np.einsum("ijk,ijk->ij", d, d)
+    np.fill_diagonal(rsq, 1.0)
+    fr, e, w = potential.terms(rsq)
+    np.fill_diagonal(fr, 0.0), np.fill_diagonal(e, 0.0), np.fill_diagonal(w, 0.0)
+    return -np.einsum("ij,ijk->ik", fr, d), 0.5 * e.sum(axis=1), 0.5 * w.sum(axis=1)
+
+
+@pytest.mark.parametrize("potential", [LennardJones(rc=2.5, shift=True), Morse(1.0, 6.0, 1.12, rc=2.5)],
+                         ids=["lj", "morse"])
+@pytest.mark.parametrize("block", [neighbor_cpu.BLOCK_PAIRS, 100])
+def test_pair_forces_match_direct_sums(monkeypatch, potential, block):
+    monkeypatch.setattr(neighbor_cpu, "BLOCK_PAIRS", block)  # 100: hundreds of blocks, some rows split off
+    x, box = liquid(1)
+    pairs = CandidatePairs(x, box, RLIST).verlet(x, RLIST)
+    assert len(pairs.image_source) > 0  # pairs across the periodic boundary take part
+    f, pe, vir = pairs.compute(x, potential, len(x), energy=True)
+    f_ref, pe_ref, vir_ref = direct_terms(x, box, potential)
+    scale = np.abs(f_ref).max()
+    np.testing.assert_allclose(f, f_ref, rtol=0, atol=1e-12 * scale)
+    np.testing.assert_allclose(pe, pe_ref, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(vir, vir_ref, rtol=1e-12, atol=1e-12)
+    f_only, none_pe, none_vir = pairs.compute(x, potential, len(x))
+    np.testing.assert_array_equal(f_only, f)
+    assert none_pe is None and none_vir is None
+
+
+def test_list_cut_from_candidates_is_the_tree_list():
+    x0, box = liquid(2)
+    radius = 3.6
+    candidates = CandidatePairs(x0, box, radius)
+    rng = np.random.default_rng(7)
+    step = rng.normal(size=x0.shape)
+    step *= 0.99 * 0.5 * (radius - RLIST) / np.linalg.norm(step, axis=1, keepdims=True)
+    x1 = (x0 + step) % box  # every atom moved almost the most the candidates allow, many across a face
+    assert np.any(np.abs(x1 - x0) > 0.5 * box)
+    assert candidates.covers(x1, RLIST)
+    cut = candidates.verlet(x1, RLIST)
+    tree = CandidatePairs(x1, box, RLIST).verlet(x1, RLIST)
+    for name in ("i", "j", "image_source", "image_shift"):
+        np.testing.assert_array_equal(getattr(cut, name), getattr(tree, name), err_msg=name)
+    i, j = build_pairs(x1, box, RLIST)
+    np.testing.assert_array_equal(cut.i, i)
+    np.testing.assert_array_equal(cut.source(cut.j), j)
+    x2 = x1.copy()
+    x2[5] = (x0[5] + 1.02 * step[5] / 0.99) % box
+    assert not candidates.covers(x2, RLIST)
+
+
+def test_runs_with_and_without_candidates_agree_bit_for_bit(monkeypatch):
+    def run():
+        sim = Simulation(lattice_state(cells=(6, 6, 6), temp=1.44, seed=3), LennardJones(),
+                         Langevin(0.005, 1.2, 0.5, seed=9), device="cpu")
+        sim.run(200, thermo_every=100)
+        return sim
+
+    wide = run()
+    monkeypatch.setattr(cpu, "CANDIDATE_SKINS", 0.0)  # a tree query at every list build
+    exact = run()
+    assert wide.neighbor_builds == exact.neighbor_builds > 10
+    np.testing.assert_array_equal(wide.positions, exact.positions)
+    np.testing.assert_array_equal(wide.velocities, exact.velocities)
+
+
+def test_pairs_sorted_whether_or_not_they_pack_into_one_integer():
+    pairs = np.random.default_rng(4).integers(0, 1000, size=(5000, 2))
+    packed = neighbor_cpu._sorted(pairs, 1000)
+    unpacked = neighbor_cpu._sorted(pairs, 2 ** 40)  # indices too wide for one int64 key: lexsort
+    order = np.lexsort((pairs[:, 1], pairs[:, 0]))
+    for got in (packed, unpacked):
+        np.testing.assert_array_equal(got[0], pairs[order, 0])
+        np.testing.assert_array_equal(got[1], pairs[order, 1])
