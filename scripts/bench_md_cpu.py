@@ -69,6 +69,43 @@ def run_ours(data, steps):
             "thermo": [sim.thermo[k] for k in KEYS]}
 
 
+def profile_ours(data, steps):
+    """Where one run's loop spends its time: seconds in each part, and the calls of each."""
+    import collections
+
+    from solvers.md import cpu, neighbor_cpu
+
+    spent, calls = collections.defaultdict(float), collections.Counter()
+
+    def timed(owner, name, part):
+        inner = getattr(owner, name)
+
+        def wrapper(*args, **kwargs):
+            t = time.perf_counter()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                spent[part] += time.perf_counter() - t
+                calls[part] += 1
+        setattr(owner, name, wrapper)
+
+    timed(neighbor_cpu.PairList, "compute", "pair forces")
+    timed(neighbor_cpu.CandidatePairs, "__init__", "candidate pairs")
+    timed(neighbor_cpu, "build_pairs", "k-d tree query and sort")
+    timed(neighbor_cpu.CandidatePairs, "verlet", "Verlet lists cut from the candidates")
+    from solvers.md import LennardJones, Simulation, VelocityVerlet, read_dump
+    sim = Simulation(read_dump(str(data)), LennardJones(rc=RC), VelocityVerlet(DT), skin=SKIN, device="cpu")
+    spent.clear(), calls.clear()
+    t0 = time.perf_counter()
+    sim.run(steps)
+    loop = time.perf_counter() - t0
+    parts = {part: [spent[part], calls[part]] for part in spent}
+    # build_pairs runs inside CandidatePairs: the rest of a candidate build is its images and blocks.
+    parts["candidate pairs"][0] -= spent["k-d tree query and sort"]
+    parts["integration, list checks, thermo"] = [loop - sum(spent.values()) + spent["k-d tree query and sort"], steps]
+    return {"loop": loop, "parts": parts, "candidate_skins": cpu.CANDIDATE_SKINS}
+
+
 def write_data(path, state):
     """``state`` as a LAMMPS data file (positions and velocities to the last bit)."""
     lines = ["in.lj start state", "", f"{state.n} atoms", "1 atom types", ""]
@@ -117,6 +154,9 @@ def one_thread_env(engine):
     return env
 
 
+WORKERS = {"ours": run_ours, "lammps": run_lammps, "profile": profile_ours}
+
+
 def worker(engine, data, steps):
     """A run of ``engine`` in a fresh process; its JSON result."""
     out = subprocess.run([sys.executable, __file__, "--worker", engine, "--data", str(data), "--steps", str(steps)],
@@ -140,11 +180,12 @@ def main(argv=None):
     p.add_argument("--steps", type=int, default=100)
     p.add_argument("--data", default=str(DATA), help="LAMMPS dump of the start state")
     p.add_argument("--out", default=str(HERE / "results"))
-    p.add_argument("--worker", choices=["ours", "lammps"], help=argparse.SUPPRESS)
+    p.add_argument("--no-profile", dest="profile", action="store_false",
+                   help="leave out the extra run that splits graphsolve's loop time into its parts")
+    p.add_argument("--worker", choices=list(WORKERS), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker:
-        result = (run_ours if args.worker == "ours" else run_lammps)(args.data, args.steps)
-        print(json.dumps(result))
+        print(json.dumps(WORKERS[args.worker](args.data, args.steps)))
         return 0
 
     runs = {"ours": [], "lammps": []}
@@ -155,6 +196,7 @@ def main(argv=None):
             last = runs[engine][-1]
             print(f"run {r + 1} {engine}: {args.steps / last['loop']:.2f} steps/s (loop), "
                   f"{args.steps / last['total']:.2f} (with set-up), {last['builds']} builds", flush=True)
+    profile = worker("profile", args.data, args.steps) if args.profile else None
     load.append(os.getloadavg()[0])
 
     def rates(engine, key):
@@ -194,7 +236,20 @@ def main(argv=None):
         f"graphsolve / LAMMPS: **{ratio_loop:.2f}x** (loop), {ratio_total:.2f}x (with set-up). "
         "`vs reference`: largest relative difference of Temp, E_pair, TotEng, Press at the last step from the "
         "in.lj reference table (100 steps).",
-    ]) + "\n"
+    ])
+    if profile:
+        text += "\n".join([
+            "",
+            "",
+            f"Where graphsolve's loop time goes (one more run, {args.steps / profile['loop']:.1f} steps/s; candidate "
+            f"pairs within rc + skin + {profile['candidate_skins']:g} skins):",
+            "",
+            "| part | calls | ms per call | ms per step | share |",
+            "|---|---|---|---|---|",
+            *(f"| {part} | {n} | {1e3 * t / n:.1f} | {1e3 * t / args.steps:.2f} | {t / profile['loop']:.0%} |"
+              for part, (t, n) in sorted(profile["parts"].items(), key=lambda kv: -kv[1][0]) if n),
+        ])
+    text += "\n"
     print(text)
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, f"md_cpu_{stamp:%Y-%m-%d_%H%M}_{commit}.md")
