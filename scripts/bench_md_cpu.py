@@ -139,9 +139,13 @@ def run_lammps(data, steps):
     header = next(k for k, line in enumerate(lines) if line.split()[:1] == ["Step"])
     last = next(k for k, line in enumerate(lines) if line.startswith("Loop time")) - 1
     row = dict(zip(lines[header].split(), (float(v) for v in lines[last].split())))
+    # The task timing breakdown: "Pair    | min | avg | max | %varavg | %total" (Other has no min and max).
+    sections = {m.group(1): float(m.group(2)) for m in re.finditer(r"^(\w+)\s*\|[^|]*\|\s*(\S+)", text, re.M)
+                if m.group(1) in ("Pair", "Neigh", "Comm", "Output", "Modify", "Other")}
     return {"loop": float(re.search(r"Loop time of (\S+)", text).group(1)), "total": total,
             "builds": int(re.search(r"Neighbor list builds = (\d+)", text).group(1)),
-            "thermo": [row["Temp"], row["E_pair"], row["TotEng"], row["Press"]], "version": version}
+            "thermo": [row["Temp"], row["E_pair"], row["TotEng"], row["Press"]], "version": version,
+            "sections": sections}
 
 
 def one_thread_env(engine):
@@ -249,6 +253,14 @@ def main(argv=None):
             *(f"| {part} | {n} | {1e3 * t / n:.1f} | {1e3 * t / args.steps:.2f} | {t / profile['loop']:.0%} |"
               for part, (t, n) in sorted(profile["parts"].items(), key=lambda kv: -kv[1][0]) if n),
         ])
+    lmp = runs["lammps"][-1]
+    text += "\n".join([
+        "",
+        "",
+        f"Serial LAMMPS's own breakdown (its last run, {args.steps / lmp['loop']:.1f} steps/s): "
+        + ", ".join(f"{name} {1e3 * t / args.steps:.2f} ms per step" for name, t in lmp["sections"].items())
+        + f"; {1e3 * lmp['sections']['Neigh'] / lmp['builds']:.1f} ms per list build.",
+    ])
     text += "\n"
     print(text)
     os.makedirs(args.out, exist_ok=True)
