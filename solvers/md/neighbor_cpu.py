@@ -205,7 +205,7 @@ class PairList:
         return d, rsq
 
     def within(self, y, r):
-        """Mask of the pairs closer than ``r`` (``<=``) at positions ``y``."""
+        """Mask of the pairs at most ``r`` apart at positions ``y`` (as the k-d tree counts them)."""
         self._load(y)
         keep = np.empty(len(self), bool)
         for block in self._blocks:
