@@ -186,13 +186,12 @@ __device__ int single_reduction_decision(State* st, bool start, int it, double r
 // st->iteration is -1.
 
 // Threads per block of the persistent kernels (the loader may set it), and the threads each SM must
-// hold at once (caps the registers): more threads resident, more loads in flight at once.
+// hold at once (caps the registers). Holding more (1024, 2048) was no faster on an H200, even for
+// gather-bound products (scripts/results/probe_formats_sweep_2026-11-30_NVIDIA_H200_af63447.md).
 #ifndef RUN_BLOCK
 #define RUN_BLOCK 256
 #endif
-#ifndef RUN_SM_THREADS
 #define RUN_SM_THREADS 512
-#endif
 #define RUN_MIN_BLOCKS (RUN_BLOCK >= RUN_SM_THREADS ? 1 : RUN_SM_THREADS / RUN_BLOCK)
 
 // Settle the decision of iteration `it` in the block's copy `s` (thread 0); block 0 publishes it.

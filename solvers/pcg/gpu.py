@@ -77,11 +77,10 @@ class SingleReduction(Variant):
 VARIANTS = {cls.name: cls for cls in (Classic, SingleReduction)}
 
 
-def kernel_program(matrix_format, real, run_block_size, gather_stored, stream_matrix=False, sm_threads=512):
+def kernel_program(matrix_format, real, run_block_size, gather_stored, stream_matrix=False):
     """Arguments of :func:`kernels.module` for the PCG kernels over ``matrix_format``."""
     defines = tuple(matrix_format.defines) + (("RUN_BLOCK", str(run_block_size)),
-                                              ("GATHER_STORED", "1" if gather_stored else "0"),
-                                              ("RUN_SM_THREADS", str(sm_threads)))
+                                              ("GATHER_STORED", "1" if gather_stored else "0"))
     if stream_matrix:
         defines += (("STREAM_MATRIX", "1"),)
     structs = (STATE, PROGRESS) + tuple(v.struct(matrix_format.struct) for v in VARIANTS.values())
@@ -156,8 +155,6 @@ class GPUPCG:
         us, random geometric graph 2M rows 314.6 / 323.7 us).
     sell_lanes : int, optional
         Threads a row of the SELL format (default: :meth:`solvers.formats.SELL.auto_lanes`).
-    sm_threads : int
-        Threads of the persistent kernel each SM must hold at once (caps its registers).
     block : int, optional
         Threads per block of the persistent kernel (default :func:`run_block`).
     """
@@ -165,8 +162,7 @@ class GPUPCG:
     device = "gpu"
 
     def __init__(self, A, preconditioner, dtype, mode, unroll, record_history, variant="auto",
-                 matrix_format="auto", gather="auto", stream_matrix=None, sell_lanes=None, sm_threads=512,
-                 block=None):
+                 matrix_format="auto", gather="auto", stream_matrix=None, sell_lanes=None, block=None):
         cupy = require_cupy()
         if preconditioner not in ("none", "jacobi"):
             raise InputError(f"preconditioner {preconditioner!r} is not available on the GPU")
@@ -177,7 +173,7 @@ class GPUPCG:
         self.requested_format = matrix_format
         self.requested_gather = gather
         self.requested_stream = stream_matrix
-        self.sell_lanes, self.sm_threads, self.requested_block = sell_lanes, int(sm_threads), block
+        self.sell_lanes, self.requested_block = sell_lanes, block
         self.dtype = np.dtype(dtype)
         self.preconditioner = preconditioner
         self.record_history = record_history
@@ -225,7 +221,7 @@ class GPUPCG:
 
         self.run_block = self.requested_block or run_block(n)
         program = kernel_program(self.format, kernels.ctype(self.dtype), self.run_block, gather == "stored",
-                                 self.stream_matrix, self.sm_threads)
+                                 self.stream_matrix)
         mod = kernels.module(**program)
         self.k_residual = mod.get_function("matrix_residual")
         variant = VARIANTS[self.variant]
