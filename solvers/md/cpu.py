@@ -90,6 +90,20 @@ class CpuBackend:
             self.pe_atom, self.vir_atom = pe, vir
         self.f += langevin_force(self.integ, self.v, self.ids, step, self.mass)
 
+    def _rebuild_now(self, step, move_sq, disp):
+        """True when the list must be rebuilt before this step's forces; raises when the run blew up.
+
+        ``move_sq``: each particle's squared move this step; ``disp``: its displacement since the
+        last build.
+        """
+        error = unstable(step, self.ids, move_sq, self.max_move_sq)
+        if error:
+            raise error
+        return np.einsum("ij,ij->i", disp, disp).max(initial=0.0) > self.trigger_sq
+
+    def _rebuild(self):
+        self._build(self.x)
+
     # -- driver ----------------------------------------------------------------
     def advance(self, nsteps):
         """Run ``nsteps`` timesteps; return the thermo sums at the last one."""
@@ -98,12 +112,9 @@ class CpuBackend:
             step = self.step + 1
             self.v = md_ref.half_kick(self.v, self.f, self.mass, dt)
             self.x, self.img, move_sq = md_ref.drift_wrap(self.x, self.v, self.img, self.box, dt)
-            error = unstable(step, self.ids, move_sq, self.max_move_sq)
-            if error:
-                raise error
             y, disp = build_frame(self.x, self.hold, self.box)
-            if np.einsum("ij,ij->i", disp, disp).max() > self.trigger_sq:
-                self._build(self.x)
+            if self._rebuild_now(step, move_sq, disp):
+                self._rebuild()
                 self.builds += 1
                 y = self.x
             self._forces(y, step, energy=k == nsteps - 1)

@@ -19,7 +19,7 @@ import numpy as np
 from ..distributed.comm import RankError, abort_on_error, world
 from ..errors import DeviceError, InputError
 from ..kernels import md_ref
-from .cpu import langevin_force
+from .cpu import CpuBackend, langevin_force
 from .domain import Domain, choose_grid
 from .neighbor_cpu import PairList, build_frame, local_pairs
 from .thermo import UnstableRunError
@@ -97,11 +97,13 @@ class GhostPlan:
         return out
 
 
-class DistCpuBackend:
+class DistCpuBackend(CpuBackend):
     """One rank's part of a distributed simulation on the CPU (float64).
 
     Parameters are those of :class:`~solvers.md.cpu.CpuBackend` plus ``comm``;
     every rank passes the whole ``state`` (and ``restart``) and keeps its own atoms.
+    It sets itself up on its own (its atoms, ghosts and lists are a rank's) and takes
+    the step loop from ``CpuBackend.advance``, with the rebuild decision made together.
     """
 
     device = "cpu"
@@ -171,32 +173,22 @@ class DistCpuBackend:
             self.pe_atom, self.vir_atom = pe, vir
         self.f += langevin_force(self.integ, self.v, self.ids, step, self.mass)
 
-    # -- driver ----------------------------------------------------------------
-    def advance(self, nsteps):
-        """Run ``nsteps`` timesteps (collective); return the reduced thermo sums at the last one."""
+    def _rebuild_now(self, step, move_sq, disp):
+        """The single-process decision taken together (collective): any rank's blow-up ends every
+        rank with the same message, and any rank's displacement rebuilds every rank's list."""
         from mpi4py import MPI
-        dt = self.integ.dt
-        for k in range(nsteps):
-            step = self.step + 1
-            self.v = md_ref.half_kick(self.v, self.f, self.mass, dt)
-            self.x, self.img, move_sq = md_ref.drift_wrap(self.x, self.v, self.img, self.box, dt)
-            y, disp = build_frame(self.x, self.hold, self.box)
-            bad = ~(move_sq <= self.max_move_sq)
-            flags = np.array([int(np.einsum("ij,ij->i", disp, disp).max(initial=0.0) > self.trigger_sq),
-                              -int(self.ids[bad].min()) if bad.any() else _NOBODY], np.int64)
-            self.comm.Allreduce(MPI.IN_PLACE, flags, op=MPI.MAX)
-            if flags[1] != _NOBODY:  # the same message on every rank
-                raise agreed(UnstableRunError(f"step {step}: particle {-flags[1]} moved more than half the "
-                                              "neighbour cutoff in one step (or is not finite): the run blew up"))
-            if flags[0]:
-                self._migrate()
-                self._build(self.x)
-                self.builds += 1
-                y = self.x
-            self._forces(y, step, energy=k == nsteps - 1)
-            self.v = md_ref.half_kick(self.v, self.f, self.mass, dt)
-            self.step = step
-        return self.sums()
+        bad = ~(move_sq <= self.max_move_sq)
+        flags = np.array([int(np.einsum("ij,ij->i", disp, disp).max(initial=0.0) > self.trigger_sq),
+                          -int(self.ids[bad].min()) if bad.any() else _NOBODY], np.int64)
+        self.comm.Allreduce(MPI.IN_PLACE, flags, op=MPI.MAX)
+        if flags[1] != _NOBODY:  # the same message on every rank
+            raise agreed(UnstableRunError(f"step {step}: particle {-flags[1]} moved more than half the "
+                                          "neighbour cutoff in one step (or is not finite): the run blew up"))
+        return bool(flags[0])
+
+    def _rebuild(self):
+        self._migrate()
+        self._build(self.x)
 
     def sums(self):
         """``(sum m v^2, sum E_pair, sum r.F)`` over all ranks at the current step."""
