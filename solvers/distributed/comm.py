@@ -181,8 +181,22 @@ class DeviceComm:
     halo exchange: operations of one communicator run one after the other, so
     with two an exchange on one stream runs while an allreduce runs on
     another. Created collectively: rank 0 makes the NCCL ids and MPI
-    broadcasts them.
+    broadcasts them. Solvers take theirs from :meth:`shared`.
     """
+
+    # One per MPI communicator and GPU, kept for the life of the process: destroying an NCCL
+    # communicator waits for its peers to destroy theirs, so one freed by the garbage collector
+    # (at a moment that differs between ranks) would hang the job.
+    _shared = {}
+
+    @classmethod
+    def shared(cls, comm):
+        """The process's :class:`DeviceComm` over ``comm`` on the current GPU (made collectively once)."""
+        from cupy.cuda import runtime
+        key = (comm.py2f(), runtime.getDevice())
+        if key not in cls._shared:
+            cls._shared[key] = cls(comm)
+        return cls._shared[key]
 
     def __init__(self, comm):
         from cupy.cuda import nccl

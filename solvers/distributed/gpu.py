@@ -140,7 +140,7 @@ class DistGPUPCG:
         return bind_device(comm)
 
     def _communicator(self, comm):
-        return DeviceComm(comm)
+        return DeviceComm.shared(comm)
 
     def _format(self, indptr, indices):
         return choose_format(indptr, indices, self.cupy)

@@ -84,7 +84,7 @@ class DistGpuBackend:
             self.stream = cp.cuda.Stream(non_blocking=True)
             side = cp.cuda.Stream(non_blocking=True, priority=-(2 ** 30))
             self.driver = SegmentDriver(self.stream, side, cp.cuda.Event)
-            self.nccl = DeviceComm(comm)
+            self.nccl = DeviceComm.shared(comm)
             self._setup_atoms(state, restart)
         except cp.cuda.memory.OutOfMemoryError as exc:
             raise DeviceError(f"out of GPU memory while setting up the simulation ({exc})") from None
