@@ -166,6 +166,9 @@ class GraphEngine:
         Why ``auto`` chose ``mode``.
     instantiations : int
         How many executable graphs this engine has built (``graph``/``while``).
+    build_time : float
+        Seconds the last :meth:`run` spent capturing and instantiating its graph
+        (0 when it reused one), so callers can time the iterations apart from it.
     """
 
     def __init__(self, body, mode="auto", unroll=1, stream=None):
@@ -177,6 +180,7 @@ class GraphEngine:
         self.unroll = int(unroll)
         self.stream = stream if stream is not None else cupy.cuda.Stream(non_blocking=True)
         self.instantiations = 0
+        self.build_time = 0.0
         self._graph = None
         self._core_stream = None
 
@@ -188,6 +192,7 @@ class GraphEngine:
         return dev
 
     def _build(self):
+        t0 = time.perf_counter()
         dev = self._device()
         builder = dev.create_graph_builder().begin_building("relaxed")
         if self.mode == "while":
@@ -207,6 +212,7 @@ class GraphEngine:
         self._graph = builder.end_building().complete()
         self._core_stream = dev.create_stream(_StreamRef(self.stream.ptr))
         self.instantiations += 1
+        self.build_time = time.perf_counter() - t0
 
     def invalidate(self):
         """Forget the captured graph (the body's buffers moved); the next run recaptures."""
@@ -249,6 +255,7 @@ class GraphEngine:
         int
             Number of launches made (kernel iterations in eager mode, graph launches otherwise).
         """
+        self.build_time = 0.0
         if eager or self.mode == "eager":
             loop = LoopContext()
             launched = 0

@@ -144,6 +144,7 @@ def _report(problem, solver, result, error):
         "true_relative_residual": result.relative_residual, "b_norm": result.b_norm,
         "tolerance": result.tolerance, "error_vs_exact": error,
         "setup_time_s": result.setup_time, "solve_time_s": result.solve_time, "loop_time_s": result.loop_time,
+        "capture_time_s": result.capture_time,
         "time_per_iteration_s": result.time_per_iteration if result.iterations else None,
         "history": None if result.history is None else [float(v) for v in result.history],
     }
@@ -186,7 +187,9 @@ def _print_report(rep, args, preconditioner_lines=()):
     lines.append(f"setup time              {rep['setup_time_s'] * 1e3:.3f} ms{own_text}")
     per_it = rep["time_per_iteration_s"]
     per_it_text = f"  ({per_it * 1e6:.2f} us per iteration)" if per_it else ""
-    lines.append(f"solve time              {rep['solve_time_s'] * 1e3:.3f} ms{per_it_text}")
+    capture = rep["capture_time_s"]
+    capture_text = f"  (graph capture {capture * 1e3:.3f} ms)" if capture else ""
+    lines.append(f"solve time              {rep['solve_time_s'] * 1e3:.3f} ms{per_it_text}{capture_text}")
     if rep["mode_note"]:
         lines.append(f"note                    {rep['mode_note']}")
     if args.verbose:

@@ -394,7 +394,8 @@ class GPUPCG:
                             on_wait=on_wait if on_progress is not None else None)
         finally:
             self.iterations_per_launch = self.unroll
-        self.last_loop_time = time.perf_counter() - t0
+        self.last_capture_time = self.engine.build_time
+        self.last_loop_time = time.perf_counter() - t0 - self.last_capture_time
         st = STATE.read(self.state.get())
         reason = Reason(int(st["status"]))
         if reason is Reason.RUNNING:

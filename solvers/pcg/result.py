@@ -83,6 +83,9 @@ class SolveResult:
         (copies in, iterations, true residual).
     loop_time : float
         Seconds of the iteration loop alone (graph launch to synchronisation on the GPU).
+    capture_time : float
+        Seconds this solve spent capturing and instantiating the graph (a solver's
+        first GPU solve; 0 when the graph was reused): part of ``solve_time``, not of ``loop_time``.
     device, mode : str
         Where and how it ran; ``mode_note`` says why when chosen automatically.
     history : ndarray or None
@@ -101,6 +104,7 @@ class SolveResult:
     device: str
     mode: str
     loop_time: float = None
+    capture_time: float = 0.0
     mode_note: str = None
     history: np.ndarray = None
 

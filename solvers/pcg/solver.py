@@ -396,7 +396,9 @@ class PCG:
         return SolveResult(x=x, reason=reason, iterations=int(its), residual_norm=float(rnorm),
                            true_residual_norm=true_rnorm, b_norm=b_norm, tolerance=tol,
                            setup_time=self.setup_time, solve_time=time.perf_counter() - t0,
-                           loop_time=self._impl.last_loop_time, device=self.device, mode=self._impl.mode,
+                           loop_time=self._impl.last_loop_time,
+                           capture_time=getattr(self._impl, "last_capture_time", 0.0),
+                           device=self.device, mode=self._impl.mode,
                            mode_note=self._impl.mode_note or self.device_note, history=history)
 
 
