@@ -56,6 +56,12 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture(scope="session")
+def cupy():
+    """The CuPy module, for tests marked ``gpu``."""
+    return pytest.importorskip("cupy")
+
+
 @pytest.fixture
 def _gpu_required():
     pytest.fail("REQUIRE_GPU=1 but no usable GPU (CuPy missing or no device)")

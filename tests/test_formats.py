@@ -137,3 +137,15 @@ def test_csr_lanes_follow_mean_row_length():
 def test_unknown_format_is_refused():
     with pytest.raises(InputError, match="matrix format must be auto or one of ell, sell, csr"):
         choose_format(*arrays(poisson((4, 4))), np, "bsr")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("lanes", [1, 2, 4, 8])
+@pytest.mark.parametrize("name", ["geometric", "power_law", "one_long_row", "empty_rows"])
+def test_sell_layout_kernel_equals_the_numpy_layout(cupy, name, lanes):
+    A = MATRICES[name]()
+    ref = SELL(*arrays(A), np, lanes=lanes)
+    dev = SELL(*(cupy.asarray(a) for a in arrays(A)), cupy, lanes=lanes)
+    assert (dev.sigma, dev.size, dev.slices, dev.pieces) == (ref.sigma, ref.size, ref.slices, ref.pieces)
+    for field in ("_pos", "col", "slice_ptr", "slice_rows", "piece_ptr", "piece_row", "long_rows", "row_pieces"):
+        np.testing.assert_array_equal(getattr(dev, field).get(), getattr(ref, field), err_msg=field)

@@ -62,6 +62,11 @@ def test_a_layout_mismatch_fails_to_compile(tmp_path):
     assert proc.returncode != 0 and "host and device" in proc.stderr
 
 
+def test_sell_layout_kernel_compiles(tmp_path):
+    from solvers.formats.sell import LAYOUT
+    compile_ok(kernels.program("sell_layout", structs=(LAYOUT,)), tmp_path)
+
+
 def test_batched_kernels_compile(tmp_path):
     from solvers.pcg.batched import BATCH_RUN
     compile_ok(kernels.program("batched", "double", before=("stopping",), structs=(BATCH_RUN,)), tmp_path)

@@ -12,11 +12,6 @@ pytestmark = pytest.mark.gpu
 MODES = ("eager", "graph", "while")
 
 
-@pytest.fixture(scope="module")
-def cupy():
-    return pytest.importorskip("cupy")
-
-
 def cases(matrices_dir):
     out = {"poisson2d_48": poisson((48, 48)), "poisson3d_16": poisson((16, 16, 16)),
            "aniso2d_32": anisotropic_diffusion((32, 32), eps=0.01)}

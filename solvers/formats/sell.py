@@ -2,9 +2,14 @@
 import numpy as np
 
 from ..errors import InputError
+from ..kernels.structs import Struct
 from .base import MatrixFormat, entry_rows, host
 
 SLICE = 32  # rows a slice: one warp, a thread a row
+# The layout kernel's argument (kernels/sell_layout.cu).
+LAYOUT = Struct("SellLayout", [("n", "int"), ("lanes", "int"), ("sliced", "int"), ("indptr", "const int*"),
+                               ("indices", "const int*"), ("slot", "const int*"), ("slice_ptr", "const int*"),
+                               ("long_start", "const int*"), ("col", "int*"), ("pos", "int*")])
 
 
 class SELL(MatrixFormat):
@@ -94,33 +99,62 @@ class SELL(MatrixFormat):
             raise InputError("the SELL layout needs 2^31 or more entries (int32 offsets): "
                              "use the csr matrix format")
 
-        # Position of every CSR entry e of row r, k = e - indptr[r] its place in the row:
-        # sliced rows base[r] + 32 (k // lanes) + k % lanes = base[r] + k + (32 - lanes) (k // lanes),
-        # long rows base[r] + k (CSR order). One pass over the entries, in int32.
         place = xp.zeros(n, dtype=xp.int64)
         place[sorted_rows] = xp.arange(ns)
-        base = slice_ptr[place // rows_per_slice] + (place % rows_per_slice) * lanes
-        base[long_rows] = sliced + long_start[:-1]
-        spread = xp.where(is_long, 0, SLICE - lanes).astype(xp.int32)
-        row_of = entry_rows(indptr, xp)
-        k = xp.arange(self.nnz, dtype=xp.int32) - indptr[row_of]
-        self._pos = i32(base - indptr[:-1])[row_of] + xp.arange(self.nnz, dtype=xp.int32)
-        self._pos += spread[row_of] * (k // lanes)
-
-        # padding points at its lane's own row (0 for lanes without one): it gathers nothing new
         slice_ptr32 = i32(slice_ptr)
-        slice_of = entry_rows(slice_ptr32, xp)  # positions are the "entries" of the slices
-        pad_col = xp.maximum(slot_rows[slice_of.astype(xp.int64) * SLICE + xp.arange(sliced) % SLICE], 0)
-        col = xp.zeros(self.size, dtype=xp.int32)
-        col[:sliced] = pad_col
-        col[self._pos] = indices
-        self.col = col
+        if xp is np:
+            self._pos, self.col = self._place_entries(indptr, indices, place, long_rows, long_start, slice_ptr,
+                                                      slot_rows, is_long)
+        else:
+            self._pos, self.col = self._place_entries_on_device(indptr, indices, place, long_rows, long_start,
+                                                                slice_ptr32)
         self.slice_ptr, self.slice_rows = slice_ptr32, i32(slot_rows)
         self.piece_ptr, self.piece_row, self.long_rows = i32(piece_ptr), i32(piece_row), i32(long_rows)
         self.row_pieces = i32(row_pieces)
         self.tickets = xp.zeros(max(int(long_rows.size), 1), dtype=xp.uint32)
         self._piece_sums = {}
         self.padding = (sliced - int(short_len.sum())) / max(self.nnz, 1)
+
+    def _place_entries(self, indptr, indices, place, long_rows, long_start, slice_ptr, slot_rows, is_long):
+        """``(pos, col)``: the place of every CSR entry in the layout, and the columns with the padding.
+
+        The NumPy meaning of ``kernels/sell_layout.cu`` (which the CuPy path runs).
+        Entry e of row r, k = e - indptr[r] its place in the row, goes to
+        base[r] + 32 (k // lanes) + k % lanes = base[r] + k + (32 - lanes) (k // lanes)
+        in a slice, base[r] + k (CSR order) after the slices for a long row.
+        """
+        xp, lanes, n = self.xp, self.lanes, self.n
+        rows_per_slice = SLICE // lanes
+        sliced = int(slice_ptr[-1])
+        base = slice_ptr[place // rows_per_slice] + (place % rows_per_slice) * lanes
+        base[long_rows] = sliced + long_start[:-1]
+        spread = xp.where(is_long, 0, SLICE - lanes).astype(xp.int32)
+        row_of = entry_rows(indptr, xp)
+        k = xp.arange(self.nnz, dtype=xp.int32) - indptr[row_of]
+        pos = (base - indptr[:-1]).astype(xp.int32)[row_of] + xp.arange(self.nnz, dtype=xp.int32)
+        pos += spread[row_of] * (k // lanes)
+        # padding points at its lane's own row (0 for lanes without one): it gathers nothing new
+        slice_of = entry_rows(slice_ptr.astype(xp.int32), xp)  # positions are the "entries" of the slices
+        pad_col = xp.maximum(slot_rows[slice_of.astype(xp.int64) * SLICE + xp.arange(sliced) % SLICE], 0)
+        col = xp.zeros(self.size, dtype=xp.int32)
+        col[:sliced] = pad_col
+        col[pos] = indices
+        return pos, col
+
+    def _place_entries_on_device(self, indptr, indices, place, long_rows, long_start, slice_ptr32):
+        """:meth:`_place_entries` by one kernel pass over the rows (CuPy arrays)."""
+        from .. import kernels
+        xp = self.xp
+        slot = place.astype(xp.int32)
+        slot[long_rows] = -1 - xp.arange(long_rows.size, dtype=xp.int32)
+        pos = xp.empty(self.nnz, dtype=xp.int32)
+        col = xp.zeros(self.size, dtype=xp.int32)
+        args = LAYOUT.pack(n=self.n, lanes=self.lanes, sliced=int(slice_ptr32[-1]), indptr=indptr, indices=indices,
+                           slot=slot, slice_ptr=slice_ptr32, long_start=long_start.astype(xp.int32), col=col,
+                           pos=pos)
+        kernel = kernels.module("sell_layout", structs=(LAYOUT,)).get_function("sell_place")
+        kernel((max(1, min(-(-self.n // 256), 4096)),), (256,), (args,))
+        return pos, col
 
     @classmethod
     def _slots(cls, short_len, sigma, xp, lanes=1):
