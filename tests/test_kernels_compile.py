@@ -70,3 +70,7 @@ def test_sell_layout_kernel_compiles(tmp_path):
 def test_batched_kernels_compile(tmp_path):
     from solvers.pcg.batched import BATCH_RUN
     compile_ok(kernels.program("batched", "double", before=("stopping",), structs=(BATCH_RUN,)), tmp_path)
+
+
+def test_amg_setup_kernels_compile(tmp_path):
+    compile_ok(kernels.program("amg_setup"), tmp_path)

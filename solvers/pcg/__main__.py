@@ -15,7 +15,7 @@ from ..interrupts import exits_cleanly
 from ..mmio import check_vector_output, read_vectors, write_vector
 from ..outfiles import AtomicFile, check_target
 from .preconditioners import AMG, Chebyshev
-from .preconditioners.amg import MAX_COARSE_ROWS, SMOOTHERS
+from .preconditioners.amg import MAX_COARSE_ROWS, SETUPS, SMOOTHERS
 from .problem import load_problem
 from .progress import ResidualProgress
 from .solver import PCG
@@ -83,6 +83,12 @@ def build_parser():
     p.add_argument("--amg-coarse-size", type=int, metavar="N",
                    help="AMG coarsening stops at this many nodes; the coarsest level is solved with a dense "
                         f"inverse (default 100, at most {MAX_COARSE_ROWS})")
+    p.add_argument("--amg-setup", choices=SETUPS,
+                   help="where the AMG hierarchy is built: cpu (PyAMG), gpu (on the device, MIS(2) aggregation; "
+                        "the levels come back for a CPU solve) or auto (the GPU for a matrix on the device, "
+                        "else PyAMG; default)")
+    p.add_argument("--amg-theta", type=float, metavar="THETA",
+                   help="AMG strength-of-connection threshold of the symmetric measure, in [0, 1) (default 0)")
     p.add_argument("--nullspace", metavar="FILE",
                    help="AMG near-nullspace: k vectors of n entries (.npy or text of shape (n, k), or Matrix "
                         "Market array), e.g. rigid body modes for elasticity (default: constants)")
@@ -254,6 +260,8 @@ PRECONDITIONER_OPTIONS = {
     "amg_smoother": ("--precond amg", lambda a: a.precond == "amg"),
     "amg_sweeps": ("--precond amg --amg-smoother jacobi", lambda a: a.precond == "amg" and a.amg_smoother == "jacobi"),
     "amg_coarse_size": ("--precond amg", lambda a: a.precond == "amg"),
+    "amg_setup": ("--precond amg", lambda a: a.precond == "amg"),
+    "amg_theta": ("--precond amg", lambda a: a.precond == "amg"),
     "nullspace": ("--precond amg", lambda a: a.precond == "amg"),
 }
 
@@ -268,6 +276,8 @@ def _check_preconditioner_options(args):
         if value is not None and (value < lowest or (highest is not None and value > highest)):
             span = f">= {lowest}" if highest is None else f"from {lowest} to {highest}"
             raise InputError(f"must be {span}, got {value}", option_name(name))
+    if args.amg_theta is not None and not 0 <= args.amg_theta < 1:
+        raise InputError(f"must lie in [0, 1), got {args.amg_theta}", option_name("amg_theta"))
 
 
 def _preconditioner(args, n):
@@ -277,7 +287,8 @@ def _preconditioner(args, n):
     if args.precond != "amg":
         return args.precond
     options = {key: value for key, value in (("smoother", args.amg_smoother), ("degree", args.cheb_degree),
-                                             ("sweeps", args.amg_sweeps), ("coarse_size", args.amg_coarse_size))
+                                             ("sweeps", args.amg_sweeps), ("coarse_size", args.amg_coarse_size),
+                                             ("setup", args.amg_setup), ("theta", args.amg_theta))
                if value is not None}
     if args.nullspace is None:
         return AMG(**options)

@@ -3,7 +3,8 @@
 The hierarchy (strength of connection, aggregation, the smoothed prolongators
 ``P``, restrictions ``R = P^T`` and Galerkin operators ``R A P``) is set up by
 PyAMG's ``smoothed_aggregation_solver`` with its defaults, but for the size at
-which coarsening stops. The cycle is this module's own, the one the GPU is to
+which coarsening stops, or on the GPU (:mod:`.amg_gpu_setup`: the same steps
+with a parallel aggregation). The cycle is this module's own, the one the GPU is to
 run: Jacobi or Chebyshev smoothing in ``D^{-1} A`` (:mod:`.smoothers`) on every
 level, the same before and after the coarse correction (a symmetric
 preconditioner), and a dense inverse of the coarsest operator (one product).
@@ -19,6 +20,8 @@ from .smoothers import JACOBI_OMEGA, ChebyshevSmoother, JacobiSmoother
 from .spectrum import LANCZOS_STEPS
 
 SMOOTHERS = ("chebyshev", "jacobi")
+#: Where the hierarchy is set up: ``auto`` takes the GPU for a matrix on the device, PyAMG otherwise.
+SETUPS = ("auto", "cpu", "gpu")
 #: Coarsening stops at this many nodes (PyAMG's ``max_coarse``: rows, or blocks of k rows for a
 #: near-nullspace of k vectors). PyAMG's default, 10, suits a CPU; on the GPU every level costs
 #: a few kernel launches whatever its size, while a dense product with a few hundred rows costs
@@ -118,12 +121,18 @@ class AMG(Preconditioner):
         (the rigid body modes for elasticity); constants by default.
     lanczos_steps : int
         Steps of each level's eigenvalue estimate (10).
+    setup : {"auto", "cpu", "gpu"}
+        Where the hierarchy is built: ``cpu`` by PyAMG, ``gpu`` on the device
+        (:mod:`.amg_gpu_setup`; a host matrix's levels are copied back for the CPU
+        cycle), ``auto`` on the device when the matrix is there.
+    theta : float
+        Strength-of-connection threshold of PyAMG's ``symmetric`` measure (0.0, PyAMG's).
     """
 
     name = "amg"
 
     def __init__(self, *, smoother="chebyshev", degree=3, sweeps=1, omega=JACOBI_OMEGA, coarse_size=COARSE_SIZE,
-                 max_levels=10, near_nullspace=None, lanczos_steps=LANCZOS_STEPS):
+                 max_levels=10, near_nullspace=None, lanczos_steps=LANCZOS_STEPS, setup="auto", theta=0.0):
         if smoother not in SMOOTHERS:
             raise InputError(f"AMG smoother must be one of {', '.join(SMOOTHERS)}, not {smoother!r}")
         self.smoother = smoother
@@ -136,6 +145,12 @@ class AMG(Preconditioner):
         self.max_levels = _check_count(max_levels, "AMG max_levels", 2)
         self.lanczos_steps = _check_count(lanczos_steps, "lanczos_steps", 1)
         self.near_nullspace = None if near_nullspace is None else check_near_nullspace(near_nullspace)
+        if setup not in SETUPS:
+            raise InputError(f"AMG setup must be one of {', '.join(SETUPS)}, not {setup!r}")
+        self.setup_device = setup
+        if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not 0 <= theta < 1:
+            raise InputError(f"AMG strength threshold theta must lie in [0, 1), got {theta!r}")
+        self.theta = float(theta)
         self.aggregation_reused = False
 
     # -- set-up ---------------------------------------------------------------
@@ -161,12 +176,14 @@ class AMG(Preconditioner):
         fine = self.levels[0].A if self.levels else self._coarse_matrix
         same = (bool(self.levels) and A.shape == fine.shape and A.nnz == fine.nnz
                 and np.array_equal(A.indptr, fine.indptr) and np.array_equal(A.indices, fine.indices))
-        self._timed(lambda M: self._hierarchy(M, reuse=self._ml if same else None), A)
+        self._timed(lambda M: self._hierarchy(M, reuse=self._reusable if same else None), A)
 
     def _hierarchy(self, A, reuse):
+        if self.setup_device == "gpu" or (self.setup_device == "auto" and type(A).__module__.startswith("cupyx")):
+            return self._device_hierarchy(A, reuse)
         pyamg = require_pyamg()
         options = dict(B=self._candidates(A), max_coarse=self.coarse_size, max_levels=self.max_levels,
-                       presmoother=None, postsmoother=None, keep=True)
+                       strength=("symmetric", {"theta": self.theta}), presmoother=None, postsmoother=None, keep=True)
         if reuse is not None:  # PyAMG's predefined strength and aggregates, level by level
             kept = reuse.levels[:-1]
             options.update(strength=[("predefined", {"C": lvl.C}) for lvl in kept],
@@ -181,8 +198,10 @@ class AMG(Preconditioner):
             raise InputError(f"AMG coarsening stopped at {coarsest.shape[0]:,} rows after {len(ml.levels)} levels "
                              f"(max_levels); the coarsest level's dense inverse takes at most {MAX_COARSE_ROWS:,} "
                              "rows: raise max_levels")
-        self._ml, self.aggregation_reused = ml, reuse is not None
-        self.pyamg_version = pyamg.__version__
+        self._ml = self._reusable = ml
+        self.aggregation_reused = reuse is not None
+        self.built_by = f"PyAMG {pyamg.__version__}"
+        self.hierarchy_method = f"{self.built_by} smoothed_aggregation_solver"
         self.levels = []
         for lvl in ml.levels[:-1]:
             level_A = sp.csr_matrix(lvl.A, dtype=A.dtype)
@@ -190,6 +209,18 @@ class AMG(Preconditioner):
             self.levels.append(_Level(level_A, P, sp.csr_matrix(P.T), self._smoother(level_A)))
         self._coarse_matrix = sp.csr_matrix(coarsest, dtype=A.dtype)
         self.coarse_inverse = _dense_inverse(self._coarse_matrix).astype(A.dtype)
+
+    def _device_hierarchy(self, A, reuse):
+        from .amg_gpu_setup import build_on_device
+        built = build_on_device(A, self._candidates(A), theta=self.theta, coarse_size=self.coarse_size,
+                                max_levels=self.max_levels, lanczos_steps=self.lanczos_steps, reuse=reuse,
+                                max_coarse_rows=MAX_COARSE_ROWS)
+        self._reusable, self.aggregation_reused = built.structure, reuse is not None
+        self.built_by = "GPU set-up"
+        self.hierarchy_method = "set up on the GPU: MIS(2) aggregation, cuSPARSE Galerkin products"
+        self.levels = [_Level(level_A, P, R, self._smoother(level_A)) for level_A, P, R in
+                       zip(built.operators, built.prolongators, built.restrictions)]
+        self._coarse_matrix, self.coarse_inverse = built.operators[-1], built.coarse_inverse
 
     def _smoother(self, A):
         if self.smoother == "chebyshev":
@@ -234,7 +265,7 @@ class AMG(Preconditioner):
 
     def details(self):
         return {
-            "method": "smoothed aggregation", "hierarchy": f"PyAMG {self.pyamg_version} smoothed_aggregation_solver",
+            "method": "smoothed aggregation", "hierarchy": self.hierarchy_method, "theta": self.theta,
             "levels": [{"rows": rows, "nonzeros": nnz} for rows, nnz in self.level_sizes()],
             "operator_complexity": self.operator_complexity(), "grid_complexity": self.grid_complexity(),
             "cycle": self._cycle_name(), "smoother": self.smoother,
@@ -250,7 +281,7 @@ class AMG(Preconditioner):
         sizes = self.level_sizes()
         nullspace = "constant" if self.near_nullspace is None else (
             f"{self.near_nullspace.shape[1]} given vectors")
-        lines = [("amg", f"smoothed aggregation (PyAMG {self.pyamg_version}), {len(sizes)} levels, "
+        lines = [("amg", f"smoothed aggregation ({self.built_by}), {len(sizes)} levels, "
                          f"operator complexity {self.operator_complexity():.3f}, "
                          f"grid complexity {self.grid_complexity():.3f}"),
                  ("amg cycle", f"{self._cycle_name()}, dense inverse on the coarsest {sizes[-1][0]:,} rows, "

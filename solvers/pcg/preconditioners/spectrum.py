@@ -4,6 +4,7 @@
 symmetric ``D^{-1/2} A D^{-1/2}``, which has the same eigenvalues. Ritz values lie
 inside the spectrum: the largest one approaches ``lambda_max`` from below within
 a few steps, which is why the users of the estimate add a safety factor.
+It runs where its arrays are: NumPy on the host, CuPy (a ``cupyx`` matrix) on the GPU.
 """
 import numpy as np
 import scipy.linalg
@@ -15,14 +16,22 @@ from ...errors import InputError
 LANCZOS_STEPS = 10
 
 
+def _array_module(x):
+    """NumPy for a host array, else CuPy (imported only for a device array)."""
+    if isinstance(x, np.ndarray):
+        return np
+    import cupy
+    return cupy
+
+
 def largest_scaled_eigenvalue(A, inverse_diagonal, steps=LANCZOS_STEPS, seed=0):
     """The largest Ritz value of ``D^{-1} A`` after ``steps`` Lanczos steps (at most ``lambda_max``).
 
     Parameters
     ----------
-    A : scipy.sparse matrix
+    A : scipy.sparse or cupyx.scipy.sparse matrix
         Symmetric, with a positive diagonal ``D``.
-    inverse_diagonal : ndarray
+    inverse_diagonal : ndarray (NumPy or CuPy, as ``A``)
         ``1 / diag(A)``.
     steps : int
         Lanczos steps (matrix-vector products); fewer when the Krylov space is exhausted.
@@ -37,10 +46,11 @@ def largest_scaled_eigenvalue(A, inverse_diagonal, steps=LANCZOS_STEPS, seed=0):
     n = A.shape[0]
     if n == 0:  # no eigenvalues: 1, the mean eigenvalue of any D^{-1} A, keeps the users' scalars finite
         return 1.0
-    scale = np.sqrt(np.asarray(inverse_diagonal, dtype=np.float64))
-    v = np.random.default_rng(seed).standard_normal(n)
-    v /= np.linalg.norm(v)
-    v_prev = np.zeros(n)
+    xp = _array_module(inverse_diagonal)
+    scale = xp.sqrt(inverse_diagonal.astype(np.float64))
+    v = xp.random.default_rng(seed).standard_normal(n)
+    v /= xp.linalg.norm(v)
+    v_prev = xp.zeros(n)
     alphas, betas = [], []
     beta = 0.0
     for _ in range(min(int(steps), n)):
@@ -48,7 +58,7 @@ def largest_scaled_eigenvalue(A, inverse_diagonal, steps=LANCZOS_STEPS, seed=0):
         alpha = float(v @ w)
         w -= alpha * v
         alphas.append(alpha)
-        beta = float(np.linalg.norm(w))
+        beta = float(xp.linalg.norm(w))
         if not np.isfinite(alpha) or not np.isfinite(beta):
             raise InputError("the matrix's eigenvalue estimate is not finite (NaN or Inf from A @ v)")
         if beta <= 1e-12 * abs(alpha):  # an invariant subspace: its Ritz values are exact
