@@ -18,8 +18,11 @@ def _rows(indptr):
 
 
 def node_hash(i, seed):
-    """``node_hash``: MurmurHash3's 32-bit finaliser of ``i * 0x9E3779B1 ^ seed`` (uint32, wrapping)."""
-    h = (np.asarray(i, dtype=np.uint32) * np.uint32(0x9E3779B1)) ^ np.uint32(seed)
+    """``node_hash``: MurmurHash3's 32-bit finaliser of ``i * 0x9E3779B1 ^ seed`` (uint32, wrapping).
+
+    ``i`` is an integer array, NumPy or CuPy: the same bits either way.
+    """
+    h = (i.astype(np.uint32) * np.uint32(0x9E3779B1)) ^ np.uint32(seed)
     h ^= h >> np.uint32(16)
     h *= np.uint32(0x85EBCA6B)
     h ^= h >> np.uint32(13)

@@ -58,6 +58,11 @@ class ReferenceBackend:
     def to_host(M):
         return M
 
+    @staticmethod
+    def cholesky(M):
+        """The lower Cholesky factor, :class:`numpy.linalg.LinAlgError` when ``M`` is not positive definite."""
+        return np.linalg.cholesky(M)
+
     def product(self, A, B):
         """``A @ B`` with every structural entry kept, as cuSPARSE keeps it (SciPy drops exact zeros)."""
         pattern = (_ones(A) @ _ones(B)).tocoo()
@@ -112,6 +117,12 @@ class DeviceBackend:
     @staticmethod
     def to_host(M):
         return M.get()
+
+    def cholesky(self, M):
+        """The lower Cholesky factor, :class:`numpy.linalg.LinAlgError` when ``M`` is not positive definite."""
+        import cupyx
+        with cupyx.errstate(linalg="raise"):  # CuPy's default leaves a failed factorisation unreported
+            return self.xp.linalg.cholesky(M)
 
     def product(self, A, B):
         """``A @ B`` (cuSPARSE SpGEMM; structural zeros are kept)."""
@@ -315,12 +326,10 @@ def dense_pseudo_inverse(A, backend):
     kept = xp.flatnonzero(xp.abs(dense).sum(axis=1) > 0)
     block = dense[kept][:, kept]
     try:
-        factor = xp.linalg.cholesky(block)
+        factor = backend.cholesky(block)
     except np.linalg.LinAlgError:
-        factor = None
-    if factor is None or not bool(xp.isfinite(factor).all()):  # CuPy reports failure with NaNs
         raise InputError("AMG: the coarsest-level operator is not positive definite "
-                         "(the matrix is not symmetric positive definite)")
+                         "(the matrix is not symmetric positive definite)") from None
     lower_inverse = backend.linalg.solve_triangular(factor, xp.eye(kept.size), lower=True)
     inverse = xp.zeros_like(dense)
     inverse[kept[:, None], kept[None, :]] = lower_inverse.T @ lower_inverse

@@ -10,6 +10,7 @@ import numpy as np
 import scipy.linalg
 
 from ...errors import InputError
+from ...kernels.amg_setup_ref import node_hash
 
 #: Lanczos steps by default: hypre's Chebyshev smoother estimates its bound with 10 CG
 #: steps (``cheby_eig_est``); PyAMG's ``approximate_spectral_radius`` takes up to 15.
@@ -24,6 +25,15 @@ def _array_module(x):
     return cupy
 
 
+def start_vector(n, xp=np, seed=0):
+    """``n`` pseudo-random entries in [-1/2, 1/2) from a hash of the index: the same bits on the host and the GPU.
+
+    The estimate then does not depend on where it runs (a CPU and a GPU cycle on the
+    same hierarchy smooth with the same intervals).
+    """
+    return node_hash(xp.arange(n), seed).astype(np.float64) / 2.0 ** 32 - 0.5
+
+
 def largest_scaled_eigenvalue(A, inverse_diagonal, steps=LANCZOS_STEPS, seed=0):
     """The largest Ritz value of ``D^{-1} A`` after ``steps`` Lanczos steps (at most ``lambda_max``).
 
@@ -36,7 +46,7 @@ def largest_scaled_eigenvalue(A, inverse_diagonal, steps=LANCZOS_STEPS, seed=0):
     steps : int
         Lanczos steps (matrix-vector products); fewer when the Krylov space is exhausted.
     seed : int
-        Seed of the random start vector: the same matrix gives the same bounds.
+        Seed of the start vector (:func:`start_vector`): the same matrix gives the same bounds.
 
     Returns
     -------
@@ -48,7 +58,7 @@ def largest_scaled_eigenvalue(A, inverse_diagonal, steps=LANCZOS_STEPS, seed=0):
         return 1.0
     xp = _array_module(inverse_diagonal)
     scale = xp.sqrt(inverse_diagonal.astype(np.float64))
-    v = xp.random.default_rng(seed).standard_normal(n)
+    v = start_vector(n, xp, seed)
     v /= xp.linalg.norm(v)
     v_prev = xp.zeros(n)
     alphas, betas = [], []
