@@ -37,7 +37,7 @@ def key_state(keys):
 
 
 def strong_connections(indptr, indices, values, diagonal, theta):
-    """``strong_connections``: ``(i, j)`` is strong when ``i != j``, ``a_ij != 0`` and ``a_ij^2 >= theta^2 |d_i d_j|``."""
+    """``strong_connections``: ``(i, j)`` is strong if ``i != j``, ``a_ij != 0`` and ``a_ij^2 >= theta^2 |d_i d_j|``."""
     rows = _rows(indptr)
     d = np.abs(diagonal)
     return (indices != rows) & (values != 0) & (values * values >= (theta * theta) * d[rows] * d[indices])
