@@ -112,8 +112,8 @@ def main(argv=None):
     AMG().setup(warm_A)
     gpu = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["name"].decode()
     header = ("| problem | rows | nonzeros | GPU hierarchy ms | GPU aggregation ms | GPU reuse ms | GPU AMG.setup ms "
-              "| PyAMG set-up s | PyAMG / GPU hierarchy | GPU levels (rows) | GPU op. / grid complexity "
-              "| PyAMG levels (rows) | PyAMG op. / grid complexity |")
+              "| PyAMG set-up s | PyAMG / GPU hierarchy | PyAMG levels (rows) | PyAMG op. / grid complexity "
+              "| GPU levels (rows) | GPU op. / grid complexity |")
     rows, notes = [header, "|" + "---|" * (header.count("|") - 1)], []
     for name, make in PROBLEMS.items():
         if args.only and not any(o in name for o in args.only):
