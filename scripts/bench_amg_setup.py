@@ -146,7 +146,7 @@ def main(argv=None):
         steps = attempt(lambda: finest_level_steps(Ad, Bd, backend, args.reps, sync))
         notes.append(f"- {name}, finest level (ms): {steps}")
         print(rows[-1], notes[-1], sep="\n", flush=True)
-        del Ad, Bd, built
+        Ad = Bd = built = None  # the device memory goes back to the pool
         cupy.get_default_memory_pool().free_all_blocks()
         path = save(rows + [""] + notes, args.out, gpu, args)  # after every problem: a cut run keeps its rows
     print(pathlib.Path(path).read_text())
