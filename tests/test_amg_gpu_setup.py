@@ -219,15 +219,16 @@ def test_gpu_setup_without_a_gpu_is_refused():
 
 
 # -- on the device --------------------------------------------------------------------------------
-def device_pair():
-    cupy = pytest.importorskip("cupy")
+@pytest.fixture
+def on_gpu(cupy):
+    """``(cupy, cupyx.scipy.sparse, the device backend)``."""
     import cupyx.scipy.sparse as csp
     return cupy, csp, amg_gpu_setup.device_backend()
 
 
 @pytest.mark.gpu
-def test_each_kernel_computes_its_numpy_meaning():
-    cupy, csp, device = device_pair()
+def test_each_kernel_computes_its_numpy_meaning(on_gpu):
+    cupy, csp, device = on_gpu
     A = random_spd(2000, 0.003, 1)
     Ad = csp.csr_matrix(A)
     d = A.diagonal()
@@ -269,8 +270,8 @@ def test_each_kernel_computes_its_numpy_meaning():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("problem", ["diffusion", "elasticity"])
-def test_device_hierarchy_has_the_host_references_aggregates_and_levels(problems, problem):
-    cupy, csp, device = device_pair()
+def test_device_hierarchy_has_the_host_references_aggregates_and_levels(problems, problem, on_gpu):
+    cupy, csp, device = on_gpu
     A, B, _ = problems[problem]
     host = build_hierarchy(A, B, HOST, coarse_size=100)
     on_device = build_hierarchy(csp.csr_matrix(A), None if B is None else cupy.asarray(B), device, coarse_size=100)
@@ -297,8 +298,8 @@ def test_amg_pcg_with_the_device_set_up_within_1_5x_of_pyamg_default(problems, p
 
 
 @pytest.mark.gpu
-def test_levels_of_a_device_matrix_stay_on_the_device_and_take_new_values(problems):
-    cupy, csp, _ = device_pair()
+def test_levels_of_a_device_matrix_stay_on_the_device_and_take_new_values(problems, on_gpu):
+    cupy, csp, _ = on_gpu
     A, B, b = problems["elasticity"]
     M = AMG(near_nullspace=B).setup(csp.csr_matrix(A))  # auto: the GPU for a matrix there
     assert M.details()["hierarchy"].startswith("set up on the GPU")
