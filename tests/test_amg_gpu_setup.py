@@ -189,6 +189,9 @@ def test_float32_levels_and_a_reordering(problems, host_setup):
     A = rotated_anisotropic_diffusion((24, 24))  # small enough for float32 to reach rtol 1e-5
     single = PCG(A, preconditioner=AMG(coarse_size=20, setup="gpu"), rtol=1e-5, device="cpu", dtype="float32")
     assert single._impl.M.levels[1].A.dtype == np.float32 and single.solve(np.ones(A.shape[0])).converged
+    stored = amg_gpu_setup.build_on_device(A, None, HOST, dtype=np.float32, coarse_size=20)  # float32 levels, float64 A
+    assert stored.operators[0] is A and {M.dtype for M in stored.operators[1:] + stored.prolongators} == {
+        np.dtype(np.float32)} and stored.coarse_inverse.dtype == np.float32
 
 
 def test_options_are_checked():

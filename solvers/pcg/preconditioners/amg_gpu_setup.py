@@ -395,19 +395,21 @@ def build_hierarchy(A, B, backend, *, theta=0.0, coarse_size=100, max_levels=10,
     return Hierarchy(operators, prolongators, restrictions, dense_pseudo_inverse(A, backend), structure, radii)
 
 
-def build_on_device(A, B, backend=None, **options):
+def build_on_device(A, B, backend=None, dtype=None, **options):
     """The hierarchy of ``A`` built with ``backend`` (the GPU's by default), its matrices where ``A`` is.
 
     Parameters
     ----------
     A : scipy.sparse or cupyx.scipy.sparse CSR matrix
         A host matrix is copied to the device for the set-up and the levels are
-        copied back (for the CPU cycle); a device matrix's levels stay there. The
-        levels are in ``A``'s precision (the set-up runs in float64).
+        copied back (for the CPU cycle); a device matrix's levels stay there.
     B : ndarray of shape (n, k), or None
         The near-nullspace (host array), None for constants.
     backend : DeviceBackend or ReferenceBackend, optional
         :func:`device_backend` when not given.
+    dtype : numpy dtype, optional
+        Precision of the levels (below the finest) and the coarsest inverse; ``A``'s
+        by default. The set-up itself runs in float64.
     **options
         As :func:`build_hierarchy` takes them.
 
@@ -417,7 +419,7 @@ def build_on_device(A, B, backend=None, **options):
     """
     from .base import jacobi_inverse_diagonal
     backend = device_backend() if backend is None else backend
-    dtype, on_device = A.dtype, type(A).__module__.startswith("cupyx")
+    dtype, on_device = A.dtype if dtype is None else np.dtype(dtype), type(A).__module__.startswith("cupyx")
     fine = backend.sparse.csr_matrix(A).astype(np.float64)
     jacobi_inverse_diagonal(fine.diagonal(), user="AMG")
     built = build_hierarchy(fine, None if B is None else backend.xp.asarray(B, dtype=np.float64), backend, **options)
