@@ -130,35 +130,6 @@ __device__ int update_decision(State* st, bool start, int it, double rz_new, dou
     return status;
 }
 
-// Record the decision taken at iteration `it` (one thread): state and history; the host-mapped
-// progress word every PROGRESS_STRIDE iterations and at the stop (a write over the bus each
-// iteration would lengthen every kernel); and, in a WHILE body, the end of the loop (the condition's
-// default, re-applied at every launch, is "go on", so only the stop needs setting).
-#define PROGRESS_STRIDE 16
-__device__ void record_decision(State* st, int it, double rnorm, int status, double* history,
-                                Progress* progress, unsigned long long handle) {
-    st->iteration = it;
-    st->rnorm = rnorm;
-    st->status = status;
-    if (history) history[it] = rnorm;
-    if (progress && (status != RUNNING || it % PROGRESS_STRIDE == 0)) {
-        // Posted writes, no fence: the host reads them for display while the graph runs, and
-        // exactly only after synchronising with the stream.
-        volatile Progress* pr = progress;
-        pr->rnorm = rnorm;
-        pr->iteration = it;
-        pr->status = status;
-    }
-    if (handle && status != RUNNING) cudaGraphSetConditional(handle, 0);
-}
-
-// A finished solve leaves the WHILE loop; a launch after the stop (graph and eager modes) does nothing.
-__device__ __forceinline__ bool finished(const State& s, unsigned long long handle) {
-    if (s.status == RUNNING) return false;
-    if (handle && blockIdx.x == 0 && threadIdx.x == 0) cudaGraphSetConditional(handle, 0);
-    return true;
-}
-
 // Chronopoulos-Gear decision from gamma = r.u, delta = w.u (u = M^-1 r, w = A u) and ||r||: the
 // next step length alpha = gamma / (delta - beta gamma / alpha_old) needs no second reduction. st->rz
 // holds gamma and st->pq the next direction's p.Ap. Returns the stop reason (RUNNING to go on).

@@ -1,5 +1,6 @@
-// Stop codes and the stopping rule every PCG kernel family shares (pcg.cu, dist.cu, batched.cu); the
-// codes are solvers.pcg.Reason's, and pcg_ref.stop_reason says the same in NumPy.
+// Stop codes, the stopping rule and the record of a decision that every PCG kernel family shares
+// (pcg.cu, dist.cu, onchip.cu); the codes are solvers.pcg.Reason's, and pcg_ref.stop_reason says the
+// same in NumPy. Compiled with the generated State and Progress structs.
 
 enum { RUNNING = 0, CONVERGED = 1, MAX_ITERATIONS = 2, BREAKDOWN = 3, NOT_FINITE = 4 };
 
@@ -15,3 +16,31 @@ __device__ __forceinline__ int stop_reason(double rnorm, double tol, int it, int
     return RUNNING;
 }
 
+// Record the decision taken at iteration `it` (one thread): state and history; the host-mapped
+// progress word every PROGRESS_STRIDE iterations and at the stop (a write over the bus each
+// iteration would lengthen every kernel); and, in a WHILE body, the end of the loop (the condition's
+// default, re-applied at every launch, is "go on", so only the stop needs setting).
+#define PROGRESS_STRIDE 16
+__device__ void record_decision(State* st, int it, double rnorm, int status, double* history,
+                                Progress* progress, unsigned long long handle) {
+    st->iteration = it;
+    st->rnorm = rnorm;
+    st->status = status;
+    if (history) history[it] = rnorm;
+    if (progress && (status != RUNNING || it % PROGRESS_STRIDE == 0)) {
+        // Posted writes, no fence: the host reads them for display while the graph runs, and
+        // exactly only after synchronising with the stream.
+        volatile Progress* pr = progress;
+        pr->rnorm = rnorm;
+        pr->iteration = it;
+        pr->status = status;
+    }
+    if (handle && status != RUNNING) cudaGraphSetConditional(handle, 0);
+}
+
+// A finished solve leaves the WHILE loop; a launch after the stop (graph and eager modes) does nothing.
+__device__ __forceinline__ bool finished(const State& s, unsigned long long handle) {
+    if (s.status == RUNNING) return false;
+    if (handle && blockIdx.x == 0 && threadIdx.x == 0) cudaGraphSetConditional(handle, 0);
+    return true;
+}

@@ -1,11 +1,16 @@
-"""Batched solves side by side: this project's BatchedPCG against jax.vmap over JAX's cg and a loop over cupyx cg.
+"""Small systems side by side: PCG's on-chip and grid paths per iteration, batched solves against JAX and cupyx.
 
 Run on a GPU machine: ``python scripts/bench_small.py [--systems 10000] [--side 32]``.
-Every method solves the same variable-coefficient 2-D diffusion systems (one
-sparsity pattern, lognormal coefficients), Jacobi-preconditioned, to rtol 1e-8,
-and is timed to completion; the cupyx loop is timed on a sample of systems and
-its rate extrapolated. Prints a markdown table of systems per second and saves it
-under ``scripts/results/``.
+
+* Per iteration (float64, Jacobi, while mode): each small matrix solved by the
+  on-chip path (one block or cluster) and by the grid path (the whole GPU), a
+  fixed number of iterations (rtol 0), loop time over iterations, best of a few.
+* Batched: variable-coefficient 2-D diffusion systems (one sparsity pattern,
+  lognormal coefficients), Jacobi to rtol 1e-8, ``b`` already on the device for
+  every method: BatchedPCG, ``jax.vmap`` over ``jax.scipy.sparse.linalg.cg``
+  (jit, x64, BCOO), and a Python loop over cupyx ``cg`` timed on a sample.
+
+Prints markdown tables and saves them (with the commit) under ``scripts/results/``.
 """
 import argparse
 import datetime
@@ -21,17 +26,11 @@ import numpy as np  # noqa: E402
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 import provenance  # noqa: E402
 import solvers  # noqa: E402
-from solvers.gallery import variable_diffusion  # noqa: E402
+from solvers.gallery import poisson, variable_diffusion  # noqa: E402
+from solvers.mmio import read_matrix  # noqa: E402
 
 RTOL = 1e-8
-
-
-def problem(systems, side, seed=0):
-    rng = np.random.default_rng(seed)
-    pattern = variable_diffusion(np.ones((side, side)))
-    values = np.array([variable_diffusion(np.exp(rng.normal(size=(side, side)))).data for _ in range(systems)])
-    b = rng.standard_normal((systems, side * side))
-    return pattern, values, b
+DATA = pathlib.Path(__file__).resolve().parent.parent / "tests" / "data" / "matrices"
 
 
 def best_of(fn, reps):
@@ -43,12 +42,65 @@ def best_of(fn, reps):
     return min(times), out
 
 
+# -- per iteration --------------------------------------------------------------------------------
+def small_matrices():
+    out = [("2D Poisson 64^2", poisson((64, 64)))]
+    for name in ("1138_bus", "gr_900_900_crg", "lap2D_5pt_n100"):
+        out.append((name, read_matrix(str(DATA / f"{name}.mtx"))))
+    out += [("2D Poisson 128^2", poisson((128, 128))), ("2D Poisson 256^2", poisson((256, 256)))]
+    return out
+
+
+def per_iteration(A, path, unroll, iterations, reps):
+    """Best us per iteration over ``reps`` solves of exactly ``iterations`` iterations, and the solver."""
+    solver = solvers.PCG(A, device="gpu", mode="while", path=path, unroll=unroll, rtol=0.0, maxiter=iterations,
+                         reorder="none")
+    b = np.random.default_rng(0).standard_normal(A.shape[0])
+    solver.solve(b)  # warm-up: capture
+    best = np.inf
+    for _ in range(reps):
+        res = solver.solve(b)
+        best = min(best, res.loop_time / max(res.iterations, 1))
+    return best * 1e6, solver, res
+
+
+def iteration_table(iterations, reps):
+    rows = ["| matrix | n | nnz | on-chip layout | on-chip us/it (32 it. a launch) | on-chip us/it (whole solve a launch) "
+            "| grid us/it | auto takes |", "|---|---|---|---|---|---|---|---|"]
+    for name, A in small_matrices():
+        n, nnz = A.shape[0], A.nnz
+        try:
+            t32, solver, _ = per_iteration(A, "on-chip", 32, iterations, reps)
+            tall, _, _ = per_iteration(A, "on-chip", iterations + 1, iterations, reps)
+            layout = solver.format
+        except solvers.InputError as exc:
+            t32 = tall = float("nan")
+            layout = f"refused: {exc}"
+        tgrid, _, _ = per_iteration(A, "grid", 32, iterations, reps)
+        auto = solvers.PCG(A, device="gpu", reorder="none").path
+        rows.append(f"| {name} | {n:,} | {nnz:,} | {layout} | {t32:.2f} | {tall:.2f} | {tgrid:.2f} | {auto} |")
+        print(rows[-1], flush=True)
+    return rows
+
+
+# -- batched --------------------------------------------------------------------------------------
+def problem(systems, side, seed=0):
+    rng = np.random.default_rng(seed)
+    pattern = variable_diffusion(np.ones((side, side)))
+    values = np.array([variable_diffusion(np.exp(rng.normal(size=(side, side)))).data for _ in range(systems)])
+    b = rng.standard_normal((systems, side * side))
+    return pattern, values, b
+
+
 def bench_ours(pattern, values, b, reps):
+    import cupy
     batch = solvers.BatchedPCG.from_pattern(pattern, values, rtol=RTOL, device="gpu", maxiter=10000)
-    batch.solve(b)  # warm-up: compile
-    t, res = best_of(lambda: batch.solve(b), reps)
+    b_dev = cupy.asarray(b)
+    batch.solve(b_dev)  # warm-up: compile
+    t, res = best_of(lambda: batch.solve(b_dev), reps)
     assert res.converged.all(), "a system did not converge"
-    return t, int(res.iterations.max()), float(res.relative_residuals.max())
+    t_host, _ = best_of(lambda: batch.solve(b), reps)
+    return t, t_host, int(res.iterations.max()), float(res.relative_residuals.max()), batch.path
 
 
 def bench_jax(pattern, values, b, reps):
@@ -59,7 +111,7 @@ def bench_jax(pattern, values, b, reps):
         from jax.experimental import sparse as jsparse
     except Exception as exc:  # JAX missing or without a GPU backend
         print(f"jax unavailable: {exc}", file=sys.stderr)
-        return float("nan"), None
+        return float("nan")
     coo = pattern.tocoo()  # CSR order: the values' order
     indices = jnp.asarray(np.stack([coo.row, coo.col], axis=1))
     diagonal = np.nonzero(coo.row == coo.col)[0]  # where each system's diagonal sits in its values
@@ -75,8 +127,8 @@ def bench_jax(pattern, values, b, reps):
     run = jax.jit(jax.vmap(solve))
     data_j, b_j = jnp.asarray(values), jnp.asarray(b)
     run(data_j, b_j).block_until_ready()
-    t, x = best_of(lambda: run(data_j, b_j).block_until_ready(), reps)
-    return t, np.asarray(x)
+    t, _ = best_of(lambda: run(data_j, b_j).block_until_ready(), reps)
+    return t
 
 
 def bench_cupyx_loop(pattern, values, b, sample):
@@ -84,12 +136,15 @@ def bench_cupyx_loop(pattern, values, b, sample):
     import cupyx.scipy.sparse as csp
     import cupyx.scipy.sparse.linalg as cla
 
+    mats = [csp.csr_matrix((cupy.asarray(values[s]), cupy.asarray(pattern.indices), cupy.asarray(pattern.indptr)),
+                           shape=pattern.shape) for s in range(sample)]
+    rhs = [cupy.asarray(b[s]) for s in range(sample)]
+
     def one(s):
-        A = csp.csr_matrix((cupy.asarray(values[s]), cupy.asarray(pattern.indices), cupy.asarray(pattern.indptr)),
-                           shape=pattern.shape)
+        A = mats[s]
         d = A.diagonal()
         M = cla.LinearOperator(A.shape, matvec=lambda v: v / d)
-        cla.cg(A, cupy.asarray(b[s]), rtol=RTOL, atol=0.0, maxiter=10000, M=M)
+        cla.cg(A, rhs[s], rtol=RTOL, atol=0.0, maxiter=10000, M=M)
     one(0)
     cupy.cuda.Device().synchronize()
     t0 = time.perf_counter()
@@ -99,37 +154,48 @@ def bench_cupyx_loop(pattern, values, b, sample):
     return (time.perf_counter() - t0) / sample
 
 
+def batch_table(systems, side, reps, sample):
+    pattern, values, b = problem(systems, side)
+    t_ours, t_host, its, worst, layout = bench_ours(pattern, values, b, reps)
+    t_jax = bench_jax(pattern, values, b, reps)
+    t_loop = bench_cupyx_loop(pattern, values, b, sample)
+    rate = systems / t_ours
+    return [f"{systems:,} variable-coefficient 2-D diffusion systems of {side}x{side} unknowns (lognormal "
+            f"coefficients, one pattern), Jacobi PCG to rtol {RTOL:g}, float64, b on the device.", "",
+            "| method | seconds | systems/s | BatchedPCG's rate / method's |", "|---|---|---|---|",
+            f"| BatchedPCG ({layout}; one launch; max {its} iterations, worst rel. residual {worst:.1e}) "
+            f"| {t_ours:.4f} | {rate:,.0f} | 1.0x |",
+            f"| BatchedPCG, b on the host (copied in) | {t_host:.4f} | {systems / t_host:,.0f} | {t_host / t_ours:.2f}x |",
+            f"| jax.vmap over jax.scipy.sparse.linalg.cg (BCOO, jit, x64) | {t_jax:.4f} | {systems / t_jax:,.0f} "
+            f"| {t_jax / t_ours:.1f}x |",
+            f"| Python loop over cupyx cg ({sample} systems timed) | {t_loop * systems:.2f} (extrapolated) "
+            f"| {1 / t_loop:,.0f} | {rate * t_loop:.0f}x |"]
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--systems", type=int, default=10_000)
     ap.add_argument("--side", type=int, default=32, help="grid side: side^2 unknowns a system")
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--iterations", type=int, default=2000, help="iterations a per-iteration timing runs")
     ap.add_argument("--sample", type=int, default=20, help="systems the cupyx loop is timed on")
+    ap.add_argument("--only", choices=("iterations", "batch"), help="run one part only")
     ap.add_argument("--out", default=str(pathlib.Path(__file__).resolve().parent / "results"))
     args = ap.parse_args(argv)
     import cupy
-    pattern, values, b = problem(args.systems, args.side)
-    t_ours, its, worst = bench_ours(pattern, values, b, args.reps)
-    t_jax, _ = bench_jax(pattern, values, b, args.reps)
-    t_loop = bench_cupyx_loop(pattern, values, b, args.sample)
-    rate = args.systems / t_ours
-    rows = ["| method | systems | seconds | systems/s | this project's rate / method's |", "|---|---|---|---|---|",
-            f"| BatchedPCG (one launch; max {its} iterations, worst rel. residual {worst:.1e}) | {args.systems:,} "
-            f"| {t_ours:.4f} | {rate:,.0f} | 1.0x |",
-            f"| jax.vmap over jax.scipy.sparse.linalg.cg (BCOO, jit, x64) | {args.systems:,} | {t_jax:.4f} "
-            f"| {args.systems / t_jax:,.0f} | {t_jax / t_ours:.1f}x |",
-            f"| Python loop over cupyx cg ({args.sample} systems timed) | {args.systems:,} "
-            f"| {t_loop * args.systems:.2f} (extrapolated) | {1 / t_loop:,.0f} | {rate * t_loop:.0f}x |"]
     gpu = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["name"].decode()
-    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
-    text = (f"# Batched solves, {stamp}, {gpu}, commit {provenance.commit()}\n\n"
-            f"{args.systems:,} variable-coefficient 2-D diffusion systems of {args.side}x{args.side} unknowns "
-            f"(lognormal coefficients, one pattern), Jacobi PCG to rtol {RTOL:g}, float64.\n\n"
-            + "\n".join(rows) + "\n")
+    now = datetime.datetime.now(datetime.timezone.utc)
+    sections = [f"# Small systems, {now:%Y-%m-%d %H:%M} UTC, {gpu}, commit {provenance.commit()}", ""]
+    if args.only in (None, "iterations"):
+        sections += ["## PCG per iteration, float64, Jacobi, while mode", "",
+                     *iteration_table(args.iterations, args.reps), ""]
+    if args.only in (None, "batch"):
+        sections += ["## Batched solves", "", *batch_table(args.systems, args.side, args.reps, args.sample), ""]
+    text = "\n".join(sections)
     print(text)
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"small_{stamp}_{gpu.replace(' ', '_')}_{provenance.commit()}.md").write_text(text)
+    (out / f"small_{now:%Y-%m-%d_%H%M}_{gpu.replace(' ', '_')}_{provenance.commit()}.md").write_text(text)
     return 0
 
 

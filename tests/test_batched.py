@@ -109,7 +109,7 @@ def test_bad_input_names_the_system():
 
 
 def test_numpy_reference_of_the_kernel_is_the_cpu_solver():
-    from solvers.kernels.batched_ref import solve_system
+    from solvers.kernels.onchip_ref import solve_system
     A = variable_diffusion(np.exp(np.random.default_rng(4).normal(size=(9, 9))))
     b = np.random.default_rng(5).standard_normal(81)
     x = np.zeros(81)

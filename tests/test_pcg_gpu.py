@@ -274,7 +274,7 @@ def test_initial_guess_and_float32_on_gpu(cupy, variant):
 
 def test_auto_variant_on_gpu_follows_size(cupy):
     from solvers.pcg.cpu import SINGLE_REDUCTION_MAX_ROWS
-    small = solvers.PCG(poisson((32, 32)), device="gpu")
+    small = solvers.PCG(poisson((32, 32)), device="gpu", path="grid")
     side = int(np.sqrt(SINGLE_REDUCTION_MAX_ROWS)) + 1
     large = solvers.PCG(poisson((side, side)), device="gpu")
     assert small.variant == "single-reduction" and large.variant == "classic"
@@ -325,7 +325,7 @@ def test_auto_format_gather_and_reordering_are_reported(cupy):
     b = A @ np.ones(A.shape[0])
     res = solver.solve(b)
     assert res.converged and np.abs(res.x.get() - 1).max() < 1e-5
-    stencil = solvers.PCG(poisson((50, 50)), device="gpu")
+    stencil = solvers.PCG(poisson((50, 50)), device="gpu", path="grid")
     assert stencil.format.startswith("ell") and "gather formed" in stencil.format
     assert stencil.reordering.startswith("none (local reads")
 

@@ -121,6 +121,10 @@ def build_parser():
                    help="matrix storage on the GPU: ELL (rows of nearly equal length, e.g. stencils), "
                         "SELL-C-sigma (any rows; very long ones split over several warps) or CSR; "
                         "auto: ELL when the rows allow, else SELL")
+    p.add_argument("--path", choices=("auto", "grid", "on-chip"), default="auto",
+                   help="GPU kernel: the whole GPU with grid-wide barriers, or the iteration inside one "
+                        "thread block or cluster (classic PCG, small systems); auto: on chip up to "
+                        "16,384 rows (the report says which ran)")
     p.add_argument("--reorder", choices=("auto", "none", "rcm"), default="auto",
                    help="reverse Cuthill-McKee reordering at set-up, undone on the solution; "
                         "auto: on the GPU for a matrix whose product reads are scattered and for "
@@ -142,6 +146,7 @@ def _report(problem, solver, result, error):
         "preconditioner_details": getattr(solver, "preconditioner_details", {}),
         "preconditioner_setup_time_s": getattr(solver, "preconditioner_setup_time", None),
         "variant": solver.variant, "dtype": str(solver.dtype),
+        "path": getattr(solver, "path", None), "path_note": getattr(solver, "path_note", None),
         "format": getattr(solver, "format", None), "reordering": getattr(solver, "reordering", None),
         "reorder_time_s": getattr(solver, "reorder_time", 0.0),
         "converged": result.converged, "reason": result.reason.label, "info": result.info,
@@ -176,6 +181,8 @@ def _print_report(rep, args, preconditioner_lines=()):
         f"preconditioner          {rep['preconditioner']}, {rep['dtype']}, {rep['variant']} PCG",
     ]
     lines += [f"{label:<23} {text}" for label, text in preconditioner_lines]
+    if rep["path"] and rep["device"] == "gpu":
+        lines.append(f"kernel path             {rep['path']}" + (f" ({rep['path_note']})" if rep["path_note"] else ""))
     if rep["format"]:
         lines.append(f"matrix format           {rep['format']}")
     if rep["reordering"] and (rep["device"] == "gpu" or rep["reorder_time_s"]):
@@ -347,7 +354,7 @@ def main(argv=None):
             solver = PCG(problem.A, preconditioner=preconditioner, rtol=args.rtol, atol=args.atol,
                          maxiter=args.maxiter, device=args.device, mode=args.mode, dtype=args.dtype,
                          unroll=args.unroll, record_history=bool(args.plot or args.json), variant=args.variant,
-                         matrix_format=args.format, reorder=args.reorder)
+                         matrix_format=args.format, reorder=args.reorder, path=args.path)
         except InputError as exc:  # what is wrong with the matrix (a zero diagonal, ...) names its file
             raise exc.naming(args.matrix) from None
         result = _solve(solver, problem, args.progress)

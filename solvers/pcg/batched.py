@@ -1,10 +1,13 @@
 """Many independent SPD systems solved together: one kernel launch on the GPU, a loop over SciPy on the CPU.
 
 The systems' matrices are stacked into one block-diagonal CSR matrix; on the GPU
-each thread block solves one system with classic Jacobi PCG (``kernels/batched.cu``),
-so no system waits for another and one that breaks down or turns NaN is reported
-alone. The CPU path runs the same algorithm, system by system, with the CPU
-solver (:func:`solvers.pcg.cpu.pcg_iterate`).
+one thread block (or one cluster, for systems of more than 2,048 rows) solves each
+system with classic Jacobi PCG, its vectors and, when they fit, its matrix in
+shared memory (``kernels/onchip.cu``): no system waits for another, and one that
+breaks down or turns NaN is reported alone. A solve is one launch: the norms of
+``b``, the tolerances and the true residuals are computed there, and the results
+are read back once. The CPU path runs the same algorithm, system by system, with
+the CPU solver (:func:`solvers.pcg.cpu.pcg_iterate`).
 """
 import dataclasses
 import time
@@ -14,17 +17,11 @@ import scipy.sparse as sp
 
 from ..backend import resolve_device
 from ..errors import InputError
-from ..kernels.structs import Struct
+from ..kernels.structs import STATE
 from .cpu import pcg_iterate
 from .preconditioners import jacobi_inverse_diagonal
 from .result import TRUE_RESIDUAL_SLACK, Reason
 
-# The argument struct of kernels/batched.cu (stacked CSR, per-row vectors, per-system results).
-BATCH_RUN = Struct("BatchRun", [
-    ("rowptr", "const int*"), ("col", "const int*"), ("val", "const real_t*"), ("dinv", "const real_t*"),
-    ("start", "const int*"), ("b", "const real_t*"), ("x", "real_t*"), ("r", "real_t*"), ("z", "real_t*"),
-    ("p", "real_t*"), ("q", "real_t*"), ("tol", "const double*"), ("status", "int*"), ("iterations", "int*"),
-    ("rnorm", "double*"), ("maxiter", "int"), ("systems", "int")])
 PRECONDITIONERS = ("jacobi", "none")
 _REASONS = {int(r): r for r in Reason}
 
@@ -126,6 +123,7 @@ class BatchedPCG:
         self.inverse_diagonal = self._inverse_diagonal() if preconditioner == "jacobi" else None
         self.device, self.device_note = resolve_device(device)
         self._gpu = _GPUBatch(self) if self.device == "gpu" else None
+        self.path = self._gpu.describe() if self._gpu is not None else "CPU: system by system"
         self.setup_time = time.perf_counter() - t0
 
     @classmethod
@@ -160,27 +158,27 @@ class BatchedPCG:
                 raise InputError(f"system {s}: {exc}") from None
         return np.concatenate(parts)
 
-    def _right_hand_sides(self, b, name):
-        """``b`` as one stacked host vector (from a (B, n) array or a sequence of B vectors)."""
-        if hasattr(b, "get"):
+    def _right_hand_sides(self, b, name, xp=np):
+        """``b`` as one stacked vector of ``xp`` (NumPy, or CuPy for the GPU: device input stays there),
+        from a (B, n) array or a sequence of B vectors."""
+        if xp is np and hasattr(b, "get"):
             b = b.get()
-        if isinstance(b, np.ndarray) and b.ndim == 2 and b.shape[0] == self.systems \
+        if isinstance(b, np.ndarray) or hasattr(b, "__cuda_array_interface__"):
+            b = xp.asarray(b)
+        if getattr(b, "ndim", 0) == 2 and b.shape[0] == self.systems \
                 and np.all(self.sizes == b.shape[1]):  # the common case, checked as a whole
-            if np.iscomplexobj(b) or not np.issubdtype(b.dtype, np.number):
+            if b.dtype.kind not in "iuf":
                 raise InputError(f"{name} must be real, got dtype {b.dtype}")
-            return np.ascontiguousarray(b, dtype=np.float64).reshape(-1)
-        if isinstance(b, np.ndarray) and b.ndim == 2:
-            parts = list(b)
-        else:
-            parts = [np.asarray(v) for v in b]
+            return xp.ascontiguousarray(b, dtype=np.float64).reshape(-1)
+        parts = list(b) if getattr(b, "ndim", 0) == 2 else [xp.asarray(v) for v in b]
         if len(parts) != self.systems:
             raise InputError(f"{name} has {len(parts)} systems, expected {self.systems}")
         for s, (v, n) in enumerate(zip(parts, self.sizes)):
             if v.shape != (n,):
                 raise InputError(f"{name}: system {s} has shape {v.shape}, expected ({n},)")
-            if np.iscomplexobj(v) or not np.issubdtype(v.dtype, np.number):
+            if v.dtype.kind not in "iuf":
                 raise InputError(f"{name}: system {s} must be real, got dtype {v.dtype}")
-        return np.concatenate(parts).astype(np.float64)
+        return xp.concatenate(parts).astype(np.float64)
 
     def _split(self, v):
         """Stacked vector -> (B, n) when the sizes agree, else a list of B vectors."""
@@ -212,15 +210,11 @@ class BatchedPCG:
         if not (np.isfinite(rtol) and np.isfinite(atol)) or rtol < 0 or atol < 0:
             raise InputError("rtol and atol must be finite and >= 0")
         t0 = time.perf_counter()
-        bs = self._right_hand_sides(b, "b")
-        xs = np.zeros_like(bs) if x0 is None else self._right_hand_sides(x0, "x0")
-        with np.errstate(over="ignore", invalid="ignore"):  # a NaN or Inf b is that system's own failure
-            b_norms = np.sqrt(np.add.reduceat(bs * bs, self.start[:-1]))
-        tol = np.maximum(atol, rtol * b_norms)
-        if self._gpu is not None:
-            x, status, its, rnorm, true_norms = self._gpu.solve(bs, xs, tol, maxiter)
-        else:
-            x, status, its, rnorm, true_norms = self._solve_cpu(bs, xs, tol, maxiter)
+        xp = np if self._gpu is None else self._gpu.cupy
+        bs = self._right_hand_sides(b, "b", xp)
+        xs = None if x0 is None else self._right_hand_sides(x0, "x0", xp)
+        solve = self._solve_cpu if self._gpu is None else self._gpu.solve
+        x, status, its, rnorm, true_norms, b_norms, tol = solve(bs, xs, rtol, atol, maxiter)
         # a convergence the true residual does not confirm is not reported as one (solvers.pcg.result.confirmed)
         status = np.asarray(status, dtype=np.int64).copy()
         converged = status == Reason.CONVERGED
@@ -231,8 +225,11 @@ class BatchedPCG:
                            residual_norms=rnorm, true_residual_norms=true_norms, b_norms=b_norms, tolerances=tol,
                            setup_time=self.setup_time, solve_time=time.perf_counter() - t0, device=self.device)
 
-    def _solve_cpu(self, bs, xs, tol, maxiter):
-        x = xs.copy()
+    def _solve_cpu(self, bs, xs, rtol, atol, maxiter):
+        with np.errstate(over="ignore", invalid="ignore"):  # a NaN or Inf b is that system's own failure
+            b_norms = np.sqrt(np.add.reduceat(bs * bs, self.start[:-1]))
+        tol = np.maximum(atol, rtol * b_norms)
+        x = np.zeros_like(bs) if xs is None else xs.copy()
         status = np.zeros(self.systems, dtype=np.int32)
         its = np.zeros(self.systems, dtype=np.int64)
         rnorm, true_norms = np.zeros(self.systems), np.zeros(self.systems)
@@ -244,47 +241,44 @@ class BatchedPCG:
                 reason, its[s], rnorm[s] = pcg_iterate(A.dot, psolve, bs[lo:hi], x[lo:hi], tol[s], maxiter)
                 true_norms[s] = np.linalg.norm(bs[lo:hi] - A @ x[lo:hi])
             status[s] = int(reason)
-        return x, status, its, rnorm, true_norms
+        return x, status, its, rnorm, true_norms, b_norms, tol
 
 
 class _GPUBatch:
-    """The stacked systems on the device and the batched kernel (``kernels/batched.cu``)."""
+    """The stacked systems on the device and the on-chip kernel that solves them in one launch."""
 
     def __init__(self, batch):
-        from .. import kernels
         from ..backend import require_cupy
+        from .onchip import OnChipKernel
         cupy = require_cupy()
         self.cupy = cupy
         stacked = batch.stacked()
+        self.kernel = OnChipKernel(stacked.indptr, batch.start)
         i32 = lambda a: cupy.asarray(np.ascontiguousarray(a, dtype=np.int32))  # noqa: E731
         self.rowptr, self.col = i32(stacked.indptr), i32(stacked.indices)
         self.val = cupy.asarray(stacked.data)
         self.start = i32(batch.start)
-        rows, systems = int(batch.start[-1]), batch.systems
+        self.rows, self.systems = int(batch.start[-1]), batch.systems
         self.dinv = None if batch.inverse_diagonal is None else cupy.asarray(batch.inverse_diagonal)
-        self.b, self.x, self.r, self.z, self.p, self.q = (cupy.zeros(rows) for _ in range(6))
-        self.tol = cupy.zeros(systems)
-        self.status = cupy.zeros(systems, dtype=cupy.int32)
-        self.iterations = cupy.zeros(systems, dtype=cupy.int32)
-        self.rnorm, self.true_norms = cupy.zeros(systems), cupy.zeros(systems)
-        self.systems = systems
-        mod = kernels.module("batched", "double", before=("stopping",), structs=(BATCH_RUN,))
-        self.k_solve = mod.get_function("batched_pcg")
-        self.k_residual = mod.get_function("batched_residual_norms")
+        # what a launch leaves for the next one; a batch solve is one launch, so only a bound stops it there
+        self.r, self.z, self.p = (cupy.empty(self.rows) for _ in range(3))
+        # the States, then (||b - A x||, ||b||) of each system: one buffer, one read
+        self._state_bytes = self.systems * STATE.dtype.itemsize
+        self.results = cupy.zeros(self._state_bytes + 16 * self.systems, dtype=cupy.uint8)
 
-    def _args(self, maxiter):
-        fields = {f: getattr(self, f) for f, _ in BATCH_RUN.fields if f not in ("maxiter", "systems")}
-        return BATCH_RUN.pack(maxiter=maxiter, systems=self.systems, **fields)
+    def describe(self):
+        return self.kernel.describe()
 
-    def solve(self, bs, xs, tol, maxiter):
+    def solve(self, bs, xs, rtol, atol, maxiter):
         cupy = self.cupy
-        self.b.set(bs)
-        self.x.set(xs)
-        self.tol.set(tol)
-        args = self._args(maxiter)
-        block = (256,)  # BATCH_BLOCK in kernels/batched.cu
-        self.k_solve((self.systems,), block, (args,))
-        self.k_residual((self.systems,), block, (args, self.true_norms))
-        cupy.cuda.Device().synchronize()
-        return (self.x.copy(), self.status.get(), self.iterations.get().astype(np.int64), self.rnorm.get(),
-                self.true_norms.get())
+        x = cupy.zeros(self.rows) if xs is None else xs.copy()
+        args = self.kernel.pack(rowptr=self.rowptr, col=self.col, val=self.val, dinv=self.dinv, start=self.start,
+                                b=bs, x=x, r=self.r, z=self.z, p=self.p, st=self.results,
+                                norms=self.results.data.ptr + self._state_bytes, rtol=rtol, atol=atol,
+                                maxiter=maxiter, systems=self.systems, count=maxiter + 1, fresh=1)
+        self.kernel.launch(args)
+        raw = self.results.get()
+        states = raw[:self._state_bytes].view(STATE.dtype)
+        norms = raw[self._state_bytes:].view(np.float64).reshape(self.systems, 2)
+        return (x, states["status"], states["iteration"].astype(np.int64), states["rnorm"].copy(), norms[:, 0].copy(),
+                norms[:, 1].copy(), states["tol"].copy())

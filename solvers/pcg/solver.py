@@ -173,11 +173,17 @@ class PCG:
         ``auto`` decides from how scattered the product's reads are
         (:func:`solvers.reorder.choose_reordering`); ``reordering`` says what was
         done and why, ``reorder_time`` what it cost.
+    path : {"auto", "grid", "on-chip"}
+        GPU kernel: ``grid``, the persistent kernel over the whole GPU (grid-wide
+        barriers), or ``on-chip``, the whole iteration inside one thread block or
+        one cluster (:mod:`solvers.pcg.onchip`; classic variant, up to 65,536 rows).
+        ``auto`` takes on-chip for small systems (:func:`solvers.pcg.onchip.choose_path`);
+        ``path`` says which ran and ``path_note`` why.
     """
 
     def __init__(self, A, *, preconditioner="jacobi", M=None, rtol=1e-5, atol=0.0, maxiter=None,
                  device="auto", mode="auto", dtype="float64", unroll=32, record_history=False,
-                 variant="auto", matrix_format="auto", reorder="auto"):
+                 variant="auto", matrix_format="auto", reorder="auto", path="auto"):
         t0 = time.perf_counter()
         try:
             dtype_name = str(np.dtype(dtype))
@@ -200,7 +206,10 @@ class PCG:
         self._a_shift = self._shift_for(A)
         A = scaling.scaled(A, self._a_shift)
         n, nnz = (getattr(A, "shape", None) or (0, 0))[0], _entries(A)
+        self.path, self.path_note = "cpu", None
         if self.device == "cpu":
+            if path != "auto":
+                raise InputError(f"path {path!r} is a GPU kernel; the CPU solver takes 'auto'")
             if matrix_format != "auto":
                 raise InputError(f"matrix format {matrix_format!r} is a GPU storage; "
                                  "the CPU solver takes 'auto'")
@@ -219,10 +228,12 @@ class PCG:
             self._impl = CPUPCG(A, precond, self.dtype, variant)
         else:
             from .gpu import GPUPCG
+            from .onchip import OnChipPCG, choose_path
             refuse_unsupported(spec, "gpu", variant, self.dtype)
             require_device_memory(device_bytes(n, nnz, self.dtype), f"a PCG solve of {n:,} rows")
-            self._impl = GPUPCG(A, spec.name, self.dtype, mode, unroll, record_history, variant,
-                                matrix_format)
+            self.path, self.path_note = choose_path(path, n, variant)
+            impl = OnChipPCG if self.path == "on-chip" else GPUPCG
+            self._impl = impl(A, spec.name, self.dtype, mode, unroll, record_history, variant, matrix_format)
             self.shape = self._impl.shape
             variant = self._impl.variant
         if self.shape[0] != self.shape[1]:

@@ -1,11 +1,11 @@
-"""NumPy meaning of ``batched.cu``: each system solved alone by classic PCG (the steps of ``pcg_ref``)."""
+"""NumPy meaning of ``onchip.cu``: each system solved alone by classic PCG (the steps of ``pcg_ref``)."""
 import numpy as np
 
 from .pcg_ref import RUNNING, direction_product, pcg_update
 
 
 def solve_system(A, dinv, b, x, tol, maxiter):
-    """What ``batched_pcg``'s block does for one system: ``x`` (holding x0) becomes the solution.
+    """What ``onchip_pcg``'s block (or cluster) does for one system: ``x`` (holding x0) becomes the solution.
 
     Returns
     -------
@@ -24,7 +24,3 @@ def solve_system(A, dinv, b, x, tol, maxiter):
         z = pcg_update(x, r, q, p0, p1, dinv, state)
     return state["status"], state["iteration"], state["rnorm"]
 
-
-def batched_residual_norms(blocks, b, x):
-    """``||b_s - A_s x_s||`` of every system."""
-    return np.array([np.linalg.norm(bs - A @ xs) for A, bs, xs in zip(blocks, b, x)])

@@ -1,0 +1,198 @@
+"""PCG on chip (``kernels/onchip.cu``): each system solved inside one thread block or one cluster.
+
+:class:`OnChipKernel` sizes, compiles and launches the kernel over stacked systems
+(a block-diagonal CSR matrix); :class:`~solvers.pcg.batched.BatchedPCG` runs it
+over many systems and :class:`OnChipPCG` over one, as PCG's small-system path.
+"""
+import dataclasses
+
+import numpy as np
+
+from .. import kernels
+from ..errors import InputError
+from ..kernels.structs import PROGRESS, STATE, Struct
+from .gpu import GPUPCG, to_device_csr
+
+# The kernel's argument struct: stacked CSR, per-row vectors, per-system state and norms.
+ONCHIP_RUN = Struct("OnchipRun", [
+    ("rowptr", "const int*"), ("col", "const int*"), ("val", "const real_t*"), ("dinv", "const real_t*"),
+    ("start", "const int*"), ("b", "const real_t*"), ("x", "real_t*"), ("r", "real_t*"), ("z", "real_t*"),
+    ("p", "real_t*"), ("st", "State*"), ("norms", "double*"), ("history", "double*"), ("progress", "Progress*"),
+    ("rtol", "double"), ("atol", "double"), ("maxiter", "int"), ("systems", "int"), ("count", "int"),
+    ("fresh", "int"), ("matrix_capacity", "int"), ("pad", "int")])
+
+MAX_TEAM = 8           # blocks a system: the largest portable cluster
+MAX_ROWS = 8           # rows a thread keeps in registers
+# Shared memory a block may use (H200: 227 KiB), less the kernel's static reduction scratch.
+SHARED_LIMIT = 227 * 1024 - 2048
+SM_SHARED = 228 * 1024  # shared memory of an SM
+
+
+PATHS = ("auto", "grid", "on-chip")
+# auto takes the on-chip path up to this many rows (H200, float64, Jacobi; scripts/bench_small.py).
+ONCHIP_MAX_ROWS = 16_384
+
+
+def choose_path(path, n, variant="auto"):
+    """``(path, note)``: the GPU kernel for ``n`` rows, ``grid`` or ``on-chip`` (``path`` "auto" or one of them)."""
+    if path not in PATHS:
+        raise InputError(f"path must be one of {', '.join(PATHS)}, not {path!r}")
+    if path != "auto":
+        return path, None
+    if variant not in ("auto", "classic"):
+        return "grid", f"auto: the on-chip path runs classic PCG, {variant!r} was asked for"
+    if n <= ONCHIP_MAX_ROWS:
+        return "on-chip", f"auto: {n:,} rows <= {ONCHIP_MAX_ROWS:,}, solved inside one block or cluster"
+    return "grid", f"auto: {n:,} rows > {ONCHIP_MAX_ROWS:,}, the whole GPU"
+
+
+@dataclasses.dataclass(frozen=True)
+class Shape:
+    """How the kernel lays out a system: ``team`` blocks of ``block`` threads, ``rows`` rows a thread."""
+
+    block: int
+    rows: int
+    team: int
+
+    @property
+    def chunk(self):
+        """Rows of a system one block owns."""
+        return self.block * self.rows
+
+    def describe(self):
+        where = "one block" if self.team == 1 else f"a cluster of {self.team} blocks"
+        return f"{where} of {self.block} threads, {self.rows} row{'s' if self.rows > 1 else ''} a thread"
+
+
+def shape_for(rows, latency):
+    """The layout for systems of up to ``rows`` rows.
+
+    ``latency`` (one system): many threads, few rows each, a cluster beyond 2,048
+    rows. Otherwise (a batch, throughput): one block of up to 256 threads a system
+    while that holds it, so several systems share an SM.
+    """
+    if not latency and rows <= 256 * MAX_ROWS:
+        block = min(256, max(32, -(-rows // 32) * 32))
+        return Shape(block, -(-rows // block), 1)
+    block = 1024 if rows > 8192 else 512 if rows > 256 else max(32, -(-rows // 32) * 32)
+    team = 1
+    while team < MAX_TEAM and team * block * 2 < rows:
+        team *= 2
+    rows_per_thread = -(-rows // (team * block))
+    if rows_per_thread > MAX_ROWS:
+        raise InputError(f"a system of {rows:,} rows is too large to solve on chip "
+                         f"(at most {MAX_TEAM * block * MAX_ROWS:,})")
+    return Shape(block, rows_per_thread, team)
+
+
+def block_entries(rowptr, start, chunk):
+    """The most matrix entries any block holds: rows [c * chunk, (c + 1) * chunk) of each system."""
+    rowptr = np.asarray(rowptr, dtype=np.int64)
+    start = np.asarray(start, dtype=np.int64)
+    sizes = np.diff(start)
+    teams = -(-sizes // chunk)
+    # each block's first and last row, stacked: system s, block c -> start[s] + min(c * chunk, n_s)
+    system = np.repeat(np.arange(sizes.size), teams)
+    offset = np.arange(system.size) - np.repeat(np.cumsum(teams) - teams, teams)
+    lo = start[system] + np.minimum(offset * chunk, sizes[system])
+    hi = start[system] + np.minimum((offset + 1) * chunk, sizes[system])
+    return int((rowptr[hi] - rowptr[lo]).max()) if system.size else 0
+
+
+class OnChipKernel:
+    """The compiled kernel for a shape, and its shared-memory plan over stacked systems.
+
+    Parameters
+    ----------
+    rowptr, start : host int arrays
+        The stacked CSR row pointer and the systems' first rows (``B + 1`` entries).
+    real : {"double", "float"}
+    latency : bool
+        Lay out for one system's latency rather than a batch's throughput (:func:`shape_for`).
+    matrix_in_shared : bool or None
+        Copy each block's rows of the matrix into shared memory; by default when they fit.
+    """
+
+    def __init__(self, rowptr, start, real="double", latency=False, matrix_in_shared=None):
+        import cupy
+        sizes = np.diff(np.asarray(start))
+        self.shape = shape_for(int(sizes.max()), latency)
+        itemsize = 8 if real == "double" else 4
+        vectors = 3 * self.shape.chunk * itemsize
+        if vectors > SHARED_LIMIT:
+            raise InputError(f"systems of {int(sizes.max()):,} rows need more shared memory than a block has")
+        entries = block_entries(rowptr, start, self.shape.chunk)
+        fits = vectors + entries * (itemsize + 4) <= SHARED_LIMIT
+        if matrix_in_shared and not fits:
+            raise InputError("the matrix does not fit in shared memory")
+        self.matrix_in_shared = fits if matrix_in_shared is None else bool(matrix_in_shared)
+        self.capacity = entries if self.matrix_in_shared else 0
+        self.shared_bytes = vectors + self.capacity * (itemsize + 4)
+        # A batch wants as many blocks an SM as shared memory allows (registers are capped to match);
+        # one system wants each block fast.
+        self.min_blocks = 1 if latency else max(1, min(2048 // self.shape.block, SM_SHARED // (self.shared_bytes + 4096)))
+        mod = kernels.module("onchip", real, defines=(("ONCHIP_BLOCK", str(self.shape.block)),
+                                                      ("ONCHIP_ROWS", str(self.shape.rows)),
+                                                      ("ONCHIP_TEAM", str(self.shape.team)),
+                                                      ("ONCHIP_MIN_BLOCKS", str(self.min_blocks))),
+                             before=("stopping",), structs=(STATE, PROGRESS, ONCHIP_RUN))
+        kernel = mod.get_function("onchip_pcg")
+        kernel.max_dynamic_shared_size_bytes = self.shared_bytes
+        self._function = kernel.kernel
+        self.systems = int(sizes.size)
+        per_sm = cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(self._function.ptr, self.shape.block,
+                                                                             self.shared_bytes)
+        sms = int(cupy.cuda.Device().attributes["MultiProcessorCount"])
+        # One wave: a team a system up to what the GPU holds at once; teams then take the next systems.
+        teams = max(1, min(self.systems, max(1, int(per_sm) * sms // self.shape.team)))
+        self.grid = teams * self.shape.team
+
+    def describe(self):
+        return f"on chip: {self.shape.describe()}, matrix in {'shared' if self.matrix_in_shared else 'global'} memory"
+
+    def pack(self, **fields):
+        """The argument struct (``ONCHIP_RUN``'s fields; the matrix capacity is filled in)."""
+        return ONCHIP_RUN.pack(matrix_capacity=self.capacity, **fields)
+
+    def launch(self, args, handle=0, stream=None):
+        self._function((self.grid,), (self.shape.block,), (args, np.uint64(handle)), shared_mem=self.shared_bytes,
+                       stream=stream)
+
+
+class OnChipPCG(GPUPCG):
+    """PCG on one small system inside one block or cluster: :class:`~solvers.pcg.gpu.GPUPCG` with its
+    persistent grid kernel replaced by ``kernels/onchip.cu`` (classic PCG, resumable between launches).
+
+    The engine, buffers, input checks and true residual are GPUPCG's; a launch runs
+    up to ``unroll`` iterations, and a solve's first launch does the set-up pass itself.
+    """
+
+    def _setup(self, A):
+        if self.requested_variant not in ("auto", "classic"):
+            raise InputError(f"the on-chip path runs classic PCG, not {self.requested_variant!r}")
+        self.requested_variant = "classic"
+        super()._setup(A)
+        self.onchip = OnChipKernel(self._pattern[0].get(), np.array([0, self.n]), kernels.ctype(self.dtype),
+                                   latency=True)
+        self._csr_values = to_device_csr(A, self.dtype).data
+        self._rows = self.cupy.asarray(np.array([0, self.n], dtype=np.int32))
+        self.norms = self.cupy.zeros(2)
+
+    def update_values(self, A):
+        super().update_values(A)
+        if self._pattern[1].size == self._csr_values.size:
+            self._csr_values[...] = to_device_csr(A, self.dtype).data  # in place: captured address
+
+    def describe(self):
+        return self.onchip.describe()
+
+    def _start(self, tol, maxiter):
+        self._reset_state(tol, maxiter)  # iteration -1: the first launch does the set-up pass
+
+    def launch_run(self, count, handle, stream=None):
+        indptr, indices = self._pattern
+        args = self.onchip.pack(rowptr=indptr, col=indices, val=self._csr_values, dinv=self.dinv, start=self._rows,
+                                b=self.b, x=self.x, r=self.r, z=self.vectors["z"], p=self.vectors["p0"],
+                                st=self.state, norms=self.norms, history=self.history,
+                                progress=self.progress.device_ptr, systems=1, count=int(count), fresh=0)
+        self.onchip.launch(args, handle, stream)

@@ -1,0 +1,131 @@
+"""The on-chip kernel on the GPU: PCG's small-system path and batches, against the CPU and each other."""
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+import solvers
+from solvers.gallery import poisson, variable_diffusion
+from solvers.mmio import read_matrix
+from solvers.pcg.result import Reason
+
+pytestmark = pytest.mark.gpu
+MODES = ("eager", "graph", "while")
+
+
+@pytest.fixture(scope="module")
+def cupy():
+    return pytest.importorskip("cupy")
+
+
+def small_cases(matrices_dir):
+    out = {"poisson_64": poisson((64, 64)), "poisson_20": poisson((20, 20))}
+    for name in ("1138_bus.mtx", "gr_900_900_crg.mtx", "lap2D_5pt_n100.mtx", "ginkgo_simple_A.mtx"):
+        out[name] = read_matrix(str(matrices_dir / name))
+    return out
+
+
+def test_auto_takes_the_on_chip_path_for_small_systems_and_says_so(cupy):
+    from solvers.pcg.onchip import ONCHIP_MAX_ROWS
+    small = solvers.PCG(poisson((32, 32)), device="gpu")
+    assert small.path == "on-chip" and "on chip" in small.format and "rows <=" in small.path_note
+    side = int(np.sqrt(ONCHIP_MAX_ROWS)) + 1
+    assert solvers.PCG(poisson((side, side)), device="gpu").path == "grid"
+    assert solvers.PCG(poisson((32, 32)), device="gpu", variant="single-reduction").path == "grid"
+    with pytest.raises(solvers.InputError, match="on-chip path runs classic"):
+        solvers.PCG(poisson((8, 8)), device="gpu", path="on-chip", variant="single-reduction")
+    with pytest.raises(solvers.InputError, match="path must be one of"):
+        solvers.PCG(poisson((8, 8)), device="gpu", path="cluster")
+
+
+def test_on_chip_modes_and_launch_sizes_give_the_same_bits_and_agree_with_cpu(cupy, matrices_dir):
+    for name, A in small_cases(matrices_dir).items():
+        n = A.shape[0]
+        b = np.random.default_rng(3).standard_normal(n)
+        cpu = solvers.PCG(A, device="cpu", rtol=1e-8, maxiter=20 * n).solve(b)
+        runs = {(m, u): solvers.PCG(A, device="gpu", path="on-chip", mode=m, unroll=u, rtol=1e-8, maxiter=20 * n,
+                                    reorder="none").solve(b)
+                for m in MODES for u in (1, 7, 4096)}
+        ref = runs[("while", 4096)]
+        assert ref.converged and ref.relative_residual < 2e-8, name
+        for key, res in runs.items():  # a launch resumes exactly where the last one stopped
+            assert res.iterations == ref.iterations and cupy.array_equal(res.x, ref.x), (name, key)
+        assert abs(ref.iterations - cpu.iterations) <= max(1, int(0.02 * cpu.iterations)), (name, ref.iterations,
+                                                                                          cpu.iterations)
+        err = np.linalg.norm(ref.x.get() - cpu.x) / np.linalg.norm(cpu.x)
+        assert err < 1e-5, (name, err)
+
+
+def test_on_chip_cluster_with_the_matrix_in_global_memory(cupy):
+    A = poisson((150, 150))  # 22,500 rows: a cluster of 8 blocks, the matrix too large for shared memory
+    solver = solvers.PCG(A, device="gpu", path="on-chip", rtol=1e-9)
+    assert "cluster of 8" in solver.format and "global" in solver.format
+    b = np.random.default_rng(4).standard_normal(A.shape[0])
+    res = solver.solve(b)
+    cpu = solvers.PCG(A, device="cpu", rtol=1e-9).solve(b)
+    assert res.converged and abs(res.iterations - cpu.iterations) <= 3
+    np.testing.assert_allclose(res.x.get(), cpu.x, rtol=1e-6, atol=1e-9 * np.abs(cpu.x).max())
+
+
+def test_on_chip_failures_history_and_callback(cupy):
+    A = poisson((16, 16))
+    n = A.shape[0]
+    for mode in MODES:
+        b = np.ones(n)
+        b[5] = np.nan
+        assert solvers.PCG(A, device="gpu", path="on-chip", mode=mode).solve(b).reason is Reason.NOT_FINITE
+        indef = sp.diags(np.r_[np.ones(n // 2), -np.ones(n - n // 2)]).tocsr() + 0.1 * A
+        res = solvers.PCG(indef, device="gpu", path="on-chip", mode=mode, preconditioner="none").solve(np.ones(n))
+        assert res.reason is Reason.BREAKDOWN
+        res = solvers.PCG(A, device="gpu", path="on-chip", mode=mode, unroll=3).solve(np.ones(n), maxiter=7)
+        assert res.reason is Reason.MAX_ITERATIONS and res.iterations == 7
+    calls = []
+    solver = solvers.PCG(A, device="gpu", path="on-chip", record_history=True)
+    res = solver.solve(np.ones(n), callback=lambda xk: calls.append(float(xk[0])))
+    plain = solver.solve(np.ones(n))
+    assert len(calls) == res.iterations and len(res.history) == res.iterations + 1
+    assert cupy.array_equal(res.x, plain.x) and calls[-1] == float(plain.x[0])
+    cpu = solvers.PCG(A, device="cpu", record_history=True).solve(np.ones(n))
+    np.testing.assert_allclose(res.history[:10], cpu.history[:10], rtol=1e-10)
+
+
+def diffusion_values(count, side, seed):
+    rng = np.random.default_rng(seed)
+    pattern = variable_diffusion(np.ones((side, side)))
+    values = np.array([variable_diffusion(np.exp(rng.normal(size=(side, side)))).data for _ in range(count)])
+    return pattern, values
+
+
+def test_batch_from_device_arrays_stays_on_device_and_matches_cpu(cupy):
+    pattern, values = diffusion_values(300, 16, seed=1)
+    b = np.random.default_rng(2).standard_normal((300, 256))
+    b[17, 3] = np.nan
+    gpu = solvers.BatchedPCG.from_pattern(pattern, values, rtol=1e-9, device="gpu")
+    assert "on chip: one block" in gpu.path and "shared" in gpu.path
+    res = gpu.solve(cupy.asarray(b))
+    cpu = solvers.BatchedPCG.from_pattern(pattern, values, rtol=1e-9, device="cpu").solve(b)
+    assert isinstance(res.x, cupy.ndarray) and res.x.shape == (300, 256)
+    assert res.reasons == cpu.reasons and res.reasons[17] is Reason.NOT_FINITE
+    ok = np.arange(300) != 17
+    assert np.all(np.abs(res.iterations[ok] - cpu.iterations[ok]) <= 2)
+    np.testing.assert_allclose(res.b_norms[ok], cpu.b_norms[ok], rtol=1e-13)
+    np.testing.assert_allclose(res.tolerances[ok], cpu.tolerances[ok], rtol=1e-13)
+    np.testing.assert_allclose(res.true_residual_norms[ok], np.linalg.norm(
+        b[ok] - np.stack([sp.csr_matrix((values[s], pattern.indices, pattern.indptr)) @ res.x[s].get()
+                          for s in np.nonzero(ok)[0]]), axis=1), rtol=1e-6)
+    err = np.linalg.norm(res.x.get()[ok] - cpu.x[ok], axis=1) / np.linalg.norm(cpu.x[ok], axis=1)
+    assert err.max() < 1e-6
+    x0 = cpu.x + 1e-3
+    again = gpu.solve(b, x0)
+    assert np.all(again.iterations[ok] < res.iterations[ok])
+
+
+def test_batch_of_large_systems_runs_one_cluster_a_system(cupy):
+    mats = [poisson((60, 60)), variable_diffusion(np.exp(np.random.default_rng(5).normal(size=(50, 70))))]
+    b = [np.ones(3600), np.linspace(-1, 1, 3500)]
+    gpu = solvers.BatchedPCG(mats, rtol=1e-10, device="gpu")
+    assert "cluster" in gpu.path
+    res = gpu.solve(b)
+    cpu = solvers.BatchedPCG(mats, rtol=1e-10, device="cpu").solve(b)
+    assert res.converged.all() and isinstance(res.x, list)
+    for s in range(2):
+        np.testing.assert_allclose(res.x[s].get(), cpu.x[s], rtol=1e-7, atol=1e-10)
