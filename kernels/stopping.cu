@@ -44,3 +44,27 @@ __device__ __forceinline__ bool finished(const State& s, unsigned long long hand
     if (handle && blockIdx.x == 0 && threadIdx.x == 0) cudaGraphSetConditional(handle, 0);
     return true;
 }
+
+// The start of a solve decided on the device (a solve inside a caller's graph): the State of a fresh
+// solve, with tol = max(atol, rtol ||b||) from b here, and the progress word cleared. One block.
+#define PREPARE_BLOCK 1024
+extern "C" __global__ void __launch_bounds__(PREPARE_BLOCK)
+solve_prepare(State* st, Progress* progress, const real_t* b, int n, double rtol, double atol, int maxiter) {
+    double bb[1] = {0.0};
+    for (int i = threadIdx.x; i < n; i += PREPARE_BLOCK) bb[0] += (double)b[i] * (double)b[i];
+    block_sums<PREPARE_BLOCK>(bb);
+    if (threadIdx.x == 0) {
+        State s = {};
+        s.tol = fmax(atol, rtol * sqrt(bb[0]));
+        s.maxiter = maxiter;
+        s.iteration = -1;
+        s.status = RUNNING;
+        *st = s;
+        if (progress) {
+            volatile Progress* pr = progress;
+            pr->rnorm = 0.0;
+            pr->iteration = 0;
+            pr->status = RUNNING;
+        }
+    }
+}

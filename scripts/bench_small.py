@@ -5,6 +5,8 @@ Run on a GPU machine: ``python scripts/bench_small.py [--systems 10000] [--side 
 * Per iteration (float64, Jacobi, while mode): each small matrix solved by the
   on-chip path (one block or cluster) and by the grid path (the whole GPU), a
   fixed number of iterations (rtol 0), loop time over iterations, best of a few.
+* Captured time step: ``examples/heat_implicit.py``'s backward Euler step, PCG.solve
+  per step (while mode) against the whole step captured into one graph and replayed.
 * Batched: variable-coefficient 2-D diffusion systems (one sparsity pattern,
   lognormal coefficients), Jacobi to rtol 1e-8, ``b`` already on the device for
   every method: BatchedPCG, ``jax.vmap`` over ``jax.scipy.sparse.linalg.cg``
@@ -79,6 +81,27 @@ def iteration_table(iterations, reps):
         tgrid, _, _ = per_iteration(A, "grid", 32, iterations, reps)
         auto = solvers.PCG(A, device="gpu", reorder="none").path
         rows.append(f"| {name} | {n:,} | {nnz:,} | {layout} | {t32:.2f} | {tall:.2f} | {tgrid:.2f} | {auto} |")
+        print(rows[-1], flush=True)
+    return rows
+
+
+# -- captured time step ------------------------------------------------------------------------
+def heat_table(sizes, steps):
+    import importlib.util
+    path = pathlib.Path(__file__).resolve().parent.parent / "examples" / "heat_implicit.py"
+    spec = importlib.util.spec_from_file_location("heat_implicit", path)
+    heat = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(heat)
+    rows = ["| grid | path | solve per step (while mode) ms | captured step ms | speed-up | PCG it./step "
+            "| max difference |", "|---|---|---|---|---|---|---|"]
+    for m in sizes:
+        A, u0 = heat.step_matrix(m, 0.05 / steps), heat.initial_field(m)
+        heat.run_project(A, u0, 3, "gpu", "while", 1e-10)  # warm-up: compile and capture
+        u_plain, t_plain, its, solver = heat.run_project(A, u0, steps, "gpu", "while", 1e-10)
+        u_step, t_step, _, _ = heat.run_captured(A, u0, steps, 1e-10)
+        diff = np.abs(u_step - u_plain).max() / np.abs(u_plain).max()
+        rows.append(f"| {m}^2 | {solver.path} | {t_plain * 1e3:.3f} | {t_step * 1e3:.3f} | {t_plain / t_step:.1f}x "
+                    f"| {its:.1f} | {diff:.1e} |")
         print(rows[-1], flush=True)
     return rows
 
@@ -179,7 +202,7 @@ def main(argv=None):
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--iterations", type=int, default=2000, help="iterations a per-iteration timing runs")
     ap.add_argument("--sample", type=int, default=20, help="systems the cupyx loop is timed on")
-    ap.add_argument("--only", choices=("iterations", "batch"), help="run one part only")
+    ap.add_argument("--only", choices=("iterations", "heat", "batch"), help="run one part only")
     ap.add_argument("--out", default=str(pathlib.Path(__file__).resolve().parent / "results"))
     args = ap.parse_args(argv)
     import cupy
@@ -189,6 +212,9 @@ def main(argv=None):
     if args.only in (None, "iterations"):
         sections += ["## PCG per iteration, float64, Jacobi, while mode", "",
                      *iteration_table(args.iterations, args.reps), ""]
+    if args.only in (None, "heat"):
+        sections += ["## Heat equation time step (examples/heat_implicit.py), 100 steps, rtol 1e-10", "",
+                     *heat_table((64, 256), 100), ""]
     if args.only in (None, "batch"):
         sections += ["## Batched solves", "", *batch_table(args.systems, args.side, args.reps, args.sample), ""]
     text = "\n".join(sections)

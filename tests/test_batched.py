@@ -143,3 +143,23 @@ def test_gpu_batch_agrees_with_cpu_and_isolates_failures():
     jac = solvers.BatchedPCG(mats[:3], rtol=1e-10, device="gpu").solve(b[:3])
     ref = solvers.BatchedPCG(mats[:3], rtol=1e-10, device="cpu").solve(b[:3])
     np.testing.assert_allclose(jac.x.get(), ref.x, rtol=1e-7, atol=1e-9)
+
+
+def test_on_chip_layouts_follow_size_and_shared_memory():
+    from solvers.mmio import read_matrix
+    from solvers.pcg.onchip import choose_shape
+    data = __import__("pathlib").Path(__file__).resolve().parent / "data" / "matrices"
+
+    def layout(A, latency=True, count=1):
+        start = np.arange(count + 1) * A.shape[0]
+        rowptr = sp.block_diag([A] * count, format="csr").indptr
+        shape, entries = choose_shape(rowptr, start, 8, latency)
+        return shape.block, shape.rows, shape.team, entries > 0
+
+    assert layout(read_matrix(str(data / "gr_900_900_crg.mtx"))) == (512, 2, 1, True)
+    assert layout(poisson((64, 64))) == (512, 4, 2, True)       # one block cannot hold its matrix
+    assert layout(poisson((128, 128))) == (512, 4, 8, True)
+    assert layout(poisson((256, 256))) == (1024, 8, 8, False)   # the matrix stays in global memory
+    assert layout(variable_diffusion(np.ones((32, 32))), latency=False, count=3) == (256, 4, 1, True)
+    with pytest.raises(InputError, match="too large to solve on chip"):
+        layout(poisson((300, 300)))

@@ -75,9 +75,9 @@ def test_amg_setup_kernels_compile(tmp_path):
 @pytest.mark.parametrize("rows, latency", [(64, False), (1024, False), (5000, False), (4096, True), (60_000, True)])
 def test_onchip_kernels_compile(real, rows, latency, tmp_path):
     from solvers.kernels.structs import PROGRESS, STATE
-    from solvers.pcg.onchip import ONCHIP_RUN, shape_for
-    shape = shape_for(rows, latency)
-    defines = (("ONCHIP_BLOCK", str(shape.block)), ("ONCHIP_ROWS", str(shape.rows)),
-               ("ONCHIP_TEAM", str(shape.team)), ("ONCHIP_MIN_BLOCKS", "2"))
-    compile_ok(kernels.program("onchip", real, defines=defines, before=("stopping",),
-                               structs=(STATE, PROGRESS, ONCHIP_RUN)), tmp_path)
+    from solvers.pcg.onchip import ONCHIP_RUN, candidate_shapes
+    for shape in candidate_shapes(rows, latency)[:2]:
+        defines = (("ONCHIP_BLOCK", str(shape.block)), ("ONCHIP_ROWS", str(shape.rows)),
+                   ("ONCHIP_TEAM", str(shape.team)), ("ONCHIP_MIN_BLOCKS", "2"))
+        compile_ok(kernels.program("onchip", real, defines=defines, before=("stopping",),
+                                   structs=(STATE, PROGRESS, ONCHIP_RUN)), tmp_path)

@@ -129,3 +129,56 @@ def test_batch_of_large_systems_runs_one_cluster_a_system(cupy):
     assert res.converged.all() and isinstance(res.x, list)
     for s in range(2):
         np.testing.assert_allclose(res.x[s].get(), cpu.x[s], rtol=1e-7, atol=1e-10)
+
+
+def load_example(name):
+    import importlib.util
+    import pathlib
+    path = pathlib.Path(__file__).resolve().parent.parent / "examples" / name
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("path", ["on-chip", "grid"])
+def test_a_time_step_captured_into_one_graph_matches_the_cpu(cupy, monkeypatch, path):
+    heat = load_example("heat_implicit.py")
+    captures = []
+    end_capture = cupy.cuda.Stream.end_capture
+    monkeypatch.setattr(cupy.cuda.Stream, "end_capture", lambda self: captures.append(1) or end_capture(self))
+    m, steps = 40, 12
+    A, u0 = heat.step_matrix(m, 2e-3), heat.initial_field(m)
+    original = solvers.PCG
+
+    def with_path(*args, **kwargs):
+        return original(*args, path=path, **kwargs) if kwargs.get("device") == "gpu" else original(*args, **kwargs)
+    monkeypatch.setattr(solvers, "PCG", with_path)
+    replay, stream, solver, u = heat.captured_step(A, u0, 1e-10)
+    assert solver.path == path
+    for _ in range(steps):
+        replay()
+    stream.synchronize()
+    assert len(captures) == 1 and solver.instantiations == 0  # one graph, the caller's; none of the solver's
+    reason, iterations, rnorm, tol = solver.enqueued_result()
+    assert reason is Reason.CONVERGED and 0 < iterations and rnorm <= tol
+    ref = u0.copy()
+    cpu = original(A, rtol=1e-10, device="cpu")
+    for _ in range(steps):
+        ref = cpu.solve(ref, x0=ref).x
+    np.testing.assert_allclose(u.get(), ref, rtol=1e-8, atol=1e-10 * np.abs(ref).max())
+
+
+def test_enqueue_refuses_what_a_capture_cannot_hold(cupy):
+    A = poisson((10, 10))
+    solver = solvers.PCG(A, device="gpu", reorder="none")
+    b = cupy.ones(100)
+    with pytest.raises(solvers.InputError, match="contiguous CuPy vector"):
+        solver.enqueue(b.astype(cupy.float32), cupy.empty(100))
+    with pytest.raises(solvers.InputError, match="without record_history"):
+        solvers.PCG(A, device="gpu", record_history=True).enqueue(b, cupy.empty(100))
+    out = cupy.empty(100)
+    solver.enqueue(b, out)  # outside a capture it simply runs
+    cupy.cuda.get_current_stream().synchronize()
+    assert solver.enqueued_result()[0] is Reason.CONVERGED
+    np.testing.assert_allclose(A @ out.get(), np.ones(100), atol=1e-3)

@@ -204,3 +204,11 @@ def test_auto_variant_is_classic_on_the_cpu_and_reported():
     assert solvers.PCG(A, device="cpu", variant="single-reduction").variant == "single-reduction"
     assert resolve_variant("auto", SINGLE_REDUCTION_MAX_ROWS, "gpu") == "single-reduction"
     assert resolve_variant("auto", SINGLE_REDUCTION_MAX_ROWS + 1, "gpu") == "classic"
+
+
+def test_enqueue_and_a_kernel_path_need_the_gpu():
+    solver = solvers.PCG(poisson((6, 6)), device="cpu")
+    with pytest.raises(solvers.DeviceError, match="enqueue runs a solve on the GPU"):
+        solver.enqueue(np.ones(36), np.empty(36))
+    with pytest.raises(solvers.InputError, match="path 'on-chip' is a GPU kernel"):
+        solvers.PCG(poisson((6, 6)), device="cpu", path="on-chip")

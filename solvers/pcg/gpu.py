@@ -160,6 +160,7 @@ class GPUPCG:
     """
 
     device = "gpu"
+    default_unroll = 32  # iterations a launch when the caller names none
 
     def __init__(self, A, preconditioner, dtype, mode, unroll, record_history, variant="auto",
                  matrix_format="auto", gather="auto", stream_matrix=None, sell_lanes=None, block=None):
@@ -224,6 +225,7 @@ class GPUPCG:
                                  self.stream_matrix)
         mod = kernels.module(**program)
         self.k_residual = mod.get_function("matrix_residual")
+        self.k_prepare = mod.get_function("solve_prepare")
         variant = VARIANTS[self.variant]
         self._variant = variant
         self._run, capacity = kernels.cooperative(mod.get_function(variant.kernel), self.run_block)
@@ -351,6 +353,40 @@ class GPUPCG:
 
     def _residual(self, x, out):
         self.k_residual((self.grid_spmv,), (BLOCK,), (self._matrix_args, x, self.b, out))
+
+    def _prepare_on_device(self, rtol, atol, maxiter):
+        """:meth:`_start` decided on the device: the State from ``b`` there, then the set-up pass."""
+        for name in self._variant.zeroed_at_start:
+            self.vectors[name].fill(0)
+        self._device_state(rtol, atol, maxiter)
+        self.launch_run(1, 0, self.cupy.cuda.get_current_stream())
+
+    def _device_state(self, rtol, atol, maxiter):
+        """A fresh solve's State, its tolerance from ``b`` on the device (``solve_prepare``)."""
+        self.k_prepare((1,), (1024,), (self.state, np.uint64(self.progress.device_ptr), self.b, np.int32(self.n),
+                                       np.float64(rtol), np.float64(atol), np.int32(maxiter)))  # PREPARE_BLOCK
+
+    def enqueue(self, b, out, x0, rtol, atol, maxiter):
+        """Enqueue a whole solve on the current stream, reading and writing only device memory:
+        no allocation, no host synchronisation, so a caller's stream capture can hold it.
+        ``b``, ``out`` and ``x0`` are device vectors of the solver's dtype; the result stays in the
+        State (:meth:`enqueued_result`)."""
+        stream = self.cupy.cuda.get_current_stream()
+        self.b[...] = b
+        if x0 is None:
+            self.x.fill(0)
+            self.r[...] = self.b
+        else:
+            self.x[...] = x0
+            self._residual(self.x, self.r)
+        self._prepare_on_device(rtol, atol, maxiter)
+        self.launch_run(2**31 - 1, 0, stream)  # to the stop: the kernel ends at the State's maxiter
+        out[...] = self.x
+
+    def enqueued_result(self):
+        """``(reason, iterations, rnorm, tol)`` of the last enqueued solve (reads the device State)."""
+        st = STATE.read(self.state.get())
+        return Reason(int(st["status"])), int(st["iteration"]), float(st["rnorm"]), float(st["tol"])
 
     def solve(self, b, x0, tol, maxiter, callback, record_history, on_progress=None):
         """Return ``(x, reason, iterations, rnorm, history)``; ``x`` is a new CuPy array.

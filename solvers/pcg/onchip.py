@@ -64,27 +64,6 @@ class Shape:
         return f"{where} of {self.block} threads, {self.rows} row{'s' if self.rows > 1 else ''} a thread"
 
 
-def shape_for(rows, latency):
-    """The layout for systems of up to ``rows`` rows.
-
-    ``latency`` (one system): many threads, few rows each, a cluster beyond 2,048
-    rows. Otherwise (a batch, throughput): one block of up to 256 threads a system
-    while that holds it, so several systems share an SM.
-    """
-    if not latency and rows <= 256 * MAX_ROWS:
-        block = min(256, max(32, -(-rows // 32) * 32))
-        return Shape(block, -(-rows // block), 1)
-    block = 1024 if rows > 8192 else 512 if rows > 256 else max(32, -(-rows // 32) * 32)
-    team = 1
-    while team < MAX_TEAM and team * block * 2 < rows:
-        team *= 2
-    rows_per_thread = -(-rows // (team * block))
-    if rows_per_thread > MAX_ROWS:
-        raise InputError(f"a system of {rows:,} rows is too large to solve on chip "
-                         f"(at most {MAX_TEAM * block * MAX_ROWS:,})")
-    return Shape(block, rows_per_thread, team)
-
-
 def block_entries(rowptr, start, chunk):
     """The most matrix entries any block holds: rows [c * chunk, (c + 1) * chunk) of each system."""
     rowptr = np.asarray(rowptr, dtype=np.int64)
@@ -99,8 +78,60 @@ def block_entries(rowptr, start, chunk):
     return int((rowptr[hi] - rowptr[lo]).max()) if system.size else 0
 
 
+def shared_bytes(shape, entries, itemsize):
+    """Shared memory of a block: z and two directions for its rows, plus ``entries`` of the matrix."""
+    return 3 * shape.chunk * itemsize + entries * (itemsize + 4)
+
+
+def candidate_shapes(rows, latency):
+    """Layouts for systems of up to ``rows`` rows, in order of preference.
+
+    A batch (throughput) wants one block of up to 256 threads a system, so that
+    several systems share an SM. One system (latency) wants blocks of 512 threads
+    with at most 4 rows a thread, in as few blocks as hold the matrix, since a
+    cluster barrier costs more than a few more rows (:func:`choose_shape` takes the
+    first that fits). Last, clusters of 8 blocks of 1,024 threads, the matrix read
+    from global memory.
+    """
+    shapes = []
+    if not latency and rows <= 256 * MAX_ROWS:
+        block = min(256, max(32, -(-rows // 32) * 32))
+        shapes.append(Shape(block, -(-rows // block), 1))
+    block = min(512, max(32, -(-rows // 32) * 32))
+    for team in (1, 2, 4, 8):
+        per_thread = -(-rows // (team * block))
+        if per_thread <= 4:
+            shapes.append(Shape(block, per_thread, team))
+    per_thread = -(-rows // (MAX_TEAM * 1024))
+    if per_thread <= MAX_ROWS:
+        shapes.append(Shape(1024, per_thread, MAX_TEAM))
+    return shapes
+
+
+def choose_shape(rowptr, start, itemsize, latency, matrix_in_shared=None):
+    """``(shape, entries)``: the first candidate layout whose vectors and matrix fit in a block's
+    shared memory, else (unless ``matrix_in_shared``) the first whose vectors do; ``entries`` is
+    the matrix capacity of a block's shared memory (0: the matrix is read from global memory)."""
+    rows = int(np.diff(np.asarray(start)).max())
+    shapes = candidate_shapes(rows, latency)
+    if not shapes:
+        raise InputError(f"a system of {rows:,} rows is too large to solve on chip "
+                         f"(at most {MAX_TEAM * 1024 * MAX_ROWS:,})")
+    if matrix_in_shared is not False:
+        for shape in shapes:
+            entries = block_entries(rowptr, start, shape.chunk)
+            if shared_bytes(shape, entries, itemsize) <= SHARED_LIMIT:
+                return shape, entries
+        if matrix_in_shared:
+            raise InputError("the matrix does not fit in shared memory")
+    for shape in shapes:
+        if shared_bytes(shape, 0, itemsize) <= SHARED_LIMIT:
+            return shape, 0
+    raise InputError(f"systems of {rows:,} rows need more shared memory than a block has")
+
+
 class OnChipKernel:
-    """The compiled kernel for a shape, and its shared-memory plan over stacked systems.
+    """The compiled kernel for a layout, and its shared-memory plan over stacked systems.
 
     Parameters
     ----------
@@ -108,29 +139,21 @@ class OnChipKernel:
         The stacked CSR row pointer and the systems' first rows (``B + 1`` entries).
     real : {"double", "float"}
     latency : bool
-        Lay out for one system's latency rather than a batch's throughput (:func:`shape_for`).
+        Lay out for one system's latency rather than a batch's throughput (:func:`candidate_shapes`).
     matrix_in_shared : bool or None
         Copy each block's rows of the matrix into shared memory; by default when they fit.
     """
 
     def __init__(self, rowptr, start, real="double", latency=False, matrix_in_shared=None):
         import cupy
-        sizes = np.diff(np.asarray(start))
-        self.shape = shape_for(int(sizes.max()), latency)
         itemsize = 8 if real == "double" else 4
-        vectors = 3 * self.shape.chunk * itemsize
-        if vectors > SHARED_LIMIT:
-            raise InputError(f"systems of {int(sizes.max()):,} rows need more shared memory than a block has")
-        entries = block_entries(rowptr, start, self.shape.chunk)
-        fits = vectors + entries * (itemsize + 4) <= SHARED_LIMIT
-        if matrix_in_shared and not fits:
-            raise InputError("the matrix does not fit in shared memory")
-        self.matrix_in_shared = fits if matrix_in_shared is None else bool(matrix_in_shared)
-        self.capacity = entries if self.matrix_in_shared else 0
-        self.shared_bytes = vectors + self.capacity * (itemsize + 4)
+        self.shape, self.capacity = choose_shape(rowptr, start, itemsize, latency, matrix_in_shared)
+        self.matrix_in_shared = self.capacity > 0
+        self.shared_bytes = shared_bytes(self.shape, self.capacity, itemsize)
         # A batch wants as many blocks an SM as shared memory allows (registers are capped to match);
         # one system wants each block fast.
-        self.min_blocks = 1 if latency else max(1, min(2048 // self.shape.block, SM_SHARED // (self.shared_bytes + 4096)))
+        self.min_blocks = 1 if latency else max(1, min(2048 // self.shape.block,
+                                                       SM_SHARED // (self.shared_bytes + 4096)))
         mod = kernels.module("onchip", real, defines=(("ONCHIP_BLOCK", str(self.shape.block)),
                                                       ("ONCHIP_ROWS", str(self.shape.rows)),
                                                       ("ONCHIP_TEAM", str(self.shape.team)),
@@ -139,12 +162,12 @@ class OnChipKernel:
         kernel = mod.get_function("onchip_pcg")
         kernel.max_dynamic_shared_size_bytes = self.shared_bytes
         self._function = kernel.kernel
-        self.systems = int(sizes.size)
+        self.systems = int(np.asarray(start).size - 1)
         per_sm = cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(self._function.ptr, self.shape.block,
                                                                              self.shared_bytes)
         sms = int(cupy.cuda.Device().attributes["MultiProcessorCount"])
         # One wave: a team a system up to what the GPU holds at once; teams then take the next systems.
-        teams = max(1, min(self.systems, max(1, int(per_sm) * sms // self.shape.team)))
+        teams = max(1, min(self.systems, int(per_sm) * sms // self.shape.team))
         self.grid = teams * self.shape.team
 
     def describe(self):
@@ -164,8 +187,11 @@ class OnChipPCG(GPUPCG):
     persistent grid kernel replaced by ``kernels/onchip.cu`` (classic PCG, resumable between launches).
 
     The engine, buffers, input checks and true residual are GPUPCG's; a launch runs
-    up to ``unroll`` iterations, and a solve's first launch does the set-up pass itself.
+    up to ``unroll`` iterations (by default the whole solve), and a solve's first
+    launch does the set-up pass itself.
     """
+
+    default_unroll = 2**31 - 1
 
     def _setup(self, A):
         if self.requested_variant not in ("auto", "classic"):
@@ -188,6 +214,9 @@ class OnChipPCG(GPUPCG):
 
     def _start(self, tol, maxiter):
         self._reset_state(tol, maxiter)  # iteration -1: the first launch does the set-up pass
+
+    def _prepare_on_device(self, rtol, atol, maxiter):
+        self._device_state(rtol, atol, maxiter)  # the first launch does the set-up pass
 
     def launch_run(self, count, handle, stream=None):
         indptr, indices = self._pattern

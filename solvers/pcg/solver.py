@@ -153,9 +153,11 @@ class PCG:
     mode : {"auto", "eager", "graph", "while"}
         GPU driver; the CPU accepts ``auto`` and ``eager`` only.
     dtype : {"float64", "float32"}
-    unroll : int
+    unroll : int, optional
         Iterations per kernel launch on the GPU, hence per graph launch
-        (``graph``) or per WHILE pass (``while``).
+        (``graph``) or per WHILE pass (``while``); by default 32 on the grid
+        path and the whole solve on the on-chip path (whose launches cost a
+        larger share of its short iterations).
     record_history : bool
         Keep the residual norm of every iteration in the result.
     variant : {"auto", "classic", "single-reduction"}
@@ -182,7 +184,7 @@ class PCG:
     """
 
     def __init__(self, A, *, preconditioner="jacobi", M=None, rtol=1e-5, atol=0.0, maxiter=None,
-                 device="auto", mode="auto", dtype="float64", unroll=32, record_history=False,
+                 device="auto", mode="auto", dtype="float64", unroll=None, record_history=False,
                  variant="auto", matrix_format="auto", reorder="auto", path="auto"):
         t0 = time.perf_counter()
         try:
@@ -233,6 +235,8 @@ class PCG:
             require_device_memory(device_bytes(n, nnz, self.dtype), f"a PCG solve of {n:,} rows")
             self.path, self.path_note = choose_path(path, n, variant)
             impl = OnChipPCG if self.path == "on-chip" else GPUPCG
+            if unroll is None:
+                unroll = impl.default_unroll
             self._impl = impl(A, spec.name, self.dtype, mode, unroll, record_history, variant, matrix_format)
             self.shape = self._impl.shape
             variant = self._impl.variant
@@ -411,6 +415,75 @@ class PCG:
                            capture_time=getattr(self._impl, "last_capture_time", 0.0),
                            device=self.device, mode=self._impl.mode,
                            mode_note=self._impl.mode_note or self.device_note, history=history)
+
+    def enqueue(self, b, out, x0=None, *, rtol=None, atol=None, maxiter=None):
+        """Enqueue a whole solve of ``A x = b`` on the current CuPy stream, into ``out``.
+
+        Everything happens on the device: the norm of ``b`` and the tolerance,
+        the iteration (run to its stop in one launch of the path's kernel) and the
+        copy of x into ``out``; nothing is allocated, nothing waits for or reads
+        from the host. A caller can therefore capture it into its own graph
+        (``stream.begin_capture()`` ... ``end_capture()``) with the work around it,
+        and replay that graph; the arrays' addresses are what the graph keeps.
+        :meth:`enqueued_result` reads the outcome of the last solve afterwards.
+
+        Parameters
+        ----------
+        b, out : cupy.ndarray
+            Device vectors of ``n`` entries in the solver's dtype (``out`` may be ``x0``).
+        x0 : cupy.ndarray, optional
+            Initial guess (default zero).
+        rtol, atol, maxiter : optional
+            As for :meth:`solve`.
+        """
+        if self.device != "gpu":
+            raise DeviceError("enqueue runs a solve on the GPU; this solver runs on the CPU")
+        if self._order is not None or self._a_shift:
+            raise InputError("enqueue needs a solver without reordering or scaling of A "
+                             "(set it up with reorder='none'; A's entries are outside the safe range)")
+        if self.record_history:
+            raise InputError("enqueue does not record a history (set the solver up without record_history)")
+        cupy = require_cupy()
+        for name, v in (("b", b), ("out", out), ("x0", x0)):
+            if v is None and name == "x0":
+                continue
+            if not isinstance(v, cupy.ndarray) or v.shape != (self.shape[0],) or v.dtype != self.dtype \
+                    or not v.flags.c_contiguous:
+                raise InputError(f"{name} must be a contiguous CuPy vector of shape ({self.shape[0]},) and dtype "
+                                 f"{self.dtype}")
+        stream = cupy.cuda.get_current_stream()
+        capture = _capture_status(stream)
+        if capture == "invalidated":
+            raise DeviceError("the current stream's capture has been invalidated; nothing was enqueued")
+        if capture == "implicit" or (capture == "active" and stream.ptr == 0):
+            raise DeviceError("the legacy default stream cannot be captured; capture on a stream of your own "
+                              "(with cupy.cuda.Stream(non_blocking=True): ...)")
+        rtol, atol, maxiter = check_tolerances(self.rtol if rtol is None else rtol,
+                                               self.atol if atol is None else atol,
+                                               self.maxiter if maxiter is None else maxiter)
+        maxiter = 10 * self.shape[0] if maxiter is None else maxiter
+        if maxiter >= 2**31 - 1:
+            raise InputError("maxiter must be below 2^31")
+        self._impl.enqueue(b, out, x0, rtol, atol, maxiter)
+
+    def enqueued_result(self):
+        """``(reason, iterations, residual_norm, tolerance)`` of the last solve :meth:`enqueue` made.
+
+        Reads the device state: call it after the stream (or the replayed graph) has finished.
+        """
+        return self._impl.enqueued_result()
+
+
+
+def _capture_status(stream):
+    """The stream's capture status name ("none", "active", "invalidated")."""
+    cupy = require_cupy()
+    try:
+        status = cupy.cuda.runtime.streamIsCapturing(stream.ptr)
+    except cupy.cuda.runtime.CUDARuntimeError:  # the legacy stream while another one captures
+        return "implicit"
+    return {cupy.cuda.runtime.streamCaptureStatusNone: "none",
+            cupy.cuda.runtime.streamCaptureStatusActive: "active"}.get(status, "invalidated")
 
 
 def check_tolerances(rtol, atol, maxiter):
