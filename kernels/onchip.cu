@@ -76,30 +76,24 @@ struct TeamScratch {
     double block[2][3];
 };
 
-// Sum of v over the first `width` lanes (a power of two) of the warp, in every lane: a butterfly, so
-// every lane adds the same pairs (a + b and b + a are the same bits) and holds the same total.
-__device__ __forceinline__ double lanes_sum(double v, int width) {
-    for (int o = width / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
-// Sums of K <= 3 values over the team, in every thread; `round` counts the reductions. Warp totals,
-// then the block's warp totals added by a butterfly in every warp, then (a cluster) the team's block
-// totals, each lane loading one peer's, added the same way: a fixed order, two barriers.
+// Sums of K <= 3 values over the team, in every thread; `round` counts the reductions.
 template <int K>
 __device__ void team_sums(double (&v)[K], TeamScratch& sc, int& round) {
     const int buf = round & 1;
-    const int lane = threadIdx.x & 31;
     ++round;
 #pragma unroll
     for (int k = 0; k < K; ++k) v[k] = warp_sum(v[k]);
-    if (lane == 0) {
+    if ((threadIdx.x & 31) == 0) {
 #pragma unroll
         for (int k = 0; k < K; ++k) sc.warp[buf][k][threadIdx.x >> 5] = v[k];
     }
     __syncthreads();
 #pragma unroll
-    for (int k = 0; k < K; ++k) v[k] = lanes_sum(lane < ONCHIP_WARPS ? sc.warp[buf][k][lane] : 0.0, 32);
+    for (int k = 0; k < K; ++k) {
+        double t = 0.0;
+        for (int w = 0; w < ONCHIP_WARPS; ++w) t += sc.warp[buf][k][w];
+        v[k] = t;
+    }
 #if ONCHIP_TEAM > 1
     if (threadIdx.x == 0) {
 #pragma unroll
@@ -107,8 +101,11 @@ __device__ void team_sums(double (&v)[K], TeamScratch& sc, int& round) {
     }
     team_barrier();
 #pragma unroll
-    for (int k = 0; k < K; ++k)
-        v[k] = lanes_sum(lane < ONCHIP_TEAM ? *team_peer(&sc.block[buf][k], lane) : 0.0, ONCHIP_TEAM);
+    for (int k = 0; k < K; ++k) {
+        double t = 0.0;
+        for (unsigned c = 0; c < ONCHIP_TEAM; ++c) t += *team_peer(&sc.block[buf][k], c);
+        v[k] = t;
+    }
 #endif
 }
 
@@ -120,24 +117,12 @@ struct TeamRows {
     int begin[ONCHIP_ROWS], end[ONCHIP_ROWS];  // entry ranges of the thread's rows (empty past the end)
 };
 
-// out[k] = (A v)_i for the thread's k-th row (0 past the end), v(j) giving entry j of the system's
-// vector. The rows advance together, so their loads overlap; each row still adds in entry order.
+// (A v)_i for the thread's k-th row, v(j) giving entry j of the system's vector.
 template <typename V>
-__device__ __forceinline__ void rows_product(const TeamRows& m, V v, real_t (&out)[ONCHIP_ROWS]) {
-    int longest = 0;
-#pragma unroll
-    for (int k = 0; k < ONCHIP_ROWS; ++k) {
-        out[k] = 0;
-        longest = max(longest, m.end[k] - m.begin[k]);
-    }
-#pragma unroll 2
-    for (int w = 0; w < longest; ++w) {
-#pragma unroll
-        for (int k = 0; k < ONCHIP_ROWS; ++k) {
-            const int e = m.begin[k] + w;
-            if (e < m.end[k]) out[k] += m.val[e] * v(m.col[e] - m.shift);
-        }
-    }
+__device__ __forceinline__ real_t row_product(const TeamRows& m, int k, V v) {
+    real_t sum = 0;
+    for (int e = m.begin[k]; e < m.end[k]; ++e) sum += m.val[e] * v(m.col[e] - m.shift);
+    return sum;
 }
 
 extern "C" __global__ void
@@ -198,15 +183,14 @@ __launch_bounds__(ONCHIP_BLOCK, ONCHIP_MIN_BLOCKS) onchip_pcg(const OnchipRun a,
         if (start) {  // r = b - A x0, z = M^-1 r, p_old = 0: the set-up pass
             double sums[3] = {0.0, 0.0, 0.0};  // b.b, r.z, r.r
             const real_t* x0 = a.x + lo;
-            rows_product(m, [&](int j) { return x0[j]; }, q);
 #pragma unroll
             for (int k = 0; k < ONCHIP_ROWS; ++k) {
                 const int i = first + t + k * ONCHIP_BLOCK, own = t + k * ONCHIP_BLOCK;
-                x[k] = r[k] = d[k] = 0;
+                x[k] = r[k] = q[k] = d[k] = 0;
                 if (i >= n) continue;
                 const real_t bi = a.b[lo + i];
                 x[k] = x0[i];
-                r[k] = bi - q[k];
+                r[k] = bi - row_product(m, k, [&](int j) { return x0[j]; });
                 d[k] = a.dinv ? a.dinv[lo + i] : real_t(1);
                 const real_t zi = a.dinv ? d[k] * r[k] : r[k];
                 z_s[own] = zi;
@@ -254,11 +238,11 @@ __launch_bounds__(ONCHIP_BLOCK, ONCHIP_MIN_BLOCKS) onchip_pcg(const OnchipRun a,
             real_t* pn = pbuf[parity ^ 1];
             const real_t b_ = (real_t)beta;
             double pq[1] = {0.0};
-            rows_product(m, [&](int j) { return fma(b_, team_load(po, j, rank), team_load(z_c, j, rank)); }, q);
 #pragma unroll
             for (int k = 0; k < ONCHIP_ROWS; ++k) {
                 const int own = t + k * ONCHIP_BLOCK;
                 if (first + own >= n) continue;
+                q[k] = row_product(m, k, [&](int j) { return fma(b_, team_load(po, j, rank), team_load(z_c, j, rank)); });
                 const real_t p_i = fma(b_, po[own], z_s[own]);
                 pn[own] = p_i;
                 pq[0] += (double)p_i * (double)q[k];
@@ -326,12 +310,11 @@ __launch_bounds__(ONCHIP_BLOCK, ONCHIP_MIN_BLOCKS) onchip_pcg(const OnchipRun a,
         }
         team_barrier();
         double rr[1] = {0.0};
-        rows_product(m, [&](int j) { return team_load(z_s, j, rank); }, q);
 #pragma unroll
         for (int k = 0; k < ONCHIP_ROWS; ++k) {
             const int i = first + t + k * ONCHIP_BLOCK;
             if (i >= n) continue;
-            const double ri = (double)(a.b[lo + i] - q[k]);
+            const double ri = (double)(a.b[lo + i] - row_product(m, k, [&](int j) { return team_load(z_s, j, rank); }));
             rr[0] += ri * ri;
         }
         team_sums(rr, sc, round);

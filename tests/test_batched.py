@@ -157,8 +157,8 @@ def test_on_chip_layouts_follow_size_and_shared_memory():
         return shape.block, shape.rows, shape.team, entries > 0
 
     assert layout(read_matrix(str(data / "gr_900_900_crg.mtx"))) == (512, 2, 1, True)
-    assert layout(poisson((64, 64))) == (512, 4, 2, True)       # one block cannot hold its matrix
-    assert layout(poisson((128, 128))) == (512, 4, 8, True)
+    assert layout(poisson((64, 64))) == (512, 2, 4, True)
+    assert layout(poisson((128, 128))) == (1024, 2, 8, True)
     assert layout(poisson((256, 256))) == (1024, 8, 8, False)   # the matrix stays in global memory
     assert layout(variable_diffusion(np.ones((32, 32))), latency=False, count=3) == (256, 4, 1, True)
     with pytest.raises(InputError, match="too large to solve on chip"):

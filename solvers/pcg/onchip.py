@@ -97,14 +97,13 @@ def candidate_shapes(rows, latency):
     if not latency and rows <= 256 * MAX_ROWS:
         block = min(256, max(32, -(-rows // 32) * 32))
         shapes.append(Shape(block, -(-rows // block), 1))
-    block = min(512, max(32, -(-rows // 32) * 32))
-    for team in (1, 2, 4, 8):
-        per_thread = -(-rows // (team * block))
-        if per_thread <= 4:
-            shapes.append(Shape(block, per_thread, team))
-    per_thread = -(-rows // (MAX_TEAM * 1024))
+    block = 1024 if rows > 8192 else 512 if rows > 256 else max(32, -(-rows // 32) * 32)
+    team = 1
+    while team < MAX_TEAM and team * block * 2 < rows:
+        team *= 2
+    per_thread = -(-rows // (team * block))
     if per_thread <= MAX_ROWS:
-        shapes.append(Shape(1024, per_thread, MAX_TEAM))
+        shapes.append(Shape(block, per_thread, team))
     return shapes
 
 
