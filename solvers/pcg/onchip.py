@@ -29,8 +29,10 @@ SM_SHARED = 228 * 1024  # shared memory of an SM
 
 
 PATHS = ("auto", "grid", "on-chip")
-# auto takes the on-chip path up to this many rows (H200, float64, Jacobi; scripts/bench_small.py).
-ONCHIP_MAX_ROWS = 16_384
+# auto takes the on-chip path up to this many rows. H200, float64, Jacobi, us per iteration on chip /
+# on the grid (scripts/results/small_2026-11-30_1542_*): gr_900 3.08 / 6.71, 1138_bus 4.73 / 6.32,
+# Poisson 64^2 3.62 / 5.59; lap2D_5pt_n100 (10,000 rows) 7.59 / 5.68, Poisson 128^2 7.60 / 5.71.
+ONCHIP_MAX_ROWS = 4096
 
 
 def choose_path(path, n, variant="auto"):
@@ -87,11 +89,10 @@ def candidate_shapes(rows, latency):
     """Layouts for systems of up to ``rows`` rows, in order of preference.
 
     A batch (throughput) wants one block of up to 256 threads a system, so that
-    several systems share an SM. One system (latency) wants blocks of 512 threads
-    with at most 4 rows a thread, in as few blocks as hold the matrix, since a
-    cluster barrier costs more than a few more rows (:func:`choose_shape` takes the
-    first that fits). Last, clusters of 8 blocks of 1,024 threads, the matrix read
-    from global memory.
+    several systems share an SM. One system (latency), and systems of more than
+    2,048 rows, take blocks of 512 threads (1,024 above 8,192 rows) and as many of
+    them, up to a cluster of 8, as give each thread at most two rows
+    (:func:`choose_shape` takes the first that fits).
     """
     shapes = []
     if not latency and rows <= 256 * MAX_ROWS:
