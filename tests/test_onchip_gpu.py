@@ -12,11 +12,6 @@ pytestmark = pytest.mark.gpu
 MODES = ("eager", "graph", "while")
 
 
-@pytest.fixture(scope="module")
-def cupy():
-    return pytest.importorskip("cupy")
-
-
 def small_cases(matrices_dir):
     out = {"poisson_64": poisson((64, 64)), "poisson_20": poisson((20, 20))}
     for name in ("1138_bus.mtx", "gr_900_900_crg.mtx", "lap2D_5pt_n100.mtx", "ginkgo_simple_A.mtx"):
