@@ -337,3 +337,10 @@ def test_bad_nullspace_file_is_named(capsys, tmp_path, elasticity):
         code, out, err = run_cli(capsys, "--matrix", matrix, "--device", "cpu", "--precond", "amg",
                                  "--nullspace", path)
         assert code == 2 and err.strip() == f"error: {path}: {message}", err
+
+
+def test_kernel_path_option_is_for_the_gpu(capsys):
+    code, out, err = run_cli(capsys, "--matrix", EXAMPLE, "--device", "cpu", "--path", "on-chip")
+    assert code == 2 and "path 'on-chip' is a GPU kernel" in err and not out
+    code, out, _ = run_cli(capsys, "--matrix", EXAMPLE, "--device", "cpu", "--path", "auto", "--json", "-")
+    assert code == 0 and '"path": "cpu"' in out
