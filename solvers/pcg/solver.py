@@ -164,8 +164,9 @@ class PCG:
         Classic PCG, or the Chronopoulos-Gear form: the same iterates in exact
         arithmetic with one grid-wide reduction per iteration instead of two,
         which on the GPU halves the grid-wide barriers. ``auto`` takes
-        single-reduction on the GPU for small systems (latency bound), classic
-        otherwise; the ``variant`` attribute says which ran.
+        single-reduction on the GPU's grid path for small systems (latency
+        bound), classic otherwise and on the on-chip path; the ``variant``
+        attribute says which ran.
     matrix_format : {"auto", "ell", "sell", "csr"}
         Storage of A on the GPU (:mod:`solvers.formats`): ``auto`` takes ELL for
         rows of nearly equal length (stencils), else SELL; ``format`` says which.
