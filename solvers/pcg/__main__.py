@@ -116,7 +116,8 @@ def build_parser():
     p.add_argument("--variant", choices=("auto", "classic", "single-reduction"), default="auto",
                    help="classic PCG, or the single-reduction (Chronopoulos-Gear) form: one grid-wide "
                         "reduction per iteration (one allreduce under mpiexec); "
-                        "auto: single-reduction on one GPU up to 131,072 rows, else classic (default auto)")
+                        "auto: classic on the on-chip path; on the grid path single-reduction up to "
+                        "131,072 rows, else classic (default auto)")
     p.add_argument("--format", choices=("auto", "ell", "sell", "csr"), default="auto",
                    help="matrix storage on the GPU: ELL (rows of nearly equal length, e.g. stencils), "
                         "SELL-C-sigma (any rows; very long ones split over several warps) or CSR; "
