@@ -108,22 +108,19 @@ def candidate_shapes(rows, latency):
     return shapes
 
 
-def choose_shape(rowptr, start, itemsize, latency, matrix_in_shared=None):
+def choose_shape(rowptr, start, itemsize, latency):
     """``(shape, entries)``: the first candidate layout whose vectors and matrix fit in a block's
-    shared memory, else (unless ``matrix_in_shared``) the first whose vectors do; ``entries`` is
-    the matrix capacity of a block's shared memory (0: the matrix is read from global memory)."""
+    shared memory, else the first whose vectors do; ``entries`` is the matrix capacity of a
+    block's shared memory (0: the matrix is read from global memory)."""
     rows = int(np.diff(np.asarray(start)).max())
     shapes = candidate_shapes(rows, latency)
     if not shapes:
         raise InputError(f"a system of {rows:,} rows is too large to solve on chip "
                          f"(at most {MAX_TEAM * 1024 * MAX_ROWS:,})")
-    if matrix_in_shared is not False:
-        for shape in shapes:
-            entries = block_entries(rowptr, start, shape.chunk)
-            if shared_bytes(shape, entries, itemsize) <= SHARED_LIMIT:
-                return shape, entries
-        if matrix_in_shared:
-            raise InputError("the matrix does not fit in shared memory")
+    for shape in shapes:
+        entries = block_entries(rowptr, start, shape.chunk)
+        if shared_bytes(shape, entries, itemsize) <= SHARED_LIMIT:
+            return shape, entries
     for shape in shapes:
         if shared_bytes(shape, 0, itemsize) <= SHARED_LIMIT:
             return shape, 0
@@ -140,14 +137,13 @@ class OnChipKernel:
     real : {"double", "float"}
     latency : bool
         Lay out for one system's latency rather than a batch's throughput (:func:`candidate_shapes`).
-    matrix_in_shared : bool or None
-        Copy each block's rows of the matrix into shared memory; by default when they fit.
+        Each block's rows of the matrix are copied into shared memory when they fit.
     """
 
-    def __init__(self, rowptr, start, real="double", latency=False, matrix_in_shared=None):
+    def __init__(self, rowptr, start, real="double", latency=False):
         import cupy
         itemsize = 8 if real == "double" else 4
-        self.shape, self.capacity = choose_shape(rowptr, start, itemsize, latency, matrix_in_shared)
+        self.shape, self.capacity = choose_shape(rowptr, start, itemsize, latency)
         self.matrix_in_shared = self.capacity > 0
         self.shared_bytes = shared_bytes(self.shape, self.capacity, itemsize)
         # A batch wants as many blocks an SM as shared memory allows (registers are capped to match);
@@ -202,12 +198,13 @@ class OnChipPCG(GPUPCG):
                                    latency=True)
         self._csr_values = to_device_csr(A, self.dtype).data
         self._rows = self.cupy.asarray(np.array([0, self.n], dtype=np.int32))
-        self.norms = self.cupy.zeros(2)
+        self.norms = self.cupy.zeros(2)  # the kernel's ||b - A x||, ||b||; solve() takes GPUPCG's true residual
 
     def update_values(self, A):
-        super().update_values(A)
-        if self._pattern[1].size == self._csr_values.size:
-            self._csr_values[...] = to_device_csr(A, self.dtype).data  # in place: captured address
+        kernel = self.onchip
+        super().update_values(A)  # a new pattern sets everything up again, this path's kernel included
+        if self.onchip is kernel:  # the same pattern: the new values in place (the captured address)
+            self._csr_values[...] = to_device_csr(A, self.dtype).data
 
     def describe(self):
         return self.onchip.describe()
