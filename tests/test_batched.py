@@ -163,3 +163,15 @@ def test_on_chip_layouts_follow_size_and_shared_memory():
     assert layout(variable_diffusion(np.ones((32, 32))), latency=False, count=3) == (256, 4, 1, True)
     with pytest.raises(InputError, match="too large to solve on chip"):
         layout(poisson((300, 300)))
+
+
+def test_auto_kernel_path_follows_size_variant_and_preconditioner():
+    from solvers.pcg.onchip import ONCHIP_MAX_ROWS, choose_path
+    assert choose_path("auto", ONCHIP_MAX_ROWS)[0] == "on-chip"
+    assert choose_path("auto", ONCHIP_MAX_ROWS + 1)[0] == "grid"
+    assert choose_path("auto", 100, "single-reduction")[0] == "grid"
+    assert choose_path("auto", 100, "auto", "chebyshev") == (
+        "grid", "auto: the on-chip path applies Jacobi or no preconditioner, not 'chebyshev'")
+    with pytest.raises(InputError, match="on-chip path applies Jacobi or no preconditioner"):
+        choose_path("on-chip", 100, "auto", "amg")
+    assert choose_path("grid", 10) == ("grid", None)

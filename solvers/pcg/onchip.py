@@ -35,12 +35,19 @@ PATHS = ("auto", "grid", "on-chip")
 ONCHIP_MAX_ROWS = 4096
 
 
-def choose_path(path, n, variant="auto"):
+ONCHIP_PRECONDITIONERS = ("jacobi", "none")  # what the kernel applies (an inverse diagonal or nothing)
+
+
+def choose_path(path, n, variant="auto", preconditioner="jacobi"):
     """``(path, note)``: the GPU kernel for ``n`` rows, ``grid`` or ``on-chip`` (``path`` "auto" or one of them)."""
     if path not in PATHS:
         raise InputError(f"path must be one of {', '.join(PATHS)}, not {path!r}")
+    if path == "on-chip" and preconditioner not in ONCHIP_PRECONDITIONERS:
+        raise InputError(f"the on-chip path applies Jacobi or no preconditioner, not {preconditioner!r}")
     if path != "auto":
         return path, None
+    if preconditioner not in ONCHIP_PRECONDITIONERS:
+        return "grid", f"auto: the on-chip path applies Jacobi or no preconditioner, not {preconditioner!r}"
     if variant not in ("auto", "classic"):
         return "grid", f"auto: the on-chip path runs classic PCG, {variant!r} was asked for"
     if n <= ONCHIP_MAX_ROWS:
