@@ -86,12 +86,28 @@ class Domain:
             out.append((o, peer, -k * self.box))
         return out
 
-    def near_faces(self, x, offset, rlist, xp=np):
-        """Mask of positions within ``rlist`` of the faces ``offset`` points through (all of them for 0)."""
-        mask = xp.ones(len(x), dtype=bool)
-        for d, o in enumerate(offset):
-            if o < 0:
-                mask &= x[:, d] - self.lo[d] < rlist
-            elif o > 0:
-                mask &= self.hi[d] - x[:, d] < rlist
-        return mask
+    def routes(self):
+        """:meth:`neighbours` in the order ghosts are sent: by receiving rank, then by offset."""
+        return sorted(self.neighbours(), key=lambda route: route[1])
+
+    def ghost_pairs(self, x, rlist, xp=np):
+        """Which of the positions ``x`` (N, 3), mine, go where as ghosts: ``(index, route)``.
+
+        Atom ``index[k]`` is sent along ``routes()[route[k]]``: it lies within
+        ``rlist`` of every face that route's offset points through. The pairs are
+        ordered by route, then by index. One pass over the atoms: those near no
+        face are dropped first, the others are tested against all routes at once.
+        """
+        near_lo = x - xp.asarray(self.lo) < rlist
+        near_hi = xp.asarray(self.hi) - x < rlist
+        cand = xp.flatnonzero(near_lo.any(axis=1) | near_hi.any(axis=1))
+        m = len(cand)
+        if m == 0:
+            return cand, xp.zeros(0, xp.int64)
+        lo, hi, anywhere = near_lo[cand], near_hi[cand], xp.ones(m, dtype=bool)
+        # per axis, whether offset -1, 0, +1 along it is allowed; the 27 offsets in itertools.product order
+        axis = [xp.stack([lo[:, d], anywhere, hi[:, d]]) for d in range(3)]
+        allowed = (axis[0][:, None, None, :] & axis[1][None, :, None, :] & axis[2][None, None, :, :]).reshape(27, m)
+        rows = np.array([(o[0] + 1) * 9 + (o[1] + 1) * 3 + (o[2] + 1) for o, _, _ in self.routes()])
+        flat = xp.flatnonzero(allowed[xp.asarray(rows)])
+        return cand[flat % m], flat // m

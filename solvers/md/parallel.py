@@ -60,14 +60,13 @@ class GhostPlan:
 
     def __init__(self, domain, x, rlist, comm):
         size = comm.Get_size()
-        per_rank = [[] for _ in range(size)]  # (indices, shift) pieces per destination, in offset order
-        for offset, peer, shift in domain.neighbours():
-            idx = np.flatnonzero(domain.near_faces(x, offset, rlist))
-            if idx.size:
-                per_rank[peer].append((idx, shift))
-        self.send_index = [np.concatenate([i for i, _ in p]) if p else np.empty(0, np.int64) for p in per_rank]
-        self.send_shift = [np.concatenate([np.broadcast_to(s, (len(i), 3)) for i, s in p]) if p else np.empty((0, 3))
-                           for p in per_rank]
+        routes = domain.routes()
+        index, route = domain.ghost_pairs(x, rlist)
+        peers = np.array([peer for _, peer, _ in routes])
+        shifts = np.array([shift for _, _, shift in routes])
+        ends = np.cumsum(np.bincount(peers[route], minlength=size))  # pairs come grouped by peer
+        self.send_index = np.split(index, ends[:-1])
+        self.send_shift = np.split(shifts[route], ends[:-1])
         counts = comm.alltoall([len(i) for i in self.send_index])
         self.recv_offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         self.comm, self.rank = comm, comm.Get_rank()

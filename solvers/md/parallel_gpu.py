@@ -1,7 +1,8 @@
 """One MD simulation over GPU ranks: the step as captured graphs, ghosts over NCCL between them.
 
-The decomposition, ghost selection and migration are those of the CPU path
-(:mod:`.parallel`, :mod:`.domain`), done with CuPy at list builds. A step is
+The decomposition and ghost selection are those of the CPU path
+(:mod:`.parallel`, :mod:`.domain`), done with array operations on the device at
+list builds; migrating particles travel over NCCL too. A step is
 an iteration of :class:`~solvers.engine.SegmentDriver`:
 
 * graph ``md_kick_drift``: first kick and drift of the own particles, the
@@ -42,6 +43,12 @@ _KERNELS = ("md_cell_clear", "md_cell_bin", "md_cell_sort", "md_neigh_build", "m
             "md_pack")
 
 
+def _tally(keys, size):
+    """How many of the device integers ``keys`` equal each of 0 .. size - 1 (host array; any length)."""
+    cp = require_cupy()
+    return (keys[:, None] == cp.arange(size)).sum(axis=0).get()
+
+
 class DistGpuBackend:
     """One rank's part of a distributed simulation on its GPU.
 
@@ -79,12 +86,13 @@ class DistGpuBackend:
         density = state.n / state.volume
         self.maxnb = int(1.3 * density * 4.0 / 3.0 * np.pi * self.rlist ** 3 + 16)
         self.cellcap = int(1.5 * density * np.prod(extent / self.ncell) + 8)
-        self.regrows = 0
+        self.regrows, self.capacity = 0, 0
         try:
             self.stream = cp.cuda.Stream(non_blocking=True)
             side = cp.cuda.Stream(non_blocking=True, priority=-(2 ** 30))
             self.driver = SegmentDriver(self.stream, side, cp.cuda.Event)
             self.nccl = DeviceComm.shared(comm)
+            self._set_routes()
             self._setup_atoms(state, restart)
         except cp.cuda.memory.OutOfMemoryError as exc:
             raise DeviceError(f"out of GPU memory while setting up the simulation ({exc})") from None
@@ -125,6 +133,8 @@ class DistGpuBackend:
         """Ghost plan, positions (own, then ghosts), lists and graphs for the own positions ``own`` (my frame).
 
         ``hold_from``: the build positions the list is made from (a restart's), else ``own``.
+        Per-particle arrays are made afresh (from CuPy's pool); the lists keep their
+        buffers while the particles fit (they are the large ones).
         """
         cp = self._cp
         n = len(own)
@@ -132,18 +142,31 @@ class DistGpuBackend:
         self._plan_ghosts(build)
         g = self.ghosts
         self.n, self.n_local = n, n + g
-        self.frame = cp.zeros((n + g, 4), self.real)
+        self.frame = cp.empty((n + g, 4), self.real)
         self.frame[:n] = build
-        self.hold = cp.zeros_like(self.frame)
+        self.hold = cp.empty_like(self.frame)
         self.f = cp.zeros((n, 4), self.real)
         self.pe = cp.zeros(n, np.float64)
         self.vir = cp.zeros(n, np.float64)
         self.partial = cp.zeros(3 * max(1, -(-n * self.tpp // BLOCK)), np.float64)
-        self.sendbuf = cp.zeros((max(len(self.send_index), 1), 4), self.real)
-        self._allocate_lists()
+        self.sendbuf = cp.empty((max(len(self.send_index), 1), 4), self.real)
+        self._ghost_transfers = self._transfers(self.sendbuf, self.send_counts, self.frame[n:], self.recv_counts)
+        if n > self.capacity:
+            self.capacity = int(1.1 * n) + 64
+            self._allocate_lists()
+        self.params = md_params.pack(self._real_c, self._pair, self._param_values())
         self._pack(self.stream)
         self._exchange(self.stream)
-        while True:  # the list from the build positions, grown until it fits
+        self._build_lists()
+        if hold_from is not None:
+            self.frame[:n] = own
+            self._pack(self.stream)
+            self._exchange(self.stream)
+        self._capture_step()
+
+    def _build_lists(self):
+        """The lists from the positions in ``frame`` (which become the build positions), grown until they fit."""
+        while True:
             self.ctl[C_REBUILD] = 1
             self.ctl[C_NBMAX] = 0
             self.ctl[C_CELLMAX] = 0
@@ -157,39 +180,35 @@ class DistGpuBackend:
                 self.maxnb = int(ctl[C_NBMAX] * 1.2) + 8
             self.regrows += 1
             self._allocate_lists()
+            self.params = md_params.pack(self._real_c, self._pair, self._param_values())
         self.ctl[C_REBUILD] = 0
-        if hold_from is not None:
-            self.frame[:n] = own
-            self._pack(self.stream)
-            self._exchange(self.stream)
-        self._capture_step()
 
     def _plan_ghosts(self, own):
-        """Which own particles go to which rank, and where each rank's ghosts land (sizes agreed by MPI)."""
-        cp, dom = self._cp, self.domain
+        """Which own particles go to which rank (grouped by rank), and how many ghosts come from each."""
+        cp = self._cp
         x = own[:, :3].astype(cp.float64) + cp.asarray(self.origin)  # global coordinates
-        index, shift, counts = [], [], np.zeros(self.ranks, np.int64)
-        for offset, peer, periodic in dom.neighbours():
-            sel = cp.flatnonzero(dom.near_faces(x, offset, self.rlist, xp=cp))
-            if sel.size == 0:
-                continue
-            peer_origin = Domain(self.box, self.grid, peer).lo - self.shell
-            # From my frame to the peer's: back to global, the periodic image, the peer's origin.
-            s = np.zeros(4)
-            s[:3] = self.origin + periodic - peer_origin
-            index.append((peer, sel))
-            shift.append((peer, len(sel), s))
-            counts[peer] += len(sel)
-        order = sorted(range(len(index)), key=lambda k: index[k][0])  # grouped by peer, offsets in order
-        self.send_index = (cp.concatenate([index[k][1] for k in order]).astype(np.int32) if order
-                           else cp.zeros(0, np.int32))
-        self.send_shift = (cp.asarray(np.concatenate([np.tile(shift[k][2], (shift[k][1], 1)) for k in order]),
-                                      dtype=self.real) if order else cp.zeros((0, 4), self.real))
-        self.send_counts = counts
-        self.recv_counts = np.array(self.comm.alltoall(counts.tolist()), np.int64)
+        index, route = self.domain.ghost_pairs(x, self.rlist, xp=cp)
+        per_route = _tally(route, len(self._route_peer))
+        self.send_index = index.astype(np.int32)
+        self.send_shift = self._route_shift[route]
+        self.send_counts = np.bincount(self._route_peer, weights=per_route, minlength=self.ranks).astype(np.int64)
+        self.recv_counts = np.array(self.comm.alltoall(self.send_counts.tolist()), np.int64)
         self.ghosts = int(self.recv_counts.sum())
 
+    def _set_routes(self):
+        """Per route of ``Domain.routes``: its receiving rank, and the shift from my frame to that rank's."""
+        peers, shifts = [], []
+        for _, peer, periodic in self.domain.routes():
+            s = np.zeros(4)
+            # back to global, the periodic image, the peer's origin
+            s[:3] = self.origin + periodic - (Domain(self.box, self.grid, peer).lo - self.shell)
+            peers.append(peer)
+            shifts.append(s)
+        self._route_peer = np.array(peers)
+        self._route_shift = self._cp.asarray(np.array(shifts), dtype=self.real)
+
     def _allocate_lists(self):
+        """Cell and neighbour-list buffers for up to ``capacity`` own particles."""
         cp = self._cp
         ncells = int(np.prod(self.ncell))
         self.cell_count = cp.zeros(ncells, np.int32)
@@ -197,10 +216,9 @@ class DistGpuBackend:
         self.cell_sorted = cp.zeros(ncells * self.cellcap, np.int32)
         self.cell_pos = cp.zeros((ncells * self.cellcap, 4), self.real)
         self.cell_start = cp.zeros(ncells, np.int32)
-        self.order = cp.arange(max(self.n, 1), dtype=np.int32)
-        self.nlist = cp.zeros(self.maxnb * max(self.n, 1), np.int32)
-        self.ncount = cp.zeros(max(self.n, 1), np.int32)
-        self.params = md_params.pack(self._real_c, self._pair, self._param_values())
+        self.order = cp.arange(self.capacity, dtype=np.int32)
+        self.nlist = cp.empty(self.maxnb * self.capacity, np.int32)
+        self.ncount = cp.zeros(self.capacity, np.int32)
 
     def _param_values(self):
         it = self.integ
@@ -249,21 +267,27 @@ class DistGpuBackend:
                                (self.params, self.send_index, self.send_shift, self.sendbuf, np.int32(count)),
                                stream=s)
 
+    def _transfers(self, sendbuf, send_counts, recvbuf, recv_counts):
+        """The NCCL calls that send rows of ``sendbuf`` (grouped by rank, ``send_counts`` each) and
+        receive rows into ``recvbuf`` (from each rank in turn, ``recv_counts``): for ``DeviceComm.exchange``."""
+        nccl = self.nccl._nccl
+        dtype = {8: nccl.NCCL_FLOAT64, 4: nccl.NCCL_FLOAT32}[sendbuf.itemsize]
+        width = sendbuf.shape[1]
+        row = width * sendbuf.itemsize
+        sends, recvs = [], []
+        sent = received = 0
+        for peer in range(self.ranks):
+            if send_counts[peer]:
+                sends.append((sendbuf.data.ptr + sent * row, int(width * send_counts[peer]), dtype, peer))
+                sent += int(send_counts[peer])
+            if recv_counts[peer]:
+                recvs.append((recvbuf.data.ptr + received * row, int(width * recv_counts[peer]), dtype, peer))
+                received += int(recv_counts[peer])
+        return sends, recvs
+
     def _exchange(self, s):
         """Ghost positions from their owners into the tail of the position buffer (one NCCL group)."""
-        nccl = self.nccl._nccl
-        dtype = nccl.NCCL_FLOAT64 if self.real == np.float64 else nccl.NCCL_FLOAT32
-        row = 4 * np.dtype(self.real).itemsize
-        sends, recvs = [], []
-        sent, received = 0, self.n
-        for peer in range(self.ranks):
-            if self.send_counts[peer]:
-                sends.append((self.sendbuf.data.ptr + sent * row, int(4 * self.send_counts[peer]), dtype, peer))
-                sent += int(self.send_counts[peer])
-            if self.recv_counts[peer]:
-                recvs.append((self.frame.data.ptr + received * row, int(4 * self.recv_counts[peer]), dtype, peer))
-                received += int(self.recv_counts[peer])
-        self.nccl.exchange((sends, recvs), s)
+        self.nccl.exchange(self._ghost_transfers, s)
 
     def _reduce_flags(self, s):
         """ctl[C_REQ .. C_BAD] := their maxima over the ranks (one decision everywhere)."""
@@ -280,36 +304,47 @@ class DistGpuBackend:
     # -- driver ----------------------------------------------------------------------
     def _rebuild(self):
         """The agreed list build at the current step: wrap, migrate, lay out again, finish the step's forces."""
-        cp = self._cp
-        n = self.n
-        x = self.frame[:n, :3].astype(cp.float64) + cp.asarray(self.origin)
-        wraps = cp.floor(x / cp.asarray(self.box))
-        x -= wraps * cp.asarray(self.box)
-        img = self.img[:, :3] + wraps.astype(np.int32)
-        fields = {"gidx": self.gidx, "ids": self.ids, "x": x, "v": self.v[:, :3].astype(cp.float64), "img": img}
-        owner = self.domain.owners(x, xp=cp)
-        keep = owner == self.domain.rank
-        outgoing = [None] * self.ranks
-        leaving = cp.asnumpy(owner[~keep])
-        for r in np.unique(leaving):
-            sel = owner == int(r)
-            outgoing[int(r)] = {k: cp.asnumpy(v[sel]) for k, v in fields.items()}
-        incoming = [p for p in self.comm.alltoall(outgoing) if p is not None]
-        merged = {k: cp.concatenate([v[keep]] + [cp.asarray(p[k]) for p in incoming]) for k, v in fields.items()}
-        order = cp.argsort(merged["gidx"])  # the same order whatever the message order
-        merged = {k: v[order] for k, v in merged.items()}
-        self.gidx, self.ids = merged["gidx"], merged["ids"]
-        self.v = self._cp.zeros((len(order), 4), self.real)
-        self.v[:, :3] = merged["v"]
-        self.img = self._cp.zeros((len(order), 4), np.int32)
-        self.img[:, :3] = merged["img"]
-        own = self._cp.zeros((len(order), 4), self.real)
-        own[:, :3] = merged["x"] - cp.asarray(self.origin)
-        self._lay_out(own)
+        self._lay_out(self._migrate())
         self.ctl[C_REQ] = 0
         self.ctl[C_STATUS] = ST_RUNNING
         self.ctl[C_BUILDS] += 1
         self._force_graph.launch(self.stream)
+
+    def _migrate(self):
+        """Wrap the own particles into the box and send those that left my sub-box to their owners.
+
+        The leavers go as one record of float64 per particle (position, velocity,
+        image, index and id), grouped by destination, in one NCCL group after an
+        exchange of counts. Stayers keep their order; arrivals follow by source rank.
+        Returns the new own positions (my frame).
+        """
+        cp, n = self._cp, self.n
+        x = self.frame[:n, :3].astype(cp.float64) + cp.asarray(self.origin)
+        wraps = cp.floor(x / cp.asarray(self.box))
+        x -= wraps * cp.asarray(self.box)
+        img = self.img[:, :3] + wraps.astype(np.int32)
+        owner = self.domain.owners(x, xp=cp)
+        stay = owner == self.domain.rank
+        keep = cp.flatnonzero(stay)
+        leave = cp.flatnonzero(~stay)
+        leave = leave[cp.argsort(owner[leave])]  # stable: grouped by destination, in index order
+        send = _tally(owner[leave], self.ranks)
+        recv = np.array(self.comm.alltoall(send.tolist()), np.int64)
+        out = cp.concatenate([x[leave], self.v[leave, :3].astype(cp.float64), img[leave].astype(cp.float64),
+                              self.gidx[leave, None].astype(cp.float64), self.ids[leave, None].astype(cp.float64)],
+                             axis=1)
+        inbox = cp.empty((int(recv.sum()), out.shape[1]), np.float64)
+        self.nccl.exchange(self._transfers(out, send, inbox, recv), self.stream)
+        self.gidx = cp.concatenate([self.gidx[keep], inbox[:, 9].astype(np.int64)])
+        self.ids = cp.concatenate([self.ids[keep], inbox[:, 10].astype(np.int64)])
+        m = len(self.gidx)
+        v, self.v = self.v, cp.zeros((m, 4), self.real)
+        self.v[:, :3] = cp.concatenate([v[keep, :3], inbox[:, 3:6].astype(self.real)])
+        self.img = cp.zeros((m, 4), np.int32)
+        self.img[:, :3] = cp.concatenate([img[keep], inbox[:, 6:9].astype(np.int32)])
+        own = cp.zeros((m, 4), self.real)
+        own[:, :3] = cp.concatenate([x[keep], inbox[:, 0:3]]) - cp.asarray(self.origin)
+        return own
 
     def _reduced_sums(self):
         return tuple(float(v) for v in self.comm.allreduce(self.thermo.get()[:3]))
