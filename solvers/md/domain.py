@@ -100,7 +100,8 @@ class Domain:
         """
         near_lo = x - xp.asarray(self.lo) < rlist
         near_hi = xp.asarray(self.hi) - x < rlist
-        cand = xp.flatnonzero(near_lo.any(axis=1) | near_hi.any(axis=1))
+        near = near_lo | near_hi
+        cand = xp.flatnonzero(near[:, 0] | near[:, 1] | near[:, 2])
         m = len(cand)
         if m == 0:
             return cand, xp.zeros(0, xp.int64)

@@ -44,9 +44,11 @@ _KERNELS = ("md_cell_clear", "md_cell_bin", "md_cell_sort", "md_neigh_build", "m
 
 
 def _tally(keys, size):
-    """How many of the device integers ``keys`` equal each of 0 .. size - 1 (host array; any length)."""
+    """How many of the sorted device integers ``keys`` equal each of 0 .. size - 1 (a host array)."""
+    if len(keys) == 0:
+        return np.zeros(size, np.int64)
     cp = require_cupy()
-    return (keys[:, None] == cp.arange(size)).sum(axis=0).get()
+    return np.diff(cp.searchsorted(keys, cp.arange(size + 1)).get())
 
 
 class DistGpuBackend:
