@@ -550,6 +550,72 @@ extern "C" __global__ void md_pack(const MdParams p, const int *__restrict__ sen
     sendbuf[k] = vec4{a.x + b.x, a.y + b.y, a.z + b.z, (real_t)0};
 }
 
+// Distributed runs, at an agreed list build (solvers/md/parallel_gpu.py). A record of MD_RECORD
+// doubles per own particle: its position wrapped into the periodic box (global coordinates), velocity,
+// image counts, index in the starting state, id and owning rank; as kernels/md_ref.migration_records.
+#define MD_RECORD 12
+extern "C" __global__ void md_records(const MdParams p, const long long *__restrict__ gidx, const RankFrame fr,
+                                      double *__restrict__ rec) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= p.n) return;
+    vec4 x = p.pos[i], v = p.vel[i];
+    int4 im = p.img[i];
+    double q[3] = {(double)x.x + fr.origin[0], (double)x.y + fr.origin[1], (double)x.z + fr.origin[2]};
+    int m[3] = {im.x, im.y, im.z};
+    int owner = 0;
+    double *r = rec + (long long)i * MD_RECORD;
+    for (int d = 0; d < 3; ++d) {
+        double w = floor(q[d] / fr.box[d]);
+        q[d] -= w * fr.box[d];  // w is 0 or +-1: the product is exact, so no contraction changes it
+        long long c = (long long)floor(q[d] / fr.width[d]);
+        c = c < 0 ? 0 : (c >= fr.grid[d] ? fr.grid[d] - 1 : c);
+        owner = owner * fr.grid[d] + (int)c;
+        r[d] = q[d];
+        r[6 + d] = (double)(m[d] + (int)w);
+    }
+    r[3] = (double)v.x; r[4] = (double)v.y; r[5] = (double)v.z;
+    r[9] = (double)gidx[i];
+    r[10] = (double)p.ids[i];
+    r[11] = (double)owner;
+}
+
+// The own particles from `count` records (kernels/md_ref.unpack_records): positions in this rank's frame.
+extern "C" __global__ void md_unpack(const double *__restrict__ rec, int count, const RankFrame fr, vec4 *pos,
+                                     vec4 *vel, int4 *img, long long *gidx, long long *ids) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= count) return;
+    const double *r = rec + (long long)i * MD_RECORD;
+    pos[i] = vec4{(real_t)(r[0] - fr.origin[0]), (real_t)(r[1] - fr.origin[1]), (real_t)(r[2] - fr.origin[2]),
+                  (real_t)0};
+    vel[i] = vec4{(real_t)r[3], (real_t)r[4], (real_t)r[5], (real_t)0};
+    img[i] = make_int4((int)r[6], (int)r[7], (int)r[8], 0);
+    gidx[i] = (long long)r[9];
+    ids[i] = (long long)r[10];
+}
+
+// Bit r of mask[i]: own particle i (frame position pos[i]) goes along route r as a ghost, being within
+// rlist of every face the route's offset points through (kernels/md_ref.route_masks).
+extern "C" __global__ void md_ghost_routes(const vec4 *__restrict__ pos, int n, const RankFrame fr,
+                                           unsigned *__restrict__ mask) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    vec4 x = pos[i];
+    double q[3] = {(double)x.x + fr.origin[0], (double)x.y + fr.origin[1], (double)x.z + fr.origin[2]};
+    bool lo[3], hi[3];
+    for (int d = 0; d < 3; ++d) {
+        lo[d] = q[d] - fr.lo[d] < fr.rlist;
+        hi[d] = fr.hi[d] - q[d] < fr.rlist;
+    }
+    unsigned bits = 0;
+    for (int r = 0; r < 26; ++r) {
+        int o = fr.offsets[r], along[3] = {o / 9, (o / 3) % 3, o % 3};  // 0, 1, 2: offset -1, 0, +1
+        bool ok = true;
+        for (int d = 0; d < 3; ++d) ok = ok && (along[d] == 1 || (along[d] == 0 ? lo[d] : hi[d]));
+        bits |= (unsigned)ok << r;
+    }
+    mask[i] = bits;
+}
+
 // Up to `count` steps of the chunk (see the top of this file). Every block tracks the step and the
 // decisions itself (all see the same flags after each barrier); block 0 writes them back at the end.
 // A step: kick and drift | barrier: every position is written, and any rebuild request or unstable

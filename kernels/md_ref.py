@@ -15,6 +15,9 @@ kernel code             reference
                         :func:`morse_pair` (``PairMorse``),
                         :func:`langevin_force`, :func:`half_kick`,
                         :func:`thermo_sums`
+``md_records``          :func:`migration_records`
+``md_unpack``           :func:`unpack_records`
+``md_ghost_routes``     :func:`route_masks`
 ======================  ===============================================
 
 ``md_run`` / ``md_run_rebuilding`` take whole steps from these pieces;
@@ -207,3 +210,45 @@ def morse_pair(rsq, d0, alpha, r0, eshift, energy=True, rc_sq=np.inf, work=None)
 def thermo_sums(v, mass, pe_atom, vir_atom):
     """The three sums md_force reduces at a chunk's end: sum m v^2, sum E_pair, sum r.F."""
     return float(mass * np.einsum("ij,ij->", v, v)), float(np.sum(pe_atom)), float(np.sum(vir_atom))
+
+
+# Distributed runs (``RankFrame`` in md_params): the columns of a migration record.
+RECORD_POSITION, RECORD_VELOCITY, RECORD_IMAGE, RECORD_INDEX, RECORD_ID, RECORD_OWNER, RECORD = 0, 3, 6, 9, 10, 11, 12
+
+
+def migration_records(x, v, img, index, ids, origin, box, width, grid):
+    """Records (n, RECORD) of the particles at frame positions ``x``: wrapped global position, velocity,
+    image counts, ``index``, ``ids`` and the rank owning the position in a ``grid`` of sub-boxes ``width`` wide."""
+    q = np.asarray(x, np.float64)[:, :3] + origin
+    wraps = np.floor(q / box)
+    q -= wraps * box
+    cell = np.clip(np.floor(q / width).astype(np.int64), 0, np.asarray(grid) - 1)
+    rec = np.empty((len(q), RECORD))
+    rec[:, 0:3] = q
+    rec[:, 3:6] = np.asarray(v)[:, :3]
+    rec[:, 6:9] = np.asarray(img)[:, :3] + wraps
+    rec[:, RECORD_INDEX] = index
+    rec[:, RECORD_ID] = ids
+    rec[:, RECORD_OWNER] = (cell[:, 0] * grid[1] + cell[:, 1]) * grid[2] + cell[:, 2]
+    return rec
+
+
+def unpack_records(rec, origin, real=np.float64):
+    """``(x, v, img, index, ids)`` of records, positions in the frame at ``origin`` (in ``real``)."""
+    return ((rec[:, 0:3] - origin).astype(real), rec[:, 3:6].astype(real), rec[:, 6:9].astype(np.int32),
+            rec[:, RECORD_INDEX].astype(np.int64), rec[:, RECORD_ID].astype(np.int64))
+
+
+def route_masks(x, lo, hi, rlist, offsets, xp=np):
+    """Bit r set where the global position ``x`` (n, 3) lies within ``rlist`` of every face of the box
+    [lo, hi) that ``offsets[r]`` points through (a 3-vector of -1, 0, +1; 0 for none)."""
+    near_lo = x - xp.asarray(lo) < rlist
+    near_hi = xp.asarray(hi) - x < rlist
+    mask = xp.zeros(len(x), xp.uint32)
+    for r, offset in enumerate(offsets):
+        ok = xp.ones(len(x), dtype=bool)
+        for d, o in enumerate(offset):
+            if o:
+                ok &= (near_lo if o < 0 else near_hi)[:, d]
+        mask |= ok.astype(xp.uint32) << r
+    return mask

@@ -69,7 +69,7 @@ def single_steps(backend, count, cp):
             backend.stream.synchronize()
             phases.append([cp.cuda.get_elapsed_time(events[k], events[k + 1]) * 1e3 for k in range(used - 1)])
             if int(backend.ctl[C_STATUS].get()) == ST_REBUILD:
-                backend._rebuild()
+                backend._rebuild(backend.ctl.get())
                 rebuilds += 1
         backend.step = int(backend.ctl[C_STEP].get())
     return phases, host, rebuilds

@@ -82,3 +82,25 @@ def test_blowup_stops_every_rank():
     sim = Simulation(lattice_state(cells=(8, 8, 8)), LennardJones(), VelocityVerlet(0.5), device="gpu", comm=COMM)
     with pytest.raises(UnstableRunError, match="blew up"):
         sim.run(100, thermo_every=50)
+
+
+def test_list_build_kernels_match_their_references():
+    import cupy as cp
+    from solvers.kernels import md_ref
+    sim = Simulation(lattice_state(cells=(10, 9, 11), seed=3), LennardJones(), VelocityVerlet(0.005), device="gpu",
+                     precision="mixed", comm=COMM)
+    sim.run(40)
+    b = sim._backend
+    with b.stream:
+        split = int(np.argmax(b.domain.grid))
+        b.frame[:3, split] += cp.asarray(b.domain.width[split], dtype=b.real)  # into the next rank's sub-box
+        x, v, img = b.frame[:b.n].get(), b.v.get(), b.img.get()
+        rec = b._records().get()
+        ref = md_ref.migration_records(x, v, img, b.gidx.get(), b.ids.get(), b.origin, b.box, b.domain.width,
+                                       b.domain.grid)
+        np.testing.assert_array_equal(rec, ref)
+        assert (rec[:3, md_ref.RECORD_OWNER] != COMM.rank).all()
+        for got, want in zip(b._unpack(cp.asarray(rec)), md_ref.unpack_records(rec, b.origin, b.real)):
+            np.testing.assert_array_equal(got.get()[:, :3] if got.ndim == 2 else got.get(), want)
+        global_x = x[:, :3].astype(np.float64) + b.origin
+        np.testing.assert_array_equal(b._route_masks(b.frame[:b.n]).get(), b.domain.route_masks(global_x, b.rlist))

@@ -8,9 +8,12 @@ import itertools
 import numpy as np
 
 from ..errors import InputError
+from ..kernels import md_ref
+from ..kernels.md_params import ROUTES
 
 # The 26 neighbour directions, in the fixed order every rank lists its ghosts in.
 OFFSETS = tuple(o for o in itertools.product((-1, 0, 1), repeat=3) if o != (0, 0, 0))
+assert len(OFFSETS) == ROUTES
 
 
 def choose_grid(box, ranks, min_width):
@@ -90,25 +93,30 @@ class Domain:
         """:meth:`neighbours` in the order ghosts are sent: by receiving rank, then by offset."""
         return sorted(self.neighbours(), key=lambda route: route[1])
 
+    def route_masks(self, x, rlist, xp=np):
+        """Bit r set where my position ``x`` (N, 3) goes as a ghost along ``routes()[r]``: it lies within
+        ``rlist`` of every face that route's offset points through (what ``md_ghost_routes`` computes)."""
+        return md_ref.route_masks(x, self.lo, self.hi, rlist, [o for o, _, _ in self.routes()], xp)
+
     def ghost_pairs(self, x, rlist, xp=np):
         """Which of the positions ``x`` (N, 3), mine, go where as ghosts: ``(index, route)``.
 
-        Atom ``index[k]`` is sent along ``routes()[route[k]]``: it lies within
-        ``rlist`` of every face that route's offset points through. The pairs are
-        ordered by route, then by index. One pass over the atoms: those near no
-        face are dropped first, the others are tested against all routes at once.
+        Atom ``index[k]`` is sent along ``routes()[route[k]]``. The pairs are
+        ordered by route, then by index.
         """
-        near_lo = x - xp.asarray(self.lo) < rlist
-        near_hi = xp.asarray(self.hi) - x < rlist
-        near = near_lo | near_hi
-        cand = xp.flatnonzero(near[:, 0] | near[:, 1] | near[:, 2])
-        m = len(cand)
-        if m == 0:
-            return cand, xp.zeros(0, xp.int64)
-        lo, hi, anywhere = near_lo[cand], near_hi[cand], xp.ones(m, dtype=bool)
-        # per axis, whether offset -1, 0, +1 along it is allowed; the 27 offsets in itertools.product order
-        axis = [xp.stack([lo[:, d], anywhere, hi[:, d]]) for d in range(3)]
-        allowed = (axis[0][:, None, None, :] & axis[1][None, :, None, :] & axis[2][None, None, :, :]).reshape(27, m)
-        rows = np.array([(o[0] + 1) * 9 + (o[1] + 1) * 3 + (o[2] + 1) for o, _, _ in self.routes()])
-        flat = xp.flatnonzero(allowed[xp.asarray(rows)])
-        return cand[flat % m], flat // m
+        return pairs_from_masks(self.route_masks(x, rlist, xp), xp)
+
+
+def pairs_from_masks(mask, xp=np):
+    """``(index, route)`` of every bit set in the route masks ``mask`` (N,), by route, then by index.
+
+    Atoms near no face are dropped first; the others' bits are expanded into a
+    (routes, candidates) table whose set entries, in row order, are the pairs.
+    """
+    cand = xp.flatnonzero(mask)
+    m = len(cand)
+    if m == 0:
+        return cand, xp.zeros(0, xp.int64)
+    bits = (mask[cand][None, :] >> xp.arange(ROUTES, dtype=xp.uint32)[:, None]) & 1
+    flat = xp.flatnonzero(bits)
+    return cand[flat % m], flat // m

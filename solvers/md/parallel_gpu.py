@@ -28,8 +28,9 @@ from ..backend import require_cupy
 from ..distributed.comm import DeviceComm
 from ..engine import Communicate, Join, Overlap, Segment, SegmentDriver
 from ..errors import DeviceError
-from ..kernels import md_params, module
-from .domain import Domain, choose_grid
+from ..kernels import md_params, md_ref, module
+from ..kernels.md_params import RANK_FRAME, ROUTES
+from .domain import Domain, choose_grid, pairs_from_masks
 from .gpu import (BLOCK, C_BAD, C_BUILDS, C_CELLMAX, C_FORCED, C_NBMAX, C_REBUILD, C_REQ, C_STATUS, C_STEP,
                   C_TARGET, CTL_SIZE, ST_DONE, ST_REBUILD, ST_RUNNING, ST_UNSTABLE, kernel_program,
                   threads_per_particle)
@@ -40,7 +41,12 @@ from .thermo import UnstableRunError
 # Box edge the kernels see inside a rank's frame: minimum images and wrapping never apply.
 NO_PERIODS = 1e30
 _KERNELS = ("md_cell_clear", "md_cell_bin", "md_cell_sort", "md_neigh_build", "md_force", "md_kick_drift",
-            "md_pack")
+            "md_pack", "md_records", "md_unpack", "md_ghost_routes")
+
+
+def _blocks(count):
+    """Blocks of BLOCK threads for one thread per item (at least one block)."""
+    return (max(1, -(-count // BLOCK)),)
 
 
 def _tally(keys, size):
@@ -119,7 +125,7 @@ class DistGpuBackend:
             ctl[C_BUILDS] = 0 if restart is None else int(restart["builds"])
             self.ctl = cp.asarray(ctl)
             self.thermo = cp.zeros(4, np.float64)
-            self._lay_out(self._vec4(x - self.origin), hold_from=self._vec4(hold[mine] - self.origin))
+            self._lay_out(self._vec4(x - self.origin), ctl, hold_from=self._vec4(hold[mine] - self.origin))
             self._launch_force(setup=True)
             self._sums = self._reduced_sums()
             if restart is not None:
@@ -131,9 +137,10 @@ class DistGpuBackend:
         out[:, :3] = np.asarray(a)[:, :3]
         return self._cp.asarray(out)
 
-    def _lay_out(self, own, hold_from=None):
+    def _lay_out(self, own, ctl, hold_from=None):
         """Ghost plan, positions (own, then ghosts), lists and graphs for the own positions ``own`` (my frame).
 
+        ``ctl``: the control block to go on from (a host copy, uploaded with the list build).
         ``hold_from``: the build positions the list is made from (a restart's), else ``own``.
         Per-particle arrays are made afresh (from CuPy's pool); the lists keep their
         buffers while the particles fit (they are the large ones).
@@ -147,10 +154,10 @@ class DistGpuBackend:
         self.frame = cp.empty((n + g, 4), self.real)
         self.frame[:n] = build
         self.hold = cp.empty_like(self.frame)
-        self.f = cp.zeros((n, 4), self.real)
+        self.f = cp.empty((n, 4), self.real)
         self.pe = cp.zeros(n, np.float64)
         self.vir = cp.zeros(n, np.float64)
-        self.partial = cp.zeros(3 * max(1, -(-n * self.tpp // BLOCK)), np.float64)
+        self.partial = cp.empty(3 * max(1, -(-n * self.tpp // BLOCK)), np.float64)
         self.sendbuf = cp.empty((max(len(self.send_index), 1), 4), self.real)
         self._ghost_transfers = self._transfers(self.sendbuf, self.send_counts, self.frame[n:], self.recv_counts)
         if n > self.capacity:
@@ -159,38 +166,40 @@ class DistGpuBackend:
         self.params = md_params.pack(self._real_c, self._pair, self._param_values())
         self._pack(self.stream)
         self._exchange(self.stream)
-        self._build_lists()
+        self._build_lists(ctl)
         if hold_from is not None:
             self.frame[:n] = own
             self._pack(self.stream)
             self._exchange(self.stream)
-        self._capture_step()
 
-    def _build_lists(self):
-        """The lists from the positions in ``frame`` (which become the build positions), grown until they fit."""
+    def _build_lists(self, ctl):
+        """The lists from the positions in ``frame`` (which become the build positions), grown until they
+        fit, and the step's graphs for them (captured while the list build runs).
+
+        ``ctl`` (host copy) is uploaded with the build's flags set; md_force clears ``C_REBUILD`` at
+        the end of the next step.
+        """
         while True:
-            self.ctl[C_REBUILD] = 1
-            self.ctl[C_NBMAX] = 0
-            self.ctl[C_CELLMAX] = 0
+            ctl[C_REBUILD], ctl[C_NBMAX], ctl[C_CELLMAX] = 1, 0, 0
+            self.ctl.set(ctl)
             self._launch_rebuild()
-            ctl = self.ctl.get()
-            if not (ctl[C_NBMAX] or ctl[C_CELLMAX]):
+            self._capture_step()
+            built = self.ctl.get()
+            if not (built[C_NBMAX] or built[C_CELLMAX]):
                 break
-            if ctl[C_CELLMAX]:
-                self.cellcap = int(ctl[C_CELLMAX] * 1.25) + 4
-            if ctl[C_NBMAX]:
-                self.maxnb = int(ctl[C_NBMAX] * 1.2) + 8
+            if built[C_CELLMAX]:
+                self.cellcap = int(built[C_CELLMAX] * 1.25) + 4
+            if built[C_NBMAX]:
+                self.maxnb = int(built[C_NBMAX] * 1.2) + 8
             self.regrows += 1
             self._allocate_lists()
             self.params = md_params.pack(self._real_c, self._pair, self._param_values())
-        self.ctl[C_REBUILD] = 0
 
     def _plan_ghosts(self, own):
-        """Which own particles go to which rank (grouped by rank), and how many ghosts come from each."""
-        cp = self._cp
-        x = own[:, :3].astype(cp.float64) + cp.asarray(self.origin)  # global coordinates
-        index, route = self.domain.ghost_pairs(x, self.rlist, xp=cp)
-        per_route = _tally(route, len(self._route_peer))
+        """Which own particles (frame positions ``own``) go to which rank, grouped by rank, and how many
+        ghosts come from each."""
+        index, route = pairs_from_masks(self._route_masks(own), xp=self._cp)
+        per_route = _tally(route, ROUTES)
         self.send_index = index.astype(np.int32)
         self.send_shift = self._route_shift[route]
         self.send_counts = np.bincount(self._route_peer, weights=per_route, minlength=self.ranks).astype(np.int64)
@@ -198,16 +207,21 @@ class DistGpuBackend:
         self.ghosts = int(self.recv_counts.sum())
 
     def _set_routes(self):
-        """Per route of ``Domain.routes``: its receiving rank, and the shift from my frame to that rank's."""
-        peers, shifts = [], []
-        for _, peer, periodic in self.domain.routes():
+        """Per route of ``Domain.routes``: its receiving rank and the shift from my frame to that rank's;
+        and the ``RankFrame`` the list build's kernels take."""
+        peers, shifts, offsets = [], [], []
+        for offset, peer, periodic in self.domain.routes():
             s = np.zeros(4)
             # back to global, the periodic image, the peer's origin
             s[:3] = self.origin + periodic - (Domain(self.box, self.grid, peer).lo - self.shell)
             peers.append(peer)
             shifts.append(s)
+            offsets.append((offset[0] + 1) * 9 + (offset[1] + 1) * 3 + (offset[2] + 1))
         self._route_peer = np.array(peers)
         self._route_shift = self._cp.asarray(np.array(shifts), dtype=self.real)
+        dom = self.domain
+        self._rank_frame = RANK_FRAME.pack(origin=self.origin, box=self.box, width=dom.width, lo=dom.lo, hi=dom.hi,
+                                           rlist=self.rlist, grid=dom.grid, offsets=offsets)
 
     def _allocate_lists(self):
         """Cell and neighbour-list buffers for up to ``capacity`` own particles."""
@@ -304,49 +318,63 @@ class DistGpuBackend:
                           Communicate(self._reduce_flags), Join(), Segment(self._force_graph)]
 
     # -- driver ----------------------------------------------------------------------
-    def _rebuild(self):
-        """The agreed list build at the current step: wrap, migrate, lay out again, finish the step's forces."""
-        self._lay_out(self._migrate())
-        self.ctl[C_REQ] = 0
-        self.ctl[C_STATUS] = ST_RUNNING
-        self.ctl[C_BUILDS] += 1
+    def _rebuild(self, ctl):
+        """The agreed list build at the current step (``ctl``: the control block read then): wrap,
+        migrate, lay out again, finish the step's forces."""
+        ctl = ctl.copy()
+        ctl[C_REQ], ctl[C_STATUS] = 0, ST_RUNNING
+        ctl[C_BUILDS] += 1
+        self._lay_out(self._migrate(), ctl)
         self._force_graph.launch(self.stream)
 
     def _migrate(self):
         """Wrap the own particles into the box and send those that left my sub-box to their owners.
 
-        The leavers go as one record of float64 per particle (position, velocity,
-        image, index and id), grouped by destination, in one NCCL group after an
-        exchange of counts. Stayers keep their order; arrivals follow by source rank.
-        Returns the new own positions (my frame).
+        Each particle becomes a record (``md_records``); the leavers' records go
+        grouped by destination in one NCCL group, after an exchange of counts.
+        Stayers keep their order; arrivals follow by source rank. Returns the new
+        own positions (my frame); velocities, images, indices and ids are replaced.
         """
-        cp, n = self._cp, self.n
-        x = self.frame[:n, :3].astype(cp.float64) + cp.asarray(self.origin)
-        wraps = cp.floor(x / cp.asarray(self.box))
-        x -= wraps * cp.asarray(self.box)
-        img = self.img[:, :3] + wraps.astype(np.int32)
-        owner = self.domain.owners(x, xp=cp)
+        cp = self._cp
+        rec = self._records()
+        owner = rec[:, md_ref.RECORD_OWNER]
         stay = owner == self.domain.rank
-        keep = cp.flatnonzero(stay)
-        leave = cp.flatnonzero(~stay)
-        leave = leave[cp.argsort(owner[leave])]  # stable: grouped by destination, in index order
-        send = _tally(owner[leave], self.ranks)
+        keep, leave = cp.flatnonzero(stay), cp.flatnonzero(~stay)
+        if self.ranks > 2:  # several destinations: group by destination (a stable sort keeps index order)
+            leave = leave[cp.argsort(owner[leave])]
+        send = _tally(owner[leave].astype(np.int64), self.ranks)
         recv = np.array(self.comm.alltoall(send.tolist()), np.int64)
-        out = cp.concatenate([x[leave], self.v[leave, :3].astype(cp.float64), img[leave].astype(cp.float64),
-                              self.gidx[leave, None].astype(cp.float64), self.ids[leave, None].astype(cp.float64)],
-                             axis=1)
-        inbox = cp.empty((int(recv.sum()), out.shape[1]), np.float64)
-        self.nccl.exchange(self._transfers(out, send, inbox, recv), self.stream)
-        self.gidx = cp.concatenate([self.gidx[keep], inbox[:, 9].astype(np.int64)])
-        self.ids = cp.concatenate([self.ids[keep], inbox[:, 10].astype(np.int64)])
-        m = len(self.gidx)
-        v, self.v = self.v, cp.zeros((m, 4), self.real)
-        self.v[:, :3] = cp.concatenate([v[keep, :3], inbox[:, 3:6].astype(self.real)])
-        self.img = cp.zeros((m, 4), np.int32)
-        self.img[:, :3] = cp.concatenate([img[keep], inbox[:, 6:9].astype(np.int32)])
-        own = cp.zeros((m, 4), self.real)
-        own[:, :3] = cp.concatenate([x[keep], inbox[:, 0:3]]) - cp.asarray(self.origin)
+        kept, m = len(keep), len(keep) + int(recv.sum())
+        merged = cp.empty((m, md_ref.RECORD), np.float64)
+        cp.take(rec, keep, axis=0, out=merged[:kept])
+        outgoing = rec[leave]
+        self.nccl.exchange(self._transfers(outgoing, send, merged[kept:], recv), self.stream)
+        own, self.v, self.img, self.gidx, self.ids = self._unpack(merged)
         return own
+
+    # The list build's kernels (kernels/md_ref states each in NumPy).
+    def _records(self):
+        """The own particles' migration records (``md_records``)."""
+        rec = self._cp.empty((self.n, md_ref.RECORD), np.float64)
+        self._k["md_records"](_blocks(self.n), (BLOCK,), (self.params, self.gidx, self._rank_frame, rec),
+                              stream=self.stream)
+        return rec
+
+    def _unpack(self, rec):
+        """``(positions in my frame, velocities, images, indices, ids)`` of records (``md_unpack``)."""
+        cp, m = self._cp, len(rec)
+        out = (cp.empty((m, 4), self.real), cp.empty((m, 4), self.real), cp.empty((m, 4), np.int32),
+               cp.empty(m, np.int64), cp.empty(m, np.int64))
+        self._k["md_unpack"](_blocks(m), (BLOCK,), (rec, np.int32(m), self._rank_frame, *out), stream=self.stream)
+        return out
+
+    def _route_masks(self, own):
+        """The ghost route masks of the frame positions ``own`` (``md_ghost_routes``)."""
+        n = len(own)
+        mask = self._cp.empty(n, np.uint32)
+        self._k["md_ghost_routes"](_blocks(n), (BLOCK,), (own, np.int32(n), self._rank_frame, mask),
+                                   stream=self.stream)
+        return mask
 
     def _reduced_sums(self):
         return tuple(float(v) for v in self.comm.allreduce(self.thermo.get()[:3]))
@@ -371,7 +399,7 @@ class DistGpuBackend:
                         f"step {int(ctl[C_STEP])}: a particle moved more than half the neighbour cutoff in one "
                         "step (or is not finite): the run blew up"))
                 if status == ST_REBUILD:
-                    self._rebuild()
+                    self._rebuild(ctl)
                 elif status != ST_RUNNING:
                     raise RuntimeError(f"device loop ended in state {status} before step {target}")
             self.step = target
