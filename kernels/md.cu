@@ -175,15 +175,16 @@ __device__ __forceinline__ void bin_particle(int i, const vec4 *src, vec4 *hold,
     else atomicMax(&ctl[C_CELLMAX], (u64)slot + 1);
 }
 
-// One block of B threads: cell_start[c] = particles in cells before c (exclusive prefix sum), so
-// that the sort can lay all particles out in cell order without gaps.
+// One block of B threads: out[c] = sum of min(in[c'], cap) over c' < c (exclusive prefix sum; in may
+// be out); returns the whole sum. Over cell counts, it lets the sort lay all particles out in cell
+// order without gaps.
 template <int B>
-__device__ void scan_cells(const int *cell_count, int *cell_start, int cap, int ncells) {
+__device__ int exclusive_scan(const int *in, int *out, int length, int cap) {
     __shared__ int part[B];
-    int per = (ncells + B - 1) / B;
-    int lo = min((int)threadIdx.x * per, ncells), hi = min(lo + per, ncells);
+    int per = (length + B - 1) / B;
+    int lo = min((int)threadIdx.x * per, length), hi = min(lo + per, length);
     int sum = 0;
-    for (int c = lo; c < hi; ++c) sum += min(cell_count[c], cap);
+    for (int c = lo; c < hi; ++c) sum += min(in[c], cap);
     part[threadIdx.x] = sum;
     __syncthreads();
     for (int off = 1; off < B; off <<= 1) {  // inclusive scan (Hillis-Steele)
@@ -194,9 +195,11 @@ __device__ void scan_cells(const int *cell_count, int *cell_start, int cap, int 
     }
     int run = threadIdx.x ? part[threadIdx.x - 1] : 0;
     for (int c = lo; c < hi; ++c) {
-        cell_start[c] = run;
-        run += min(cell_count[c], cap);
+        int v = min(in[c], cap);
+        out[c] = run;
+        run += v;
     }
+    return part[B - 1];
 }
 
 // Slot t = (cell, s): put the particle there at its rank by index within its cell, with a copy of
@@ -232,7 +235,7 @@ extern "C" __global__ void md_cell_bin(const MdParams p, const vec4 *__restrict_
 #define SCAN_THREADS 1024
 extern "C" __global__ void __launch_bounds__(SCAN_THREADS) md_cell_scan(const MdParams p) {
     if (!p.ctl[C_REBUILD]) return;
-    scan_cells<SCAN_THREADS>(p.cell_count, p.cell_start, p.cells.cap, p.ncells);
+    exclusive_scan<SCAN_THREADS>(p.cell_count, p.cell_start, p.ncells, p.cells.cap);
 }
 
 extern "C" __global__ void md_cell_sort(const MdParams p) {
@@ -554,22 +557,32 @@ extern "C" __global__ void md_pack(const MdParams p, const int *__restrict__ sen
 // doubles per own particle: its position wrapped into the periodic box (global coordinates), velocity,
 // image counts, index in the starting state, id and owning rank; as kernels/md_ref.migration_records.
 #define MD_RECORD 12
+// Also the particle's migration key, as bit key of mask[i]: 0 if it stays, 1 + r if it goes along route r
+// (to the neighbour at offsets[r]), MD_LOST if its new owner is no neighbour (kernels/md_ref.migration_keys).
+#define MD_LOST 27
 extern "C" __global__ void md_records(const MdParams p, const long long *__restrict__ gidx, const RankFrame fr,
-                                      double *__restrict__ rec) {
+                                      double *__restrict__ rec, unsigned *__restrict__ mask) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= p.n) return;
     vec4 x = p.pos[i], v = p.vel[i];
     int4 im = p.img[i];
     double q[3] = {(double)x.x + fr.origin[0], (double)x.y + fr.origin[1], (double)x.z + fr.origin[2]};
     int m[3] = {im.x, im.y, im.z};
-    int owner = 0;
+    int owner = 0, offset = 0;
+    bool lost = false;
     double *r = rec + (long long)i * MD_RECORD;
     for (int d = 0; d < 3; ++d) {
         double w = floor(q[d] / fr.box[d]);
         q[d] -= w * fr.box[d];  // w is 0 or +-1: the product is exact, so no contraction changes it
         long long c = (long long)floor(q[d] / fr.width[d]);
-        c = c < 0 ? 0 : (c >= fr.grid[d] ? fr.grid[d] - 1 : c);
-        owner = owner * fr.grid[d] + (int)c;
+        const int g = fr.grid[d];
+        c = c < 0 ? 0 : (c >= g ? g - 1 : c);
+        owner = owner * g + (int)c;
+        int step = (int)c - fr.coords[d];  // to the owner's sub-box, across the periodic boundary if shorter
+        if (g > 2 && step == g - 1) step = -1;
+        else if (g > 2 && step == 1 - g) step = 1;
+        lost |= step < -1 || step > 1;
+        offset = offset * 3 + step + 1;
         r[d] = q[d];
         r[6 + d] = (double)(m[d] + (int)w);
     }
@@ -577,6 +590,11 @@ extern "C" __global__ void md_records(const MdParams p, const long long *__restr
     r[9] = (double)gidx[i];
     r[10] = (double)p.ids[i];
     r[11] = (double)owner;
+    int key = 0;
+    if (lost) key = MD_LOST;
+    else if (offset != 13)  // 13: no offset, this rank
+        for (int k = 0; k < 26; ++k) key = fr.offsets[k] == offset ? 1 + k : key;
+    mask[i] = 1u << key;
 }
 
 // The own particles from `count` records (kernels/md_ref.unpack_records): positions in this rank's frame.
@@ -614,6 +632,57 @@ extern "C" __global__ void md_ghost_routes(const vec4 *__restrict__ pos, int n, 
         bits |= (unsigned)ok << r;
     }
     mask[i] = bits;
+}
+
+// Partition by key bits (kernels/md_ref.partition_bits): item i has mask[i], bit k set when it belongs to
+// key k (nkeys <= 32). Lists (index, key) of all set bits, grouped by key, indices ascending within a key,
+// in three launches over blocks of MD_BLOCK items: md_bits_count (counts[k * blocks + b]: items of key k
+// in block b), md_bits_scan (one block: those counts become offsets, key-major, so that key k's items of
+// block b start at counts[k * blocks + b]; starts[k]: where key k starts, starts[nkeys]: the total) and
+// md_bits_scatter (each item's place in its block from warp ballots).
+extern "C" __global__ void __launch_bounds__(MD_BLOCK)
+md_bits_count(const unsigned *__restrict__ mask, int n, int nkeys, int *__restrict__ counts) {
+    __shared__ int count[32];
+    if (threadIdx.x < 32) count[threadIdx.x] = 0;
+    __syncthreads();
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    unsigned m = i < n ? mask[i] : 0u;
+    for (int k = 0; k < nkeys; ++k) {
+        unsigned b = __ballot_sync(0xffffffffu, (m >> k) & 1u);
+        if ((threadIdx.x & 31) == 0 && b) atomicAdd(&count[k], __popc(b));
+    }
+    __syncthreads();
+    if (threadIdx.x < nkeys) counts[(long long)threadIdx.x * gridDim.x + blockIdx.x] = count[threadIdx.x];
+}
+
+extern "C" __global__ void __launch_bounds__(SCAN_THREADS)
+md_bits_scan(int *counts, int blocks, int nkeys, int *starts) {
+    int total = exclusive_scan<SCAN_THREADS>(counts, counts, nkeys * blocks, 0x7fffffff);
+    __syncthreads();  // the block's writes to counts are visible to all its threads
+    if (threadIdx.x < nkeys) starts[threadIdx.x] = counts[(long long)threadIdx.x * blocks];
+    if (threadIdx.x == 0) starts[nkeys] = total;
+}
+
+extern "C" __global__ void __launch_bounds__(MD_BLOCK)
+md_bits_scatter(const unsigned *__restrict__ mask, int n, int nkeys, const int *__restrict__ offsets,
+                int *__restrict__ index, int *__restrict__ key) {
+    __shared__ int per_warp[32][MD_BLOCK / 32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    unsigned m = i < n ? mask[i] : 0u;
+    for (int k = 0; k < nkeys; ++k) {
+        unsigned b = __ballot_sync(0xffffffffu, (m >> k) & 1u);
+        if (lane == 0) per_warp[k][warp] = __popc(b);
+    }
+    __syncthreads();
+    for (int k = 0; k < nkeys; ++k) {
+        unsigned b = __ballot_sync(0xffffffffu, (m >> k) & 1u);
+        if (!((m >> k) & 1u)) continue;
+        int at = offsets[(long long)k * gridDim.x + blockIdx.x] + __popc(b & ((1u << lane) - 1u));
+        for (int w = 0; w < warp; ++w) at += per_warp[k][w];
+        index[at] = i;
+        key[at] = k;
+    }
 }
 
 // Up to `count` steps of the chunk (see the top of this file). Every block tracks the step and the
@@ -702,7 +771,7 @@ __device__ __forceinline__ void run_steps(const MdParams &p, u64 if_handle, u64 
                     bin_particle(i, buffers[cur], hold, cell_count, cell_atoms, cl, ctl, 1);
                 sync();
                 if (by_cell) {
-                    if (blockIdx.x == 0) scan_cells<RUN_BLOCK>(cell_count, cell_start, cap, ncells);
+                    if (blockIdx.x == 0) exclusive_scan<RUN_BLOCK>(cell_count, cell_start, ncells, cap);
                     sync();
                 }
                 for (long long k = t0; k < (long long)ncells * cap; k += threads)

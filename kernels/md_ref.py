@@ -15,9 +15,10 @@ kernel code             reference
                         :func:`morse_pair` (``PairMorse``),
                         :func:`langevin_force`, :func:`half_kick`,
                         :func:`thermo_sums`
-``md_records``          :func:`migration_records`
+``md_records``          :func:`migration_records`, :func:`migration_keys`
 ``md_unpack``           :func:`unpack_records`
 ``md_ghost_routes``     :func:`route_masks`
+``md_bits_*``           :func:`partition_bits`
 ======================  ===============================================
 
 ``md_run`` / ``md_run_rebuilding`` take whole steps from these pieces;
@@ -214,6 +215,9 @@ def thermo_sums(v, mass, pe_atom, vir_atom):
 
 # Distributed runs (``RankFrame`` in md_params): the columns of a migration record.
 RECORD_POSITION, RECORD_VELOCITY, RECORD_IMAGE, RECORD_INDEX, RECORD_ID, RECORD_OWNER, RECORD = 0, 3, 6, 9, 10, 11, 12
+# Migration keys: 0 stays, 1 + r goes along route r, LOST has no neighbour to go to (MIGRATION_KEYS in all).
+LOST = 27
+MIGRATION_KEYS = LOST + 1
 
 
 def migration_records(x, v, img, index, ids, origin, box, width, grid):
@@ -231,6 +235,21 @@ def migration_records(x, v, img, index, ids, origin, box, width, grid):
     rec[:, RECORD_ID] = ids
     rec[:, RECORD_OWNER] = (cell[:, 0] * grid[1] + cell[:, 1]) * grid[2] + cell[:, 2]
     return rec
+
+
+def migration_keys(rec, coords, grid, offsets):
+    """Bit key set per record: 0 if its owner is the rank at ``coords``, 1 + r if the owner is the neighbour
+    at ``offsets[r]`` (a 3-vector of -1, 0, +1; the shorter way round the periodic grid), LOST otherwise."""
+    grid = np.asarray(grid)
+    owner = rec[:, RECORD_OWNER].astype(np.int64)
+    cell = np.stack([owner // (grid[1] * grid[2]), owner // grid[2] % grid[1], owner % grid[2]], axis=1)
+    step = cell - np.asarray(coords)
+    step = np.where((grid > 2) & (step == grid - 1), -1, np.where((grid > 2) & (step == 1 - grid), 1, step))
+    key = np.zeros(len(rec), np.int64)
+    for r, offset in enumerate(offsets):
+        key[(step == offset).all(axis=1)] = 1 + r
+    key[(np.abs(step) > 1).any(axis=1)] = LOST
+    return (np.uint32(1) << key.astype(np.uint32)).astype(np.uint32)
 
 
 def unpack_records(rec, origin, real=np.float64):
@@ -252,3 +271,16 @@ def route_masks(x, lo, hi, rlist, offsets, xp=np):
                 ok &= (near_lo if o < 0 else near_hi)[:, d]
         mask |= ok.astype(xp.uint32) << r
     return mask
+
+
+def partition_bits(mask, nkeys, xp=np):
+    """``(index, key)`` of every set bit k < ``nkeys`` of the masks ``mask`` (N,): grouped by key, indices
+    ascending within a key. Items with no bit set are dropped first; the others' bits are expanded into a
+    (keys, items) table whose set entries, in row order, are the pairs."""
+    cand = xp.flatnonzero(mask)
+    m = len(cand)
+    if m == 0:
+        return cand, xp.zeros(0, xp.int64)
+    bits = (mask[cand][None, :] >> xp.arange(nkeys, dtype=xp.uint32)[:, None]) & 1
+    flat = xp.flatnonzero(bits)
+    return cand[flat % m], flat // m

@@ -52,3 +52,29 @@ def test_migration_records_round_trip():
     np.testing.assert_array_equal(back[1], v)
     np.testing.assert_array_equal(back[3], np.arange(500))
     np.testing.assert_array_equal(back[4], np.arange(500) + 7)
+
+
+def test_migration_keys_name_the_route_to_the_new_owner():
+    rng = np.random.default_rng(8)
+    box, grid = np.array([12.0, 9.0, 15.0]), (3, 2, 1)
+    for rank in range(6):
+        dom = Domain(box, grid, rank)
+        routes = dom.routes()
+        x = rng.uniform(dom.lo - 2.0, dom.hi + 2.0, (400, 3))
+        rec = md_ref.migration_records(x, x, np.zeros((400, 3)), np.arange(400), np.arange(400), np.zeros(3), box,
+                                       dom.width, grid)
+        keys = md_ref.migration_keys(rec, dom.coords, grid, [o for o, _, _ in routes])
+        key = np.log2(keys).astype(int)
+        owner = rec[:, md_ref.RECORD_OWNER].astype(int)
+        assert ((key == 0) == (owner == rank)).all()
+        moved = key > 0
+        assert (key[moved] < md_ref.LOST).all()
+        np.testing.assert_array_equal([routes[k - 1][1] for k in key[moved]], owner[moved])
+
+
+def test_partition_bits_groups_by_key_then_index():
+    rng = np.random.default_rng(2)
+    mask = rng.integers(0, 2 ** 5, 300).astype(np.uint32) * (rng.random(300) < 0.4)
+    index, key = md_ref.partition_bits(mask, 5)
+    want = [(i, k) for k in range(5) for i in range(300) if mask[i] >> k & 1]
+    assert list(zip(index, key)) == want

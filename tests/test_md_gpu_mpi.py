@@ -87,20 +87,30 @@ def test_blowup_stops_every_rank():
 def test_list_build_kernels_match_their_references():
     import cupy as cp
     from solvers.kernels import md_ref
+    from solvers.kernels.md_params import ROUTES
     sim = Simulation(lattice_state(cells=(10, 9, 11), seed=3), LennardJones(), VelocityVerlet(0.005), device="gpu",
                      precision="mixed", comm=COMM)
     sim.run(40)
     b = sim._backend
+    offsets = [o for o, _, _ in b.domain.routes()]
     with b.stream:
         split = int(np.argmax(b.domain.grid))
         b.frame[:3, split] += cp.asarray(b.domain.width[split], dtype=b.real)  # into the next rank's sub-box
         x, v, img = b.frame[:b.n].get(), b.v.get(), b.img.get()
-        rec = b._records().get()
+        rec, keys = (a.get() for a in b._records())
         ref = md_ref.migration_records(x, v, img, b.gidx.get(), b.ids.get(), b.origin, b.box, b.domain.width,
                                        b.domain.grid)
         np.testing.assert_array_equal(rec, ref)
         assert (rec[:3, md_ref.RECORD_OWNER] != COMM.rank).all()
+        np.testing.assert_array_equal(keys, md_ref.migration_keys(rec, b.domain.coords, b.domain.grid, offsets))
         for got, want in zip(b._unpack(cp.asarray(rec)), md_ref.unpack_records(rec, b.origin, b.real)):
             np.testing.assert_array_equal(got.get()[:, :3] if got.ndim == 2 else got.get(), want)
         global_x = x[:, :3].astype(np.float64) + b.origin
-        np.testing.assert_array_equal(b._route_masks(b.frame[:b.n]).get(), b.domain.route_masks(global_x, b.rlist))
+        masks = b._route_masks(b.frame[:b.n]).get()
+        np.testing.assert_array_equal(masks, b.domain.route_masks(global_x, b.rlist))
+        for mask, nkeys in ((masks, ROUTES), (keys, md_ref.MIGRATION_KEYS)):
+            index, key, per_key = b._partition(cp.asarray(mask), nkeys)
+            want_index, want_key = md_ref.partition_bits(mask, nkeys)
+            np.testing.assert_array_equal(index.get(), want_index)
+            np.testing.assert_array_equal(key.get(), want_key)
+            np.testing.assert_array_equal(per_key, np.bincount(want_key, minlength=nkeys))

@@ -104,19 +104,4 @@ class Domain:
         Atom ``index[k]`` is sent along ``routes()[route[k]]``. The pairs are
         ordered by route, then by index.
         """
-        return pairs_from_masks(self.route_masks(x, rlist, xp), xp)
-
-
-def pairs_from_masks(mask, xp=np):
-    """``(index, route)`` of every bit set in the route masks ``mask`` (N,), by route, then by index.
-
-    Atoms near no face are dropped first; the others' bits are expanded into a
-    (routes, candidates) table whose set entries, in row order, are the pairs.
-    """
-    cand = xp.flatnonzero(mask)
-    m = len(cand)
-    if m == 0:
-        return cand, xp.zeros(0, xp.int64)
-    bits = (mask[cand][None, :] >> xp.arange(ROUTES, dtype=xp.uint32)[:, None]) & 1
-    flat = xp.flatnonzero(bits)
-    return cand[flat % m], flat // m
+        return md_ref.partition_bits(self.route_masks(x, rlist, xp), ROUTES, xp)

@@ -16,9 +16,12 @@ an iteration of :class:`~solvers.engine.SegmentDriver`:
   the following steps change nothing.
 
 The host enqueues ``unroll`` steps, then reads the status once; at an agreed
-list build it wraps the own particles into the box, migrates them, rebuilds the
-ghost plan and the lists, recaptures the graphs (sizes changed) and finishes
-the step. A rank works in its own frame: coordinates relative to its sub-box's
+list build it wraps the own particles into the box and migrates them, rebuilds
+the ghost plan and the lists, recaptures the graphs (sizes changed) and finishes
+the step. That build is a few kernels (records, route masks, a partition by key
+bits with prefix sums, the list kernels) with one synchronisation per partition,
+one MPI all-to-all of counts each for the migration and the ghosts, and the
+check of the list's capacity. A rank works in its own frame: coordinates relative to its sub-box's
 corner less the ghost shell, without periodic images (the kernels get a box so
 large that nothing wraps).
 """
@@ -30,9 +33,9 @@ from ..engine import Communicate, Join, Overlap, Segment, SegmentDriver
 from ..errors import DeviceError
 from ..kernels import md_params, md_ref, module
 from ..kernels.md_params import RANK_FRAME, ROUTES
-from .domain import Domain, choose_grid, pairs_from_masks
-from .gpu import (BLOCK, C_BAD, C_BUILDS, C_CELLMAX, C_FORCED, C_NBMAX, C_REBUILD, C_REQ, C_STATUS, C_STEP,
-                  C_TARGET, CTL_SIZE, ST_DONE, ST_REBUILD, ST_RUNNING, ST_UNSTABLE, kernel_program,
+from .domain import Domain, choose_grid
+from .gpu import (BLOCK, C_BAD, C_BUILDS, C_CELLMAX, C_FORCED, C_NBMAX, C_REBUILD, C_REQ, C_STATUS, C_STEP, C_TARGET,
+                  CTL_SIZE, SCAN_THREADS, ST_DONE, ST_REBUILD, ST_RUNNING, ST_UNSTABLE, kernel_program,
                   threads_per_particle)
 from .parallel import agreed
 from .simulation import STEPS_PER_CHECK
@@ -41,20 +44,12 @@ from .thermo import UnstableRunError
 # Box edge the kernels see inside a rank's frame: minimum images and wrapping never apply.
 NO_PERIODS = 1e30
 _KERNELS = ("md_cell_clear", "md_cell_bin", "md_cell_sort", "md_neigh_build", "md_force", "md_kick_drift",
-            "md_pack", "md_records", "md_unpack", "md_ghost_routes")
+            "md_pack", "md_records", "md_unpack", "md_ghost_routes", "md_bits_count", "md_bits_scan", "md_bits_scatter")
 
 
 def _blocks(count):
     """Blocks of BLOCK threads for one thread per item (at least one block)."""
     return (max(1, -(-count // BLOCK)),)
-
-
-def _tally(keys, size):
-    """How many of the sorted device integers ``keys`` equal each of 0 .. size - 1 (a host array)."""
-    if len(keys) == 0:
-        return np.zeros(size, np.int64)
-    cp = require_cupy()
-    return np.diff(cp.searchsorted(keys, cp.arange(size + 1)).get())
 
 
 class DistGpuBackend:
@@ -198,13 +193,21 @@ class DistGpuBackend:
     def _plan_ghosts(self, own):
         """Which own particles (frame positions ``own``) go to which rank, grouped by rank, and how many
         ghosts come from each."""
-        index, route = pairs_from_masks(self._route_masks(own), xp=self._cp)
-        per_route = _tally(route, ROUTES)
-        self.send_index = index.astype(np.int32)
+        self.send_index, route, per_route = self._partition(self._route_masks(own), ROUTES)
         self.send_shift = self._route_shift[route]
-        self.send_counts = np.bincount(self._route_peer, weights=per_route, minlength=self.ranks).astype(np.int64)
-        self.recv_counts = np.array(self.comm.alltoall(self.send_counts.tolist()), np.int64)
+        self.send_counts = self._per_peer(per_route)
+        self.recv_counts = self._counts_from(self.send_counts)
         self.ghosts = int(self.recv_counts.sum())
+
+    def _per_peer(self, per_route):
+        """Counts per route (Domain.routes order) summed per receiving rank."""
+        return np.bincount(self._route_peer, weights=per_route, minlength=self.ranks).astype(np.int64)
+
+    def _counts_from(self, send):
+        """What each rank sends me, from what I send each (one MPI all-to-all)."""
+        recv = np.empty(self.ranks, np.int64)
+        self.comm.Alltoall(np.ascontiguousarray(send, np.int64), recv)
+        return recv
 
     def _set_routes(self):
         """Per route of ``Domain.routes``: its receiving rank and the shift from my frame to that rank's;
@@ -221,7 +224,7 @@ class DistGpuBackend:
         self._route_shift = self._cp.asarray(np.array(shifts), dtype=self.real)
         dom = self.domain
         self._rank_frame = RANK_FRAME.pack(origin=self.origin, box=self.box, width=dom.width, lo=dom.lo, hi=dom.hi,
-                                           rlist=self.rlist, grid=dom.grid, offsets=offsets)
+                                           rlist=self.rlist, grid=dom.grid, coords=dom.coords, offsets=offsets)
 
     def _allocate_lists(self):
         """Cell and neighbour-list buffers for up to ``capacity`` own particles."""
@@ -330,35 +333,53 @@ class DistGpuBackend:
     def _migrate(self):
         """Wrap the own particles into the box and send those that left my sub-box to their owners.
 
-        Each particle becomes a record (``md_records``); the leavers' records go
-        grouped by destination in one NCCL group, after an exchange of counts.
-        Stayers keep their order; arrivals follow by source rank. Returns the new
-        own positions (my frame); velocities, images, indices and ids are replaced.
+        Each particle becomes a record with a migration key (``md_records``);
+        the leavers' records go grouped by destination in one NCCL group, after
+        an exchange of counts. Stayers keep their order; arrivals follow by source
+        rank. Returns the new own positions (my frame); velocities, images,
+        indices and ids are replaced.
         """
         cp = self._cp
-        rec = self._records()
-        owner = rec[:, md_ref.RECORD_OWNER]
-        stay = owner == self.domain.rank
-        keep, leave = cp.flatnonzero(stay), cp.flatnonzero(~stay)
-        if self.ranks > 2:  # several destinations: group by destination (a stable sort keeps index order)
-            leave = leave[cp.argsort(owner[leave])]
-        send = _tally(owner[leave].astype(np.int64), self.ranks)
-        recv = np.array(self.comm.alltoall(send.tolist()), np.int64)
-        kept, m = len(keep), len(keep) + int(recv.sum())
-        merged = cp.empty((m, md_ref.RECORD), np.float64)
-        cp.take(rec, keep, axis=0, out=merged[:kept])
-        outgoing = rec[leave]
+        rec, keys = self._records()
+        index, _, per_key = self._partition(keys, md_ref.MIGRATION_KEYS)
+        if per_key[md_ref.LOST]:
+            raise RuntimeError("a particle moved past the neighbouring sub-boxes between two list builds")
+        kept = int(per_key[0])
+        send = self._per_peer(per_key[1:1 + ROUTES])
+        recv = self._counts_from(send)
+        merged = cp.empty((kept + int(recv.sum()), md_ref.RECORD), np.float64)
+        cp.take(rec, index[:kept], axis=0, out=merged[:kept])
+        outgoing = cp.take(rec, index[kept:], axis=0)
         self.nccl.exchange(self._transfers(outgoing, send, merged[kept:], recv), self.stream)
         own, self.v, self.img, self.gidx, self.ids = self._unpack(merged)
         return own
 
     # The list build's kernels (kernels/md_ref states each in NumPy).
     def _records(self):
-        """The own particles' migration records (``md_records``)."""
-        rec = self._cp.empty((self.n, md_ref.RECORD), np.float64)
-        self._k["md_records"](_blocks(self.n), (BLOCK,), (self.params, self.gidx, self._rank_frame, rec),
+        """The own particles' migration records and keys (``md_records``)."""
+        cp = self._cp
+        rec, keys = cp.empty((self.n, md_ref.RECORD), np.float64), cp.empty(self.n, np.uint32)
+        self._k["md_records"](_blocks(self.n), (BLOCK,), (self.params, self.gidx, self._rank_frame, rec, keys),
                               stream=self.stream)
-        return rec
+        return rec, keys
+
+    def _partition(self, mask, nkeys):
+        """``(index, key, count per key)`` of the set bits of ``mask`` (``md_bits_*``): by key, then index.
+
+        Device arrays of int32 and a host array of counts (the one synchronisation).
+        """
+        cp, n, s = self._cp, len(mask), self.stream
+        blocks = _blocks(n)
+        offsets, starts = cp.empty(nkeys * blocks[0], np.int32), cp.empty(nkeys + 1, np.int32)
+        args = (mask, np.int32(n), np.int32(nkeys))
+        self._k["md_bits_count"](blocks, (BLOCK,), (*args, offsets), stream=s)
+        self._k["md_bits_scan"]((1,), (SCAN_THREADS,), (offsets, np.int32(blocks[0]), np.int32(nkeys), starts),
+                                stream=s)
+        per_key = np.diff(starts.get()).astype(np.int64)
+        total = int(per_key.sum())
+        index, key = cp.empty(total, np.int32), cp.empty(total, np.int32)
+        self._k["md_bits_scatter"](blocks, (BLOCK,), (*args, offsets, index, key), stream=s)
+        return index, key, per_key
 
     def _unpack(self, rec):
         """``(positions in my frame, velocities, images, indices, ids)`` of records (``md_unpack``)."""
