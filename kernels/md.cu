@@ -175,16 +175,15 @@ __device__ __forceinline__ void bin_particle(int i, const vec4 *src, vec4 *hold,
     else atomicMax(&ctl[C_CELLMAX], (u64)slot + 1);
 }
 
-// One block of B threads: out[c] = sum of min(in[c'], cap) over c' < c (exclusive prefix sum; in may
-// be out); returns the whole sum. Over cell counts, it lets the sort lay all particles out in cell
-// order without gaps.
+// One block of B threads: cell_start[c] = particles in cells before c (exclusive prefix sum), so
+// that the sort can lay all particles out in cell order without gaps.
 template <int B>
-__device__ int exclusive_scan(const int *in, int *out, int length, int cap) {
+__device__ void scan_cells(const int *cell_count, int *cell_start, int cap, int ncells) {
     __shared__ int part[B];
-    int per = (length + B - 1) / B;
-    int lo = min((int)threadIdx.x * per, length), hi = min(lo + per, length);
+    int per = (ncells + B - 1) / B;
+    int lo = min((int)threadIdx.x * per, ncells), hi = min(lo + per, ncells);
     int sum = 0;
-    for (int c = lo; c < hi; ++c) sum += min(in[c], cap);
+    for (int c = lo; c < hi; ++c) sum += min(cell_count[c], cap);
     part[threadIdx.x] = sum;
     __syncthreads();
     for (int off = 1; off < B; off <<= 1) {  // inclusive scan (Hillis-Steele)
@@ -195,11 +194,9 @@ __device__ int exclusive_scan(const int *in, int *out, int length, int cap) {
     }
     int run = threadIdx.x ? part[threadIdx.x - 1] : 0;
     for (int c = lo; c < hi; ++c) {
-        int v = min(in[c], cap);
-        out[c] = run;
-        run += v;
+        cell_start[c] = run;
+        run += min(cell_count[c], cap);
     }
-    return part[B - 1];
 }
 
 // Slot t = (cell, s): put the particle there at its rank by index within its cell, with a copy of
@@ -235,7 +232,7 @@ extern "C" __global__ void md_cell_bin(const MdParams p, const vec4 *__restrict_
 #define SCAN_THREADS 1024
 extern "C" __global__ void __launch_bounds__(SCAN_THREADS) md_cell_scan(const MdParams p) {
     if (!p.ctl[C_REBUILD]) return;
-    exclusive_scan<SCAN_THREADS>(p.cell_count, p.cell_start, p.ncells, p.cells.cap);
+    scan_cells<SCAN_THREADS>(p.cell_count, p.cell_start, p.cells.cap, p.ncells);
 }
 
 extern "C" __global__ void md_cell_sort(const MdParams p) {
@@ -635,11 +632,10 @@ extern "C" __global__ void md_ghost_routes(const vec4 *__restrict__ pos, int n, 
 }
 
 // Partition by key bits (kernels/md_ref.partition_bits): item i has mask[i], bit k set when it belongs to
-// key k (nkeys <= 32). Lists (index, key) of all set bits, grouped by key, indices ascending within a key,
-// in three launches over blocks of MD_BLOCK items: md_bits_count (counts[k * blocks + b]: items of key k
-// in block b), md_bits_scan (one block: those counts become offsets, key-major, so that key k's items of
-// block b start at counts[k * blocks + b]; starts[k]: where key k starts, starts[nkeys]: the total) and
-// md_bits_scatter (each item's place in its block from warp ballots).
+// key k (nkeys <= 32). Lists (index, key) of all set bits, grouped by key, indices ascending within a key:
+// md_bits_count (counts[k * blocks + b]: items of key k in block b of MD_BLOCK items), then, after the host
+// has made those counts exclusive prefix sums (key-major, so that key k's items of block b start at
+// offsets[k * blocks + b]), md_bits_scatter (each item's place in its block from warp ballots).
 extern "C" __global__ void __launch_bounds__(MD_BLOCK)
 md_bits_count(const unsigned *__restrict__ mask, int n, int nkeys, int *__restrict__ counts) {
     __shared__ int count[32];
@@ -653,14 +649,6 @@ md_bits_count(const unsigned *__restrict__ mask, int n, int nkeys, int *__restri
     }
     __syncthreads();
     if (threadIdx.x < nkeys) counts[(long long)threadIdx.x * gridDim.x + blockIdx.x] = count[threadIdx.x];
-}
-
-extern "C" __global__ void __launch_bounds__(SCAN_THREADS)
-md_bits_scan(int *counts, int blocks, int nkeys, int *starts) {
-    int total = exclusive_scan<SCAN_THREADS>(counts, counts, nkeys * blocks, 0x7fffffff);
-    __syncthreads();  // the block's writes to counts are visible to all its threads
-    if (threadIdx.x < nkeys) starts[threadIdx.x] = counts[(long long)threadIdx.x * blocks];
-    if (threadIdx.x == 0) starts[nkeys] = total;
 }
 
 extern "C" __global__ void __launch_bounds__(MD_BLOCK)
@@ -771,7 +759,7 @@ __device__ __forceinline__ void run_steps(const MdParams &p, u64 if_handle, u64 
                     bin_particle(i, buffers[cur], hold, cell_count, cell_atoms, cl, ctl, 1);
                 sync();
                 if (by_cell) {
-                    if (blockIdx.x == 0) exclusive_scan<RUN_BLOCK>(cell_count, cell_start, ncells, cap);
+                    if (blockIdx.x == 0) scan_cells<RUN_BLOCK>(cell_count, cell_start, cap, ncells);
                     sync();
                 }
                 for (long long k = t0; k < (long long)ncells * cap; k += threads)

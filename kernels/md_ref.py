@@ -18,7 +18,7 @@ kernel code             reference
 ``md_records``          :func:`migration_records`, :func:`migration_keys`
 ``md_unpack``           :func:`unpack_records`
 ``md_ghost_routes``     :func:`route_masks`
-``md_bits_*``           :func:`partition_bits`
+``md_bits_*``           :func:`partition_bits` (count, then scatter)
 ======================  ===============================================
 
 ``md_run`` / ``md_run_rebuilding`` take whole steps from these pieces;

@@ -19,7 +19,7 @@ The host enqueues ``unroll`` steps, then reads the status once; at an agreed
 list build it wraps the own particles into the box and migrates them, rebuilds
 the ghost plan and the lists, recaptures the graphs (sizes changed) and finishes
 the step. That build is a few kernels (records, route masks, a partition by key
-bits with prefix sums, the list kernels) with one synchronisation per partition,
+bits with a prefix sum, the list kernels) with one synchronisation per partition,
 one MPI all-to-all of counts each for the migration and the ghosts, and the
 check of the list's capacity. A rank works in its own frame: coordinates relative to its sub-box's
 corner less the ghost shell, without periodic images (the kernels get a box so
@@ -35,7 +35,7 @@ from ..kernels import md_params, md_ref, module
 from ..kernels.md_params import RANK_FRAME, ROUTES
 from .domain import Domain, choose_grid
 from .gpu import (BLOCK, C_BAD, C_BUILDS, C_CELLMAX, C_FORCED, C_NBMAX, C_REBUILD, C_REQ, C_STATUS, C_STEP, C_TARGET,
-                  CTL_SIZE, SCAN_THREADS, ST_DONE, ST_REBUILD, ST_RUNNING, ST_UNSTABLE, kernel_program,
+                  CTL_SIZE, ST_DONE, ST_REBUILD, ST_RUNNING, ST_UNSTABLE, kernel_program,
                   threads_per_particle)
 from .parallel import agreed
 from .simulation import STEPS_PER_CHECK
@@ -44,7 +44,7 @@ from .thermo import UnstableRunError
 # Box edge the kernels see inside a rank's frame: minimum images and wrapping never apply.
 NO_PERIODS = 1e30
 _KERNELS = ("md_cell_clear", "md_cell_bin", "md_cell_sort", "md_neigh_build", "md_force", "md_kick_drift",
-            "md_pack", "md_records", "md_unpack", "md_ghost_routes", "md_bits_count", "md_bits_scan", "md_bits_scatter")
+            "md_pack", "md_records", "md_unpack", "md_ghost_routes", "md_bits_count", "md_bits_scatter")
 
 
 def _blocks(count):
@@ -364,18 +364,19 @@ class DistGpuBackend:
         return rec, keys
 
     def _partition(self, mask, nkeys):
-        """``(index, key, count per key)`` of the set bits of ``mask`` (``md_bits_*``): by key, then index.
+        """``(index, key, count per key)`` of the set bits of ``mask`` (``md_bits_count``, a prefix sum
+        of the counts, ``md_bits_scatter``): by key, then index.
 
         Device arrays of int32 and a host array of counts (the one synchronisation).
         """
         cp, n, s = self._cp, len(mask), self.stream
         blocks = _blocks(n)
-        offsets, starts = cp.empty(nkeys * blocks[0], np.int32), cp.empty(nkeys + 1, np.int32)
+        counts = cp.empty(nkeys * blocks[0], np.int32)
         args = (mask, np.int32(n), np.int32(nkeys))
-        self._k["md_bits_count"](blocks, (BLOCK,), (*args, offsets), stream=s)
-        self._k["md_bits_scan"]((1,), (SCAN_THREADS,), (offsets, np.int32(blocks[0]), np.int32(nkeys), starts),
-                                stream=s)
-        per_key = np.diff(starts.get()).astype(np.int64)
+        self._k["md_bits_count"](blocks, (BLOCK,), (*args, counts), stream=s)
+        through = cp.cumsum(counts, dtype=np.int32)  # key-major: items up to key k, block b
+        per_key = np.diff(through[blocks[0] - 1::blocks[0]].get(), prepend=0).astype(np.int64)
+        offsets = through - counts
         total = int(per_key.sum())
         index, key = cp.empty(total, np.int32), cp.empty(total, np.int32)
         self._k["md_bits_scatter"](blocks, (BLOCK,), (*args, offsets, index, key), stream=s)
