@@ -21,9 +21,9 @@ the ghost plan and the lists, recaptures the graphs (sizes changed) and finishes
 the step. That build is a few kernels (records, route masks, a partition by key
 bits with a prefix sum, the list kernels) with one synchronisation per partition,
 one MPI all-to-all of counts each for the migration and the ghosts, and the
-check of the list's capacity. A rank works in its own frame: coordinates relative to its sub-box's
-corner less the ghost shell, without periodic images (the kernels get a box so
-large that nothing wraps).
+check of the list's capacity. A rank works in its own frame: coordinates
+relative to its sub-box's corner less the ghost shell, without periodic images
+(the kernels get a box so large that nothing wraps).
 """
 import numpy as np
 
