@@ -38,6 +38,7 @@ class _State:
     active = False      # handlers installed by `handled`
     deferring = 0       # depth of `deferred` sections
     pending = None      # signal received inside a deferred section
+    held = False        # signals held from the handlers' installation until `release`
     raised = False      # Interrupted raised once already
 
 
@@ -52,17 +53,21 @@ def _handler(signum, frame):
 
 
 @contextlib.contextmanager
-def handled():
+def handled(held=False):
     """Turn SIGINT and SIGTERM into :class:`Interrupted` while the block runs (main thread only).
 
     Elsewhere (another thread, or handlers already installed by an outer
     block) this does nothing. The previous handlers come back at the end.
+    With ``held``, a signal is held from the start, as in :func:`deferred`,
+    until :func:`release` (a rank of an MPI job can only act on one once it
+    can end the whole job).
     """
     if _State.active or threading.current_thread() is not threading.main_thread():
         yield
         return
     previous = {s: signal.getsignal(s) for s in SIGNALS}
-    _State.active, _State.deferring, _State.pending, _State.raised = True, 0, None, False
+    _State.active, _State.deferring, _State.pending, _State.raised = True, int(held), None, False
+    _State.held = held
     try:
         for s in SIGNALS:
             signal.signal(s, _handler)
@@ -89,6 +94,14 @@ def deferred(act_at_exit=True):
         act_on_pending()
 
 
+def release():
+    """End the hold :func:`handled` started with (``held=True``); a signal held meanwhile stays
+    pending for :func:`act_on_pending`. Without such a hold this does nothing."""
+    if _State.held:
+        _State.held = False
+        _State.deferring -= 1
+
+
 def act_on_pending():
     """Raise :class:`Interrupted` for a signal held by :func:`deferred`, if one came."""
     if _State.pending is not None and not _State.raised:
@@ -97,11 +110,18 @@ def act_on_pending():
         raise Interrupted(signum)
 
 
-def exits_cleanly(main):
-    """Decorate a CLI's ``main``: a signal ends it with one line on stderr and ``128 + signal``."""
+def exits_cleanly(main=None, *, held=None):
+    """Decorate a CLI's ``main``: a signal ends it with one line on stderr and ``128 + signal``.
+
+    ``held()``, asked before the handlers are installed, says whether signals
+    are held from the start (see :func:`handled`); ``main`` then calls :func:`release`.
+    """
+    if main is None:
+        return functools.partial(exits_cleanly, held=held)
+
     @functools.wraps(main)
     def run(*args, **kwargs):
-        with handled():
+        with handled(held=bool(held is not None and held())):
             try:
                 return main(*args, **kwargs)
             except Interrupted as exc:

@@ -162,6 +162,31 @@ def test_signal_to_one_rank_aborts_the_job(long_problem, signum, code):
     assert "Traceback" not in err
 
 
+# Rank 1 signals itself as soon as its handlers are in place, before MPI is up: the signal is held
+# until the rank can end the whole job, then ends it (acted on at once, the other rank would wait).
+SIGNAL_AT_START = """
+import os, signal, sys
+from solvers.distributed import cli, launch
+real = cli.run_distributed
+def signalled(*args, **kwargs):
+    if launch.rank() == 1:
+        os.kill(os.getpid(), signal.SIGTERM)
+    return real(*args, **kwargs)
+cli.run_distributed = signalled
+from solvers.pcg.__main__ import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_signal_before_mpi_is_up_ends_the_job():
+    env = _env()
+    command = [*_mpi_command(2, env), sys.executable, "-c", SIGNAL_AT_START, "--matrix", str(EXAMPLE),
+               "--device", "cpu"]
+    proc = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 143, proc.stderr
+    assert _error_lines(proc.stderr) == "error: rank 1: interrupted by SIGTERM"
+
+
 @pytest.mark.parametrize("how", ["option", "environment"])
 def test_stopped_rank_is_ended_by_the_watchdog(long_problem, how):
     args = long_problem + (["--timeout", "2"] if how == "option" else [])

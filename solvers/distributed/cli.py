@@ -11,6 +11,7 @@ later, a signal included, aborts the whole job with ``MPI_Abort``. With a
 watchdog timeout (``--timeout`` or ``$GRAPHSOLVE_TIMEOUT``), a rank that makes
 no progress for that long (another rank stopped or hung) aborts the job.
 """
+import contextlib
 import sys
 
 from .. import interrupts, watchdog
@@ -70,26 +71,30 @@ def run_distributed(parser, argv, cli):
         format and write.
     """
     # A signal before MPI is up could not end the other ranks (they would wait for this one): it is
-    # held until this rank can abort the whole job.
-    with interrupts.deferred(act_at_exit=False):
-        args, failure = _parse(parser, argv)
-        try:
-            comm = world()
-        except DeviceError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return EXIT_BAD_INPUT
-    root = comm.Get_rank() == 0
+    # held (from the CLI's start, see interrupts.exits_cleanly) until this rank can abort the whole
+    # job, from inside abort_on_error; the hold ends there too, so no signal falls between.
     try:
-        own_timeout = timeout_seconds(args) if args is not None else None
-    except InputError:
-        own_timeout = None  # refused below, together with the other ranks
+        with contextlib.ExitStack() as guard:
+            with interrupts.deferred(act_at_exit=False):
+                args, failure = _parse(parser, argv)
+                try:
+                    comm = world()
+                except DeviceError as exc:
+                    print(f"error: {exc}", file=sys.stderr)
+                    return EXIT_BAD_INPUT
+                root = comm.Get_rank() == 0
+                try:
+                    own_timeout = timeout_seconds(args) if args is not None else None
+                except InputError:
+                    own_timeout = None  # refused below, together with the other ranks
 
-    def stalled(idle):
-        abort(comm, f"no progress for {idle:.0f} s (watchdog timeout {own_timeout:g} s): another rank is stopped "
-                    "or hung; ending the job")
+                def stalled(idle):
+                    abort(comm, f"no progress for {idle:.0f} s (watchdog timeout {own_timeout:g} s): another "
+                                "rank is stopped or hung; ending the job")
 
-    try:
-        with abort_on_error(comm), watchdog.watching(own_timeout, stalled):
+                guard.enter_context(abort_on_error(comm))
+                guard.enter_context(watchdog.watching(own_timeout, stalled))
+            interrupts.release()
             interrupts.act_on_pending()
             exits = comm.allgather(failure if args is None and not isinstance(failure, str) else None)
             if all(code is not None for code in exits):  # every rank printed its help

@@ -41,6 +41,11 @@ def world_size(env=None):
     return found[1] if found else 1
 
 
+def several_ranks(env=None):
+    """Whether this process is one of several ranks of an MPI launch."""
+    return world_size(env) > 1
+
+
 def rank(env=None):
     """This process's rank (0 when not launched by MPI)."""
     found = detect(env)

@@ -11,7 +11,7 @@ import argparse
 import sys
 
 from ..cli_common import add_version_option, check_finite
-from ..distributed.launch import world_size
+from ..distributed.launch import several_ranks
 from ..errors import DeviceError, InputError
 from ..interrupts import exits_cleanly
 from ..outfiles import check_target
@@ -244,11 +244,11 @@ def run(args, comm=None):
     return EXIT_OK
 
 
-@exits_cleanly
+@exits_cleanly(held=several_ranks)  # a rank holds signals until it can end the whole job
 def main(argv=None):
     """Run the CLI; returns the exit code."""
     args = build_parser().parse_args(argv)
-    if world_size() > 1:
+    if several_ranks():
         from .parallel import run_distributed
         return run_distributed(args, run)
     try:

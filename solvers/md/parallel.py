@@ -16,6 +16,7 @@ import sys
 
 import numpy as np
 
+from .. import interrupts
 from ..distributed.comm import RankError, abort_on_error, world
 from ..errors import DeviceError, InputError
 from ..kernels import md_ref
@@ -232,6 +233,8 @@ def run_distributed(args, run):
     root = comm.Get_rank() == 0
     try:
         with abort_on_error(comm):
+            interrupts.release()  # held since the start: from here a signal aborts the whole job
+            interrupts.act_on_pending()
             return run(args, comm)
     except (InputError, DeviceError, RankError) as exc:
         if root:

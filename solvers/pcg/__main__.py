@@ -9,7 +9,7 @@ import sys
 
 from ..bundled import EXAMPLE_MATRICES, example_matrix
 from ..cli_common import add_timeout_option, add_version_option, check_finite, option_name
-from ..distributed.launch import world_size
+from ..distributed.launch import several_ranks
 from ..errors import DeviceError, InputError
 from ..interrupts import exits_cleanly
 from ..mmio import check_vector_output, read_vectors, write_vector
@@ -337,10 +337,10 @@ def _solve(solver, problem, show_progress):
     return result
 
 
-@exits_cleanly
+@exits_cleanly(held=several_ranks)  # a rank holds signals until it can end the whole job
 def main(argv=None):
     """Run the CLI; returns the exit code."""
-    if world_size() > 1:  # started by an MPI launcher: solvers.distributed runs it, rank 0 reports
+    if several_ranks():  # started by an MPI launcher: solvers.distributed runs it, rank 0 reports
         from ..distributed.cli import run_distributed
         return run_distributed(build_parser(), argv, sys.modules[__name__])
     args = build_parser().parse_args(argv)
