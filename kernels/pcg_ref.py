@@ -1,7 +1,9 @@
 """NumPy meaning of the kernels in ``pcg.cu`` (used by the GPU tests).
 
 An iteration of ``pcg_run`` is ``direction_product`` then ``pcg_update`` (its set-up pass is
-``pcg_update(start=True)``); an iteration of ``pcg1_run`` is ``pcg1_step``.
+``pcg_update(start=True)``); an iteration of ``pcg1_run`` is ``pcg1_step``. The split classic
+iteration of ``pcg_split.cu`` is ``direction_product``, ``split_update``, the preconditioner, then
+``split_decide`` (its set-up pass the preconditioner and ``split_decide``).
 
 ``state`` is a dict with the fields of the device ``State`` struct.
 """
@@ -62,6 +64,31 @@ def pcg_update(x, r, q, p0, p1, dinv, state, start=False):
             state["parity"] ^= 1
     state.update(iteration=it, rnorm=rnorm, status=status)
     return z
+
+
+def split_update(x, r, q, p0, p1, state):
+    """x += alpha p; r -= alpha q (``split_update``)."""
+    if state["status"] != RUNNING:
+        return
+    p = p0 if state["parity"] else p1
+    x += state["alpha"] * p
+    r -= state["alpha"] * q
+
+
+def split_decide(r, z, state):
+    """r.z, r.r of the preconditioned residual; decide and set beta (``split_decide``)."""
+    if state["status"] != RUNNING:
+        return
+    start = state["iteration"] < 0
+    rz_new, rnorm = float(np.dot(r, z)), float(np.linalg.norm(r))
+    it = state["iteration"] + 1
+    status = stop_reason(rnorm, state["tol"], it, state["maxiter"], rz_new)
+    if status == RUNNING:
+        state["beta"] = 0.0 if start else rz_new / state["rz"]
+        state["rz"] = rz_new
+        if not start:
+            state["parity"] ^= 1
+    state.update(iteration=it, rnorm=rnorm, status=status)
 
 
 def single_reduction_decision(state, start, it, rnorm, gamma, delta):

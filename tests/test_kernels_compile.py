@@ -81,3 +81,15 @@ def test_onchip_kernels_compile(real, rows, latency, tmp_path):
                    ("ONCHIP_TEAM", str(shape.team)), ("ONCHIP_MIN_BLOCKS", "2"))
         compile_ok(kernels.program("onchip", real, defines=defines, before=("stopping",),
                                    structs=(STATE, PROGRESS, ONCHIP_RUN)), tmp_path)
+
+
+@pytest.mark.parametrize("fmt, real", [("ell", "double"), ("sell", "float"), ("csr", "double")])
+def test_split_pcg_kernels_compile(fmt, real, tmp_path):
+    from solvers.pcg.gpu import kernel_program
+    compile_ok(kernels.program(**kernel_program(layout(fmt), real, 512, False, split=True)), tmp_path)
+
+
+@pytest.mark.parametrize("real, outer", [("double", "double"), ("float", "double"), ("float", "float")])
+def test_preconditioner_kernels_compile(real, outer, tmp_path):
+    from solvers.pcg.preconditioners.device import CSR_MATRIX
+    compile_ok(kernels.program("precond", real, defines=(("outer_t", outer),), structs=(CSR_MATRIX,)), tmp_path)

@@ -315,8 +315,10 @@ PRECOND_OPTION_ERRORS = [
     (["--precond", "none", "--nullspace", "B.npy"], "--nullspace: applies to --precond amg"),
     (["--precond", "chebyshev", "--cheb-degree", "0"], "--cheb-degree: must be >= 1, got 0"),
     (["--precond", "amg", "--amg-coarse-size", "5000"], "--amg-coarse-size: must be from 1 to 4096, got 5000"),
-    (["--precond", "amg", "--device", "gpu"], "preconditioner 'amg': has no GPU implementation yet"),
-    (["--precond", "chebyshev", "--mode", "graph"], "preconditioner 'chebyshev': has no GPU implementation yet"),
+    (["--precond", "amg", "--device", "gpu", "--variant", "single-reduction"],
+     "preconditioner 'amg': does not run the single-reduction PCG variant on the GPU (it takes classic)"),
+    (["--precond", "chebyshev", "--mode", "graph", "--variant", "single-reduction"],
+     "preconditioner 'chebyshev': does not run the single-reduction PCG variant on the GPU"),
 ]
 
 

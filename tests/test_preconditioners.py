@@ -252,10 +252,15 @@ def test_one_options_object_serves_several_solvers():
 
 
 REFUSED = [  # (PCG arguments, message)
-    (dict(preconditioner="amg", device="gpu"), "'amg': has no GPU implementation yet; run it with --device cpu"),
-    (dict(preconditioner=Chebyshev(), device="gpu"), "'chebyshev': has no GPU implementation yet"),
-    (dict(preconditioner="chebyshev", mode="while"), "'chebyshev': has no GPU implementation yet"),
-    (dict(preconditioner="amg", mode="graph", device="auto"), "'amg': has no GPU implementation yet"),
+    (dict(preconditioner="amg", device="gpu", variant="single-reduction"),
+     r"'amg': does not run the single-reduction PCG variant on the GPU \(it takes classic\)"),
+    (dict(preconditioner=Chebyshev(), device="gpu", variant="single-reduction"),
+     "'chebyshev': does not run the single-reduction PCG variant on the GPU"),
+    (dict(preconditioner=ScaledIdentity(), device="gpu"),
+     "'scaled-identity': has no GPU implementation yet; run it with --device cpu"),
+    (dict(preconditioner=ScaledIdentity(), mode="while"), "'scaled-identity': has no GPU implementation yet"),
+    (dict(preconditioner=AMG(hierarchy_dtype="float64"), device="cpu", dtype="float32"),
+     "AMG hierarchy_dtype float64 is more precise than the solver's float32"),
     (dict(preconditioner="ilu"), "unknown preconditioner 'ilu'; choose from none, jacobi, chebyshev, amg"),
     (dict(preconditioner=Jacobi), "unknown preconditioner"),  # the class, not an instance
     (dict(preconditioner="amg", A=spla.aslinearoperator(poisson((8, 8)))), "needs an explicit matrix"),
@@ -273,8 +278,9 @@ def test_unsupported_combinations_are_refused_with_the_reason(arguments, message
 def test_auto_takes_the_cpu_for_a_cpu_only_preconditioner_and_says_why(monkeypatch):
     import solvers.pcg.solver as solver_module
     monkeypatch.setattr(solver_module, "resolve_device", lambda device: ("gpu", None))  # as on a GPU machine
-    solver = PCG(poisson((8, 8)), preconditioner="amg")
-    assert solver.device == "cpu" and solver.device_note == "auto: preconditioner 'amg' runs on the CPU only so far"
+    solver = PCG(poisson((8, 8)), preconditioner=ScaledIdentity(), variant="classic")
+    assert solver.device == "cpu"
+    assert solver.device_note == "auto: preconditioner 'scaled-identity' runs on the CPU only so far"
 
 
 def test_amg_without_pyamg_says_how_to_install_it(monkeypatch):
@@ -301,6 +307,7 @@ BAD_OPTIONS = [
     (lambda: AMG(near_nullspace=[[1.0], [np.nan]]), "NaN or Inf"),
     (lambda: AMG(near_nullspace=np.c_[np.ones(5), np.zeros(5)]), "a zero vector"),
     (lambda: AMG(near_nullspace=np.ones((2, 3))), "more vectors"),
+    (lambda: AMG(hierarchy_dtype="float16"), "AMG hierarchy_dtype must be None or one of float64, float32"),
     (lambda: PCG(poisson((4, 4)), preconditioner=AMG(near_nullspace=np.ones(15)), device="cpu"),
      "the near-nullspace has 15 rows but the matrix has 16"),
     (lambda: PCG(sp.diags([1.0, -1.0, 2.0]).tocsr(), preconditioner="chebyshev", device="cpu"),

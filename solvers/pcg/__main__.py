@@ -71,7 +71,7 @@ def build_parser():
     p.add_argument("--precond", choices=("none", "jacobi", "chebyshev", "amg"), default="jacobi",
                    help="preconditioner: jacobi (divide by the diagonal), none (plain CG), chebyshev "
                         "(a Chebyshev polynomial in the Jacobi-scaled matrix) or amg (one smoothed-aggregation "
-                        "V-cycle; needs PyAMG); chebyshev and amg run on the CPU only so far "
+                        "V-cycle; needs PyAMG); on the GPU chebyshev and amg run under the classic variant "
                         "(default jacobi; solvers.cg's default is none, as in SciPy)")
     p.add_argument("--cheb-degree", type=int, metavar="K",
                    help="degree of the Chebyshev polynomial: of --precond chebyshev, or of the smoother of "

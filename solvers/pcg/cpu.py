@@ -21,10 +21,15 @@ VARIANTS = ("classic", "single-reduction")
 SINGLE_REDUCTION_MAX_ROWS = 1 << 17
 
 
-def resolve_variant(variant, n, device):
-    """The concrete PCG variant for ``variant`` ("auto" or one of VARIANTS) on ``n`` rows."""
+def resolve_variant(variant, n, device, allowed=VARIANTS):
+    """The concrete PCG variant for ``variant`` ("auto" or one of VARIANTS) on ``n`` rows.
+
+    ``auto`` takes the faster variant on ``device`` among ``allowed`` (those the
+    preconditioner runs under), else the first of them.
+    """
     if variant == "auto":
-        return "single-reduction" if device == "gpu" and n <= SINGLE_REDUCTION_MAX_ROWS else "classic"
+        faster = "single-reduction" if device == "gpu" and n <= SINGLE_REDUCTION_MAX_ROWS else "classic"
+        return faster if faster in allowed else allowed[0]
     if variant not in VARIANTS:
         raise InputError(f"variant must be auto or one of {', '.join(VARIANTS)}, not {variant!r}")
     return variant

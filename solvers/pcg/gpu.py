@@ -2,6 +2,14 @@
 
 Everything is allocated and compiled here at set-up; a solve copies ``b`` (and
 ``x0``) into the fixed buffers, resets the device state and runs the engine.
+
+Two iteration bodies. With a pointwise preconditioner (none, Jacobi) an iteration
+is part of one persistent kernel (:class:`PCGBody`). With any other, it is classic
+PCG split into three plain kernels with the preconditioner's own launches
+(:meth:`~.preconditioners.Preconditioner.device_apply`) between the second and the
+third (:class:`SplitPCGBody`, ``kernels/pcg_split.cu``): on an H200 a kernel
+boundary costs a few microseconds, small next to a V-cycle, and each level's
+kernels then take the grid that suits its size.
 """
 import time
 
@@ -15,7 +23,8 @@ from ..formats import choose_format
 from ..kernels.pcg_ref import RUNNING
 from ..kernels.structs import PROGRESS, SLOT, STATE, Struct
 from .cpu import resolve_variant
-from .preconditioners import jacobi_inverse_diagonal
+from .preconditioners import as_preconditioner, jacobi_inverse_diagonal, make_preconditioner, refuse_unsupported
+from .preconditioners.device import DeviceProgram
 from .result import Reason
 
 BLOCK = 256  # threads per block of the plain kernels (kernels/pcg.cu)
@@ -77,15 +86,25 @@ class SingleReduction(Variant):
 VARIANTS = {cls.name: cls for cls in (Classic, SingleReduction)}
 
 
-def kernel_program(matrix_format, real, run_block_size, gather_stored, stream_matrix=False):
-    """Arguments of :func:`kernels.module` for the PCG kernels over ``matrix_format``."""
+def split_struct(matrix):
+    """``SplitRun`` of ``kernels/pcg_split.cu``: classic PCG's vectors, state and the blocks' partial sums."""
+    fields = [("A", matrix)] + [(v, "real_t*") for v in Classic.vectors]
+    fields += [("st", "State*"), ("partials", "double*"), ("history", "double*"), ("progress", "Progress*")]
+    return Struct("SplitRun", fields)
+
+
+def kernel_program(matrix_format, real, run_block_size, gather_stored, stream_matrix=False, split=False):
+    """Arguments of :func:`kernels.module` for the PCG kernels over ``matrix_format`` (``split``: pcg_split.cu too)."""
     defines = tuple(matrix_format.defines) + (("RUN_BLOCK", str(run_block_size)),
                                               ("GATHER_STORED", "1" if gather_stored else "0"))
     if stream_matrix:
         defines += (("STREAM_MATRIX", "1"),)
     structs = (STATE, PROGRESS) + tuple(v.struct(matrix_format.struct) for v in VARIANTS.values())
-    return dict(name="pcg", real=real, defines=defines, before=("stopping", "matrix", matrix_format.name),
-                structs=structs)
+    program = dict(name="pcg", real=real, defines=defines, before=("stopping", "matrix", matrix_format.name),
+                   structs=structs)
+    if split:
+        program.update(structs=structs + (split_struct(matrix_format.struct),), extra=("pcg_split",))
+    return program
 
 
 def to_device_csr(A, dtype):
@@ -133,13 +152,24 @@ class PCGBody:
         self.s.launch_run(self.s.iterations_per_launch, loop.handle, stream)
 
 
+class SplitPCGBody:
+    """One classic iteration: direction and product, update, the preconditioner's launches, decision."""
+
+    def __init__(self, solver):
+        self.s = solver
+
+    def launch(self, stream, loop):
+        self.s.launch_split(loop.handle, stream)
+
+
 class GPUPCG:
     """Set-up-once PCG on the GPU, driven by :class:`~solvers.engine.GraphEngine`.
 
     Parameters
     ----------
     A, preconditioner, dtype, mode, unroll, record_history, variant
-        As for :class:`~solvers.pcg.solver.PCG`.
+        As for :class:`~solvers.pcg.solver.PCG` (``preconditioner`` a name or a
+        :class:`~solvers.pcg.Preconditioner`, set up here on the device matrix).
     matrix_format : {"auto", "ell", "sell", "csr"}
         Storage of A (:func:`solvers.formats.choose_format`).
     gather : {"auto", "formed", "stored"}
@@ -157,16 +187,24 @@ class GPUPCG:
         Threads a row of the SELL format (default: :meth:`solvers.formats.SELL.auto_lanes`).
     block : int, optional
         Threads per block of the persistent kernel (default :func:`run_block`).
+    reordering : solvers.reorder.Reordering, optional
+        The permutation the caller applied to ``A`` (for the preconditioner's set-up).
+
+    Attributes
+    ----------
+    M : Preconditioner or None
+        The set-up preconditioner when it is not pointwise (its details and timing).
     """
 
     device = "gpu"
     default_unroll = 32  # iterations a launch when the caller names none
 
     def __init__(self, A, preconditioner, dtype, mode, unroll, record_history, variant="auto",
-                 matrix_format="auto", gather="auto", stream_matrix=None, sell_lanes=None, block=None):
+                 matrix_format="auto", gather="auto", stream_matrix=None, sell_lanes=None, block=None,
+                 reordering=None):
         cupy = require_cupy()
-        if preconditioner not in ("none", "jacobi"):
-            raise InputError(f"preconditioner {preconditioner!r} is not available on the GPU")
+        spec = as_preconditioner(preconditioner)
+        refuse_unsupported(spec, "gpu", variant, dtype)
         if gather not in GATHERS:
             raise InputError(f"gather must be one of {', '.join(GATHERS)}, not {gather!r}")
         self.cupy = cupy
@@ -176,16 +214,22 @@ class GPUPCG:
         self.requested_stream = stream_matrix
         self.sell_lanes, self.requested_block = sell_lanes, block
         self.dtype = np.dtype(dtype)
-        self.preconditioner = preconditioner
+        self.spec, self.preconditioner, self.reordering = spec, spec.name, reordering
+        self.split = not spec.pointwise
+        self.M = None
         self.record_history = record_history
         self.device_name = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["name"].decode()
         try:
             self._setup(A)
         except cupy.cuda.memory.OutOfMemoryError as exc:
             raise DeviceError(f"out of GPU memory while setting up the solver ({exc})") from None
-        # The kernel itself runs `unroll` iterations a launch: the engine launches it once a pass.
+        # The persistent kernel itself runs `unroll` iterations a launch: the engine launches it once a
+        # pass. The split body is one iteration: the engine captures `unroll` of them.
         self.unroll = self.iterations_per_launch = int(unroll)
-        self.engine = GraphEngine(PCGBody(self), mode=mode, unroll=1)
+        if self.split:
+            self.engine = GraphEngine(SplitPCGBody(self), mode=mode, unroll=self.unroll)
+        else:
+            self.engine = GraphEngine(PCGBody(self), mode=mode, unroll=1)
         self.mode_note = self.engine.note
 
     # -- set-up ---------------------------------------------------------------
@@ -199,7 +243,7 @@ class GPUPCG:
         if n >= 2**31 - 1 or nnz >= 2**31 - 1:
             raise InputError("matrices with 2^31 or more rows or entries are not supported (int32 indices)")
         self.n = n
-        self.variant = resolve_variant(self.requested_variant, n, "gpu")
+        self.variant = resolve_variant(self.requested_variant, n, "gpu", self.spec.variants["gpu"])
         indptr = cupy.ascontiguousarray(M.indptr.astype(cupy.int32))
         indices = cupy.ascontiguousarray(M.indices.astype(cupy.int32))
         data = M.data.astype(self.dtype)
@@ -222,10 +266,13 @@ class GPUPCG:
 
         self.run_block = self.requested_block or run_block(n)
         program = kernel_program(self.format, kernels.ctype(self.dtype), self.run_block, gather == "stored",
-                                 self.stream_matrix)
+                                 self.stream_matrix, self.split)
         mod = kernels.module(**program)
         self.k_residual = mod.get_function("matrix_residual")
         self.k_prepare = mod.get_function("solve_prepare")
+        if self.split:
+            self._split_kernels = [mod.get_function(k) for k in ("split_direction", "split_update", "split_decide")]
+            self._split_struct = split_struct(self.format.struct)
         variant = VARIANTS[self.variant]
         self._variant = variant
         self._run, capacity = kernels.cooperative(mod.get_function(variant.kernel), self.run_block)
@@ -253,8 +300,25 @@ class GPUPCG:
         self.state = cupy.zeros(STATE.dtype.itemsize, dtype=cupy.uint8)
         self.progress = _HostMapped(PROGRESS.dtype)
         self.history = None
+        self.partials = cupy.zeros(2 * self.grid_spmv, dtype=cupy.float64) if self.split else None
         self._set_diagonal(M)
+        if self.split:
+            self._set_up_preconditioner(M)
         self._pack_args()
+
+    def _set_up_preconditioner(self, M):
+        """Set the preconditioner up on the device matrix ``M`` and lay out its launches on z = M^-1 r."""
+        self.M = make_preconditioner(self.spec, M, self.reordering)
+        self._lay_out_preconditioner()
+
+    def _lay_out_preconditioner(self):
+        """The preconditioner's launches on fixed buffers (uploads what its set-up left on the host)."""
+        cupy = self.cupy
+        stop = int(self.state.data.ptr) + STATE.dtype.fields["status"][1]  # the launches skip once it is set
+        self.program = DeviceProgram(self.r, self.vectors["z"], self.M.storage_dtype, stop)
+        self.M.device_apply(self.program)
+        self.program.close()
+        cupy.cuda.Device().synchronize()
 
     def _pack_args(self):
         """The kernels' argument structs (fixed addresses, so graphs capture them once)."""
@@ -262,6 +326,10 @@ class GPUPCG:
         self._run_args = self._run_struct.pack(A=self._matrix_args, dinv=self.dinv, st=self.state, slots=self.slots,
                                                epoch=self.epoch, history=self.history,
                                                progress=self.progress.device_ptr, **self.vectors)
+        if self.split:
+            self._split_args = self._split_struct.pack(
+                A=self._matrix_args, st=self.state, partials=self.partials, history=self.history,
+                progress=self.progress.device_ptr, **{v: self.vectors[v] for v in Classic.vectors})
 
     @staticmethod
     def _check_values(val):
@@ -299,6 +367,10 @@ class GPUPCG:
             self._check_values(data)
             self.format.values(data, out=self.val)
             self._set_diagonal(M)
+            if self.split:  # new values of the preconditioner's own arrays: its launches are laid out again
+                self.M.update_values(M)
+                self._lay_out_preconditioner()
+                self.engine.invalidate()
             return
         self._setup(M)
         self.engine.invalidate()
@@ -340,6 +412,15 @@ class GPUPCG:
                                      dtype=np.uint8))  # iteration -1: the set-up pass
         self.progress.host[...] = 0
 
+    def launch_split(self, handle, stream=None):
+        """Enqueue one iteration of the split body (``handle``: the WHILE node's, or 0)."""
+        direction, update, decide = self._split_kernels
+        grid, args, handle = (self.grid_spmv,), (self._split_args,), np.uint64(handle)
+        direction(grid, (BLOCK,), args + (handle,), stream=stream)
+        update(grid, (BLOCK,), args, stream=stream)
+        self.program.launch(stream)
+        decide(grid, (BLOCK,), args + (handle,), stream=stream)
+
     def launch_run(self, count, handle, stream=None):
         """Enqueue one launch of the persistent kernel: up to ``count`` iterations (or the set-up pass)."""
         self._run(self.grid, (self._run_args, np.uint64(handle), np.int32(count)), stream=stream)
@@ -349,7 +430,11 @@ class GPUPCG:
         for name in self._variant.zeroed_at_start:
             self.vectors[name].fill(0)
         self._reset_state(tol, maxiter)
-        self.launch_run(1, np.uint64(0))
+        if self.split:  # z = M^-1 r and the first decision
+            self.program.launch()
+            self._split_kernels[2]((self.grid_spmv,), (BLOCK,), (self._split_args, np.uint64(0)))
+        else:
+            self.launch_run(1, np.uint64(0))
 
     def _residual(self, x, out):
         self.k_residual((self.grid_spmv,), (BLOCK,), (self._matrix_args, x, self.b, out))
@@ -424,9 +509,11 @@ class GPUPCG:
 
         # A callback must see every iteration: one iteration a launch, plain launches, a host check each.
         self.iterations_per_launch = 1 if callback is not None else self.unroll
+        # eager split bodies: one iteration a launch, the host checks once per `unroll` of them
+        check_every = self.unroll if self.split and callback is None else 1
         t0 = time.perf_counter()
         try:
-            self.engine.run(done, max(maxiter, 1), eager=callback is not None,
+            self.engine.run(done, max(maxiter, 1), eager=callback is not None, check_every=check_every,
                             on_wait=on_wait if on_progress is not None else None)
         finally:
             self.iterations_per_launch = self.unroll

@@ -140,9 +140,9 @@ class PCG:
         A built-in preconditioner by name (default options), or an object with
         its options (:class:`~solvers.pcg.Chebyshev`, :class:`~solvers.pcg.AMG`,
         ...), set up here on the matrix; ignored when ``M`` is given.
-        ``chebyshev`` and ``amg`` run on the CPU only so far: ``device="auto"``
-        then takes the CPU (the ``device_note`` says why) and ``device="gpu"``
-        is refused.
+        On the GPU, ``chebyshev`` and ``amg`` run under classic PCG (``variant``
+        ``auto`` takes it for them); a plug-in without a GPU apply makes
+        ``device="auto"`` take the CPU (the ``device_note`` says why).
     M : LinearOperator or matrix, optional
         User preconditioner (action of ``M^{-1}``), CPU only.
     rtol, atol : float
@@ -201,6 +201,9 @@ class PCG:
             refuse_complex(M, "M")
         self.record_history = record_history
         spec = None if M is not None else as_preconditioner(preconditioner)
+        wants_gpu = device == "gpu" or (device == "auto" and mode not in ("auto", "eager"))
+        if spec is not None and wants_gpu:  # the reason, before looking for a GPU
+            refuse_unsupported(spec, "gpu", variant, self.dtype)
         self.device, self.device_note = self._choose_device(A, M, spec, device, mode)
         self._order, self.reordering = self._choose_reordering(A, reorder)
         if self._order is not None:
@@ -238,7 +241,11 @@ class PCG:
             impl = OnChipPCG if self.path == "on-chip" else GPUPCG
             if unroll is None:
                 unroll = impl.default_unroll
-            self._impl = impl(A, spec.name, self.dtype, mode, unroll, record_history, variant, matrix_format)
+            if impl is GPUPCG:  # any preconditioner that runs on the GPU
+                self._impl = GPUPCG(A, spec, self.dtype, mode, unroll, record_history, variant, matrix_format,
+                                    reordering=self._order)
+            else:  # the pointwise ones only (choose_path refuses the others there)
+                self._impl = OnChipPCG(A, spec.name, self.dtype, mode, unroll, record_history, variant, matrix_format)
             self.shape = self._impl.shape
             variant = self._impl.variant
         if self.shape[0] != self.shape[1]:
@@ -267,19 +274,30 @@ class PCG:
         return 0 if largest is None else scaling.shift_for(largest, self.dtype)
 
     @property
+    def _set_up_preconditioner(self):
+        """The set-up preconditioner object: the CPU's, or the GPU's when it is not pointwise; else None."""
+        return getattr(self._impl, "M", None)  # the fused kernels apply none and Jacobi themselves
+
+    @property
     def preconditioner_details(self):
-        """What the preconditioner's set-up chose and found (levels, bounds, ...), for reports; {} on the GPU."""
-        return self._impl.M.details() if self.device == "cpu" else {}
+        """What the preconditioner's set-up chose and found (levels, bounds, ...), for reports.
+
+        {} for the pointwise ones on the GPU, which the fused kernels apply.
+        """
+        M = self._set_up_preconditioner
+        return M.details() if M is not None else {}
 
     @property
     def preconditioner_lines(self):
         """``(label, text)`` lines describing the preconditioner for the human-readable report."""
-        return self._impl.M.describe() if self.device == "cpu" else []
+        M = self._set_up_preconditioner
+        return M.describe() if M is not None else []
 
     @property
     def preconditioner_setup_time(self):
-        """Seconds the preconditioner's last set-up took on the CPU (part of ``setup_time``); None on the GPU."""
-        return self._impl.M.setup_time if self.device == "cpu" else None
+        """Seconds the preconditioner's last set-up took (part of ``setup_time``); None when it has none."""
+        M = self._set_up_preconditioner
+        return M.setup_time if M is not None else None
 
     @staticmethod
     def _choose_device(A, M, spec, device, mode):

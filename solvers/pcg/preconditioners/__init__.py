@@ -1,9 +1,11 @@
 """Preconditioners for PCG, by name or as objects.
 
 ``none`` and ``jacobi`` run everywhere (CPU, GPU, distributed); ``chebyshev`` and
-``amg`` run on one CPU process. A new kind subclasses :class:`Preconditioner`
-(see :mod:`.base`) and declares where it runs; :func:`refuse_unsupported` turns
-that declaration into a one-line refusal.
+``amg`` run in one process, on the CPU or on the GPU (classic PCG there). A new
+kind subclasses :class:`Preconditioner` (see :mod:`.base`), declares where it
+runs and, to run on the GPU, gives its apply as kernel launches
+(:meth:`Preconditioner.device_apply`, :mod:`.device`); :func:`refuse_unsupported`
+turns the declaration into a one-line refusal.
 """
 import scipy.sparse as sp
 import numpy as np
@@ -65,12 +67,13 @@ def refuse_unsupported(precond, device="cpu", variant="auto", dtype="float64", d
 
 
 def make_preconditioner(spec, A, reordering=None):
-    """The preconditioner ``spec`` (name or object) set up on ``A`` for a CPU solve.
+    """The preconditioner ``spec`` (name or object) set up on ``A`` (host, or cupyx for a GPU solve).
 
     ``reordering`` is the permutation the solver applied to ``A`` (see
     :meth:`Preconditioner.setup`).
     """
     precond = as_preconditioner(spec)
-    if precond.needs_matrix and not (sp.issparse(A) or isinstance(A, np.ndarray)):
+    on_device = type(A).__module__.startswith("cupyx.scipy.sparse")
+    if precond.needs_matrix and not (sp.issparse(A) or isinstance(A, np.ndarray) or on_device):
         raise InputError(f"preconditioner {precond.name!r} needs an explicit matrix, not an operator")
     return precond.setup(A, reordering)

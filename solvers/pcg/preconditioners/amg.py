@@ -8,12 +8,16 @@ with a parallel aggregation). The cycle is this module's own, the one the GPU is
 run: Jacobi or Chebyshev smoothing in ``D^{-1} A`` (:mod:`.smoothers`) on every
 level, the same before and after the coarse correction (a symmetric
 preconditioner), and a dense inverse of the coarsest operator (one product).
+On the GPU the same cycle is a fixed sequence of kernel launches
+(:meth:`AMG.device_apply`) over the levels, uploaded once where they are on the
+host and used where they are when the set-up left them on the device.
 """
 import numpy as np
 import scipy.linalg
 import scipy.sparse as sp
 
 from ...errors import InputError
+from ..cpu import VARIANTS
 from .base import Preconditioner
 from .chebyshev import check_degree
 from .smoothers import JACOBI_OMEGA, ChebyshevSmoother, JacobiSmoother
@@ -90,8 +94,15 @@ def _dense_inverse(A):
     return inverse
 
 
+HIERARCHY_DTYPES = ("float64", "float32")
+
+
 class _Level:
-    """One level of the cycle: its operator, smoother and the transfers to the next level."""
+    """One level of the cycle: its operator, smoother and the transfers to the next level.
+
+    ``A``, ``P`` and ``R`` are SciPy or cupyx CSR matrices; the smoother
+    (:mod:`.smoothers`) holds its own scalars and vectors, NumPy or CuPy.
+    """
 
     def __init__(self, A, P, R, smoother):
         self.A, self.P, self.R, self.smoother = A, P, R, smoother
@@ -127,12 +138,18 @@ class AMG(Preconditioner):
         cycle), ``auto`` on the device when the matrix is there.
     theta : float
         Strength-of-connection threshold of PyAMG's ``symmetric`` measure (0.0, PyAMG's).
+    hierarchy_dtype : {None, "float64", "float32"}
+        Precision the levels are stored and cycled in; None: the solver's. float32
+        inside float64 CG halves the cycle's memory traffic; the outer iteration and
+        its stopping test stay in float64.
     """
 
     name = "amg"
+    variants = {"cpu": VARIANTS, "gpu": ("classic",)}
 
     def __init__(self, *, smoother="chebyshev", degree=3, sweeps=1, omega=JACOBI_OMEGA, coarse_size=COARSE_SIZE,
-                 max_levels=10, near_nullspace=None, lanczos_steps=LANCZOS_STEPS, setup="auto", theta=0.0):
+                 max_levels=10, near_nullspace=None, lanczos_steps=LANCZOS_STEPS, setup="auto", theta=0.0,
+                 hierarchy_dtype=None):
         if smoother not in SMOOTHERS:
             raise InputError(f"AMG smoother must be one of {', '.join(SMOOTHERS)}, not {smoother!r}")
         self.smoother = smoother
@@ -151,6 +168,10 @@ class AMG(Preconditioner):
         if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not 0 <= theta < 1:
             raise InputError(f"AMG strength threshold theta must lie in [0, 1), got {theta!r}")
         self.theta = float(theta)
+        if hierarchy_dtype is not None and str(hierarchy_dtype) not in HIERARCHY_DTYPES:
+            raise InputError(f"AMG hierarchy_dtype must be None or one of {', '.join(HIERARCHY_DTYPES)}, "
+                             f"not {hierarchy_dtype!r}")
+        self.hierarchy_dtype = None if hierarchy_dtype is None else np.dtype(str(hierarchy_dtype))
         self.aggregation_reused = False
 
     # -- set-up ---------------------------------------------------------------
@@ -166,6 +187,19 @@ class AMG(Preconditioner):
     def _setup(self, A):
         self._hierarchy(A, reuse=None)
 
+    @staticmethod
+    def _on_host(A):
+        """PyAMG sets up on the host: a cupyx matrix is copied there."""
+        return A.get() if type(A).__module__.startswith("cupyx") else A
+
+    def _level_dtype(self, A):
+        """The precision of the levels for a solver matrix ``A``: ``hierarchy_dtype``, else ``A``'s."""
+        dtype = self.hierarchy_dtype or A.dtype
+        if dtype.itemsize > A.dtype.itemsize:
+            raise InputError(f"AMG hierarchy_dtype {dtype} is more precise than the solver's {A.dtype}; "
+                             f"take {A.dtype} or leave it unset")
+        return dtype
+
     def update_values(self, A):
         """New values: with the same sparsity pattern the aggregation is kept and the rest recomputed.
 
@@ -174,6 +208,8 @@ class AMG(Preconditioner):
         graph they came from) are kept. A new pattern sets everything up again.
         """
         fine = self.levels[0].A if self.levels else self._coarse_matrix
+        if not type(fine).__module__.startswith("cupyx"):  # compared where the levels are
+            A = self._on_host(A)
         same = (bool(self.levels) and A.shape == fine.shape and A.nnz == fine.nnz
                 and np.array_equal(A.indptr, fine.indptr) and np.array_equal(A.indices, fine.indices))
         self._timed(lambda M: self._hierarchy(M, reuse=self._reusable if same else None), A)
@@ -182,6 +218,8 @@ class AMG(Preconditioner):
         if self.setup_device == "gpu" or (self.setup_device == "auto" and type(A).__module__.startswith("cupyx")):
             return self._device_hierarchy(A, reuse)
         pyamg = require_pyamg()
+        A = self._on_host(A)
+        dtype = self._level_dtype(A)
         options = dict(B=self._candidates(A), max_coarse=self.coarse_size, max_levels=self.max_levels,
                        strength=("symmetric", {"theta": self.theta}), presmoother=None, postsmoother=None, keep=True)
         if reuse is not None:  # PyAMG's predefined strength and aggregates, level by level
@@ -189,10 +227,17 @@ class AMG(Preconditioner):
             options.update(strength=[("predefined", {"C": lvl.C}) for lvl in kept],
                            aggregate=[("predefined", {"AggOp": lvl.AggOp}) for lvl in kept],
                            max_levels=len(reuse.levels))
+        # PyAMG estimates spectral radii (the prolongator smoother's weight) from np.random start
+        # vectors: a fixed seed gives the same hierarchy for the same matrix, hence the same bits
+        # run after run and on either device; the caller's random state is left as it was.
+        saved = np.random.get_state()
+        np.random.seed(0)
         try:
             ml = pyamg.smoothed_aggregation_solver(A, **options)
         except (ValueError, np.linalg.LinAlgError) as exc:
             raise InputError(f"AMG set-up failed: {exc}") from None
+        finally:
+            np.random.set_state(saved)
         coarsest = ml.levels[-1].A
         if coarsest.shape[0] > MAX_COARSE_ROWS:
             raise InputError(f"AMG coarsening stopped at {coarsest.shape[0]:,} rows after {len(ml.levels)} levels "
@@ -202,19 +247,22 @@ class AMG(Preconditioner):
         self.aggregation_reused = reuse is not None
         self.built_by = f"PyAMG {pyamg.__version__}"
         self.hierarchy_method = f"{self.built_by} smoothed_aggregation_solver"
+        self.storage_dtype = dtype
         self.levels = []
         for lvl in ml.levels[:-1]:
-            level_A = sp.csr_matrix(lvl.A, dtype=A.dtype)
-            P = sp.csr_matrix(lvl.P, dtype=A.dtype)
+            level_A = sp.csr_matrix(lvl.A, dtype=dtype)
+            P = sp.csr_matrix(lvl.P, dtype=dtype)
             self.levels.append(_Level(level_A, P, sp.csr_matrix(P.T), self._smoother(level_A)))
         self._coarse_matrix = sp.csr_matrix(coarsest, dtype=A.dtype)
-        self.coarse_inverse = _dense_inverse(self._coarse_matrix).astype(A.dtype)
+        self.coarse_inverse = _dense_inverse(self._coarse_matrix).astype(dtype)
 
     def _device_hierarchy(self, A, reuse):
         from .amg_gpu_setup import build_on_device
-        built = build_on_device(A, self._candidates(A), theta=self.theta, coarse_size=self.coarse_size,
+        dtype = self._level_dtype(A)
+        built = build_on_device(A, self._candidates(A), dtype=dtype, theta=self.theta, coarse_size=self.coarse_size,
                                 max_levels=self.max_levels, lanczos_steps=self.lanczos_steps, reuse=reuse,
                                 max_coarse_rows=MAX_COARSE_ROWS)
+        self.storage_dtype = dtype
         self._reusable, self.aggregation_reused = built.structure, reuse is not None
         self.built_by = "GPU set-up"
         self.hierarchy_method = "set up on the GPU: MIS(2) aggregation, cuSPARSE Galerkin products"
@@ -229,7 +277,7 @@ class AMG(Preconditioner):
 
     # -- the cycle ------------------------------------------------------------
     def apply(self, r):
-        return self._cycle(0, r)
+        return self._cycle(0, r.astype(self.storage_dtype, copy=False)).astype(r.dtype, copy=False)
 
     def _cycle(self, k, b):
         """``x ~ A_k^{-1} b`` by one V-cycle from level ``k`` down."""
@@ -240,6 +288,25 @@ class AMG(Preconditioner):
         x += level.P @ self._cycle(k + 1, level.R @ (b - level.A @ x))
         level.smoother.improve(x, b)
         return x
+
+    def device_apply(self, program):
+        self._device_cycle(program, 0, program.input, program.output)
+
+    def _device_cycle(self, program, k, b, x):
+        """Append :meth:`_cycle` from level ``k`` (device vectors ``b`` in, ``x`` out) to ``program``."""
+        if k == len(self.levels):
+            program.axpby(program.matrix(self.coarse_inverse), b, None, x, 1.0, 0.0)
+            return
+        level = self.levels[k]
+        rows = level.P.shape[1]
+        residual = program.scratch(level, "residual", x.size)
+        coarse_b, coarse_x = program.scratch(level, "coarse b", rows), program.scratch(level, "coarse x", rows)
+        level.smoother.device_from_zero(program, b, x)
+        program.axpby(program.matrix(level.A), x, b, residual, -1.0, 1.0)
+        program.axpby(program.matrix(level.R), residual, None, coarse_b, 1.0, 0.0)
+        self._device_cycle(program, k + 1, coarse_b, coarse_x)
+        program.axpby(program.matrix(level.P), coarse_x, x, x, 1.0, 1.0)
+        level.smoother.device_improve(program, b, x)
 
     # -- reports --------------------------------------------------------------
     def level_sizes(self):
@@ -274,6 +341,7 @@ class AMG(Preconditioner):
             "near_nullspace": "constant" if self.near_nullspace is None else (
                 f"{self.near_nullspace.shape[1]} given vectors"),
             "aggregation": "reused (values updated)" if self.aggregation_reused else "new",
+            "hierarchy_dtype": str(self.storage_dtype),
             "setup_time_s": self.setup_time,
         }
 

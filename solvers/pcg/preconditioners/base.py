@@ -6,6 +6,11 @@ scaling); that copy gives the CPU action ``apply(r) = M^{-1} r``, takes new valu
 through :meth:`~Preconditioner.update_values`, and describes itself for reports.
 The class attributes declare where it runs, so that a solver refuses an
 unsupported combination with the reason instead of running something else.
+
+On the GPU, the pointwise ones (none, Jacobi) are compiled into the fused PCG
+kernels; any other gives its GPU apply in :meth:`Preconditioner.device_apply`,
+a fixed sequence of kernel launches (:mod:`.device`) that the solver runs
+inside its iteration body.
 """
 import copy
 import time
@@ -52,6 +57,12 @@ class Preconditioner:
         the ranks' rows.
     needs_matrix : bool
         Whether it is built from the matrix entries (a LinearOperator ``A`` is refused).
+    pointwise : bool
+        Whether the GPU PCG kernels apply it row by row themselves (none, Jacobi); if
+        not, and it runs on the GPU, it implements :meth:`device_apply`.
+    storage_dtype : numpy dtype or None
+        Precision of what the set-up computed (the solver's unless the plug-in stores
+        less); None before set-up.
     setup_time : float or None
         Seconds the last set-up (or :meth:`update_values`) took; None before set-up.
     """
@@ -61,6 +72,8 @@ class Preconditioner:
     dtypes = ("float64", "float32")
     distributed = False
     needs_matrix = True
+    pointwise = False
+    storage_dtype = None
     setup_time = None
     reordering = None
 
@@ -69,14 +82,16 @@ class Preconditioner:
 
         Parameters
         ----------
-        A : scipy.sparse.csr_matrix
-            The matrix the solver iterates with, in its working precision.
+        A : scipy.sparse.csr_matrix or cupyx.scipy.sparse.csr_matrix
+            The matrix the solver iterates with, in its working precision (on the
+            device for a GPU solve; a plug-in that sets up on the host copies it there).
         reordering : solvers.reorder.Reordering, optional
             The symmetric permutation the solver applied to the caller's matrix;
             data given in the caller's numbering (a near-nullspace) is permuted with it.
         """
         bound = copy.copy(self)
         bound.reordering = reordering
+        bound.storage_dtype = A.dtype
         bound._timed(bound._setup, A)
         return bound
 
@@ -96,6 +111,15 @@ class Preconditioner:
         """``M^{-1} r`` as a new array."""
         raise NotImplementedError
 
+    def device_apply(self, program):
+        """Append the launches computing ``program.output = M^{-1} program.input`` to ``program``.
+
+        ``program`` is a :class:`~.device.DeviceProgram` in :attr:`storage_dtype`;
+        the launches run on the GPU, in the order appended, inside the solver's
+        iteration body, so they do the same operations as :meth:`apply`.
+        """
+        raise NotImplementedError
+
     def details(self):
         """What the set-up chose and found, as JSON-ready values (for the JSON report)."""
         return {}
@@ -112,6 +136,7 @@ class Identity(Preconditioner):
     variants = {"cpu": VARIANTS, "gpu": VARIANTS}
     distributed = True
     needs_matrix = False
+    pointwise = True
     inverse_diagonal = None
 
     def _setup(self, A):
@@ -132,6 +157,7 @@ class Jacobi(Preconditioner):
     name = "jacobi"
     variants = {"cpu": VARIANTS, "gpu": VARIANTS}
     distributed = True
+    pointwise = True
 
     def _setup(self, A):
         d = np.asarray(A.diagonal())

@@ -1,5 +1,6 @@
 """Chebyshev polynomial preconditioning: ``M^{-1} = p(D^{-1} A) D^{-1}``."""
 from ...errors import InputError
+from ..cpu import VARIANTS
 from .base import Preconditioner
 from .smoothers import LOWER_FRACTION, SAFETY, ChebyshevSmoother
 from .spectrum import LANCZOS_STEPS
@@ -19,7 +20,8 @@ class Chebyshev(Preconditioner):
     makes of ``A z = r`` from ``z = 0``: ``degree - 1`` products with ``A`` an
     application, fixed coefficients, so ``M`` is the same symmetric positive
     definite operator at every iteration (CG needs that). The interval comes from
-    a Lanczos estimate of the largest eigenvalue of ``D^{-1} A`` at set-up.
+    a Lanczos estimate of the largest eigenvalue of ``D^{-1} A`` at set-up, on the
+    device for a GPU solve. On the GPU it runs under classic PCG, one kernel a step.
 
     Parameters
     ----------
@@ -32,6 +34,7 @@ class Chebyshev(Preconditioner):
     """
 
     name = "chebyshev"
+    variants = {"cpu": VARIANTS, "gpu": ("classic",)}
 
     def __init__(self, degree=3, *, lower_fraction=LOWER_FRACTION, safety=SAFETY, lanczos_steps=LANCZOS_STEPS):
         self.degree = check_degree(degree)
@@ -48,6 +51,9 @@ class Chebyshev(Preconditioner):
 
     def apply(self, r):
         return self.smoother.from_zero(r)
+
+    def device_apply(self, program):
+        self.smoother.device_from_zero(program, program.input, program.output)
 
     def details(self):
         s = self.smoother

@@ -10,6 +10,9 @@ Each smoother has two entry points, the two shapes a V-cycle uses: :meth:`from_z
 (pre-smoothing from ``x = 0``: the first product ``A x`` is skipped) and
 :meth:`improve` (post-smoothing of a given ``x``, in place). The Chebyshev
 preconditioner is :meth:`ChebyshevSmoother.from_zero` on the finest matrix.
+``device_from_zero`` and ``device_improve`` append the same operations, in the
+same order, to a :class:`~.device.DeviceProgram` (the GPU apply). A smoother's
+matrix and vectors may be SciPy/NumPy or cupyx/CuPy ones.
 """
 import numpy as np
 
@@ -63,6 +66,22 @@ class JacobiSmoother:
         """Smooth ``x`` in place."""
         for _ in range(self.sweeps):
             x += self._scaled * (b - self.A @ x)
+
+    def device_from_zero(self, program, b, x):
+        """Append :meth:`from_zero` of the device vector ``b`` into ``x`` to ``program``."""
+        program.scaled_add(program.vector(self._scaled), b, x, accumulate=False)
+        for _ in range(self.sweeps - 1):
+            self._device_sweep(program, b, x)
+
+    def device_improve(self, program, b, x):
+        """Append :meth:`improve` of the device vector ``x`` to ``program``."""
+        for _ in range(self.sweeps):
+            self._device_sweep(program, b, x)
+
+    def _device_sweep(self, program, b, x):
+        residual = program.scratch(self, "residual", x.size)
+        program.axpby(program.matrix(self.A), x, b, residual, -1.0, 1.0)
+        program.scaled_add(program.vector(self._scaled), residual, x, accumulate=True)
 
     def details(self):
         return {"smoother": self.name, "sweeps": self.sweeps, "weight": self.weight, "lambda_max": self.lambda_max}
@@ -131,6 +150,25 @@ class ChebyshevSmoother:
     def improve(self, x, b):
         """Smooth ``x`` in place."""
         self._iterate(x, self.inverse_diagonal * (b - self.A @ x))
+
+    def device_from_zero(self, program, b, x):
+        """Append :meth:`from_zero` of the device vector ``b`` into ``x`` to ``program``."""
+        self._device_iterate(program, b, x, accumulate=False)
+
+    def device_improve(self, program, b, x):
+        """Append :meth:`improve` of the device vector ``x`` to ``program``."""
+        residual = program.scratch(self, "residual", x.size)
+        program.axpby(program.matrix(self.A), x, b, residual, -1.0, 1.0)
+        self._device_iterate(program, residual, x, accumulate=True)
+
+    def _device_iterate(self, program, b, x, accumulate):
+        """The recurrence (:meth:`_iterate`) on ``x`` from the residual ``b`` of ``x``."""
+        A, dinv = program.matrix(self.A), program.vector(self.inverse_diagonal)
+        d = [program.scratch(self, "d0", x.size), program.scratch(self, "d1", x.size)]
+        rs = program.scratch(self, "scaled residual", x.size)
+        program.chebyshev_begin(b, dinv, self.first, x, d[0], rs, accumulate)
+        for k, (c1, c2) in enumerate(self.coefficients):
+            program.chebyshev_step(A, dinv, d[k % 2], d[(k + 1) % 2], rs, x, c1, c2)
 
     def details(self):
         return {"smoother": self.name, "degree": self.degree, "interval": [self.lower, self.upper],

@@ -1,0 +1,203 @@
+"""Time to solution with each preconditioner: Jacobi, Chebyshev and AMG on the GPU, PyAMG on the CPU, cupyx cg.
+
+Run on a GPU machine: ``python scripts/bench_precond.py [--diffusion N] [--elasticity N]``.
+Problems (``solvers.gallery``): rotated anisotropic diffusion (PyAMG's
+``diffusion_stencil_2d(epsilon=1e-3, theta=pi/6)``) on an N x N grid (2048) and 2-D
+linear elasticity on N x N (1024) with its rigid body modes as AMG's near-nullspace.
+float64, rtol 1e-8, a random right-hand side. Prints a markdown table, one row a
+method, and saves it under ``scripts/results/`` with the date, the GPU and the commit.
+
+Columns: ``setup s`` is the solver's whole set-up (upload, matrix format, the
+preconditioner's set-up, kernel compilation on first use), ``precond setup s`` the
+preconditioner's own share of it (for AMG, PyAMG's hierarchy on the CPU plus each
+level's eigenvalue estimate); ``solve s`` the median of ``--reps`` solves after a
+first one that also captures the graph; ``us/it`` the device loop's time over the
+iterations. PyAMG runs its default smoothed aggregation (symmetric Gauss-Seidel)
+with ``accel="cg"`` on one CPU core; cupyx runs its ``cg`` with a Jacobi ``M``.
+"""
+import argparse
+import datetime
+import pathlib
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
+import provenance  # noqa: E402
+import solvers  # noqa: E402
+from solvers.gallery import linear_elasticity_2d, rotated_anisotropic_diffusion  # noqa: E402
+from solvers.pcg import AMG, Chebyshev  # noqa: E402
+
+RTOL = 1e-8
+MAXITER = 200_000
+
+
+def problems(diffusion, elasticity):
+    """``(name, A, near-nullspace or None)``."""
+    if diffusion:
+        yield f"rotated anisotropic diffusion {diffusion}^2", rotated_anisotropic_diffusion((diffusion, diffusion)), None
+    if elasticity:
+        A, B = linear_elasticity_2d((elasticity, elasticity))
+        yield f"linear elasticity {elasticity}^2", A, B
+
+
+class Row(dict):
+    """One method's figures (missing ones print as '-')."""
+
+    COLUMNS = ("method", "setup s", "precond setup s", "solve s", "total s", "iterations", "us/it", "rel. residual")
+
+    def line(self, problem, n):
+        cells = [problem, f"{n:,}"]
+        for key in self.COLUMNS:
+            value = self.get(key)
+            if value is None:
+                cells.append("-")
+            elif isinstance(value, float):
+                cells.append(f"{value:.3g}" if key != "rel. residual" else f"{value:.1e}")
+            else:
+                cells.append(str(value))
+        return "| " + " | ".join(cells) + " |"
+
+
+def ours(A, b, preconditioner, reps, **options):
+    """Set up and solve on the GPU; the solve column is the median after a first (capturing) solve."""
+    t0 = time.perf_counter()
+    solver = solvers.PCG(A, preconditioner=preconditioner, rtol=RTOL, device="gpu", maxiter=MAXITER, **options)
+    setup = time.perf_counter() - t0
+    first = solver.solve(b)
+    results = [solver.solve(b) for _ in range(reps)] or [first]
+    solve = float(np.median([r.solve_time for r in results]))
+    loop = float(np.median([r.loop_time for r in results]))
+    res = results[-1]
+    if not res.converged:
+        print(f"  not converged: {res.reason.label}", file=sys.stderr)
+    return solver, Row({"setup s": setup, "precond setup s": solver.preconditioner_setup_time, "solve s": solve,
+                        "total s": setup + solve, "iterations": res.iterations,
+                        "us/it": loop / max(res.iterations, 1) * 1e6, "rel. residual": res.relative_residual})
+
+
+def pyamg_cpu(A, B, b):
+    import pyamg
+
+    t0 = time.perf_counter()
+    ml = pyamg.smoothed_aggregation_solver(A, B=B)
+    setup = time.perf_counter() - t0
+    residuals = []
+    t0 = time.perf_counter()
+    x = ml.solve(b, tol=RTOL, accel="cg", maxiter=2000, residuals=residuals)
+    solve = time.perf_counter() - t0
+    its = len(residuals) - 1
+    return Row({"setup s": setup, "solve s": solve, "total s": setup + solve, "iterations": its,
+                "us/it": solve / max(its, 1) * 1e6,
+                "rel. residual": float(np.linalg.norm(b - A @ x) / np.linalg.norm(b))})
+
+
+def cupyx_cg(A, b):
+    import cupy
+    import cupyx.scipy.sparse as csp
+    import cupyx.scipy.sparse.linalg as cla
+
+    t0 = time.perf_counter()
+    Ad, bd = csp.csr_matrix(A), cupy.asarray(b)
+    M = csp.diags(1.0 / Ad.diagonal())
+    cupy.cuda.Device().synchronize()
+    setup = time.perf_counter() - t0
+    count = [0]
+
+    def run():
+        count[0] = 0
+        x, _ = cla.cg(Ad, bd, rtol=RTOL, maxiter=MAXITER, M=M, callback=lambda _: count.__setitem__(0, count[0] + 1))
+        cupy.cuda.Device().synchronize()
+        return x
+
+    t0 = time.perf_counter()
+    x = run()
+    solve = time.perf_counter() - t0
+    rel = float(cupy.linalg.norm(bd - Ad @ x) / cupy.linalg.norm(bd))
+    return Row({"setup s": setup, "solve s": solve, "total s": setup + solve, "iterations": count[0],
+                "us/it": solve / max(count[0], 1) * 1e6, "rel. residual": rel})
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--diffusion", type=int, default=2048, metavar="N", help="diffusion grid side (0: skip)")
+    ap.add_argument("--elasticity", type=int, default=1024, metavar="N", help="elasticity grid side (0: skip)")
+    ap.add_argument("--reps", type=int, default=3, help="solves measured after the first")
+    ap.add_argument("--pyamg-max-rows", type=int, default=600_000,
+                    help="run PyAMG on the CPU only up to this many rows (it takes minutes above)")
+    ap.add_argument("--no-cupyx", action="store_true", help="leave out cupyx cg")
+    ap.add_argument("--out", default=str(pathlib.Path(__file__).resolve().parent / "results"))
+    args = ap.parse_args(argv)
+    import cupy
+
+    gpu = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["name"].decode()
+    header = "| problem | n | " + " | ".join(Row.COLUMNS) + " |"
+    rows, notes = [header, "|" + "---|" * (len(Row.COLUMNS) + 2)], []
+    for name, A, B in problems(args.diffusion, args.elasticity):
+        n = A.shape[0]
+        b = np.random.default_rng(0).random(n)
+        print(f"{name}: n={n:,} nnz={A.nnz:,}", file=sys.stderr, flush=True)
+        found = {}
+        methods = [("GPU Jacobi-PCG", "jacobi", {}), ("GPU Chebyshev(3)-PCG", Chebyshev(3), {}),
+                   ("GPU AMG-PCG", AMG(near_nullspace=B), {}),
+                   ("GPU AMG-PCG, float32 hierarchy", AMG(near_nullspace=B, hierarchy_dtype="float32"), {})]
+        for label, preconditioner, options in methods:
+            reps = args.reps if label.startswith("GPU AMG") else max(1, args.reps // 3)
+            solver, row = ours(A, b, preconditioner, reps, **options)
+            row["method"] = f"{label} ({solver.variant}, {solver.mode})"
+            found[label] = row
+            rows.append(row.line(name, n))
+            print(rows[-1], flush=True)
+            if label == "GPU AMG-PCG":
+                details = solver.preconditioner_details
+                notes.append(f"{name}: AMG {len(details['levels'])} levels, operator complexity "
+                             f"{details['operator_complexity']:.3f}, {details['cycle']}, "
+                             f"{solver._impl.program.launches} launches a V-cycle")
+            del solver
+            cupy.get_default_memory_pool().free_all_blocks()
+        if n <= args.pyamg_max_rows:
+            row = pyamg_cpu(A, B, b)
+            row["method"] = "PyAMG CPU (default SA, accel cg)"
+            found["pyamg"] = row
+        else:
+            row = Row(method=f"PyAMG CPU: not run (n > --pyamg-max-rows {args.pyamg_max_rows:,})")
+        rows.append(row.line(name, n))
+        print(rows[-1], flush=True)
+        if not args.no_cupyx:
+            row = cupyx_cg(A, b)
+            row["method"] = "cupyx cg, Jacobi M"
+            rows.append(row.line(name, n))
+            print(rows[-1], flush=True)
+            cupy.get_default_memory_pool().free_all_blocks()
+        jacobi, amg = found["GPU Jacobi-PCG"], found["GPU AMG-PCG"]
+        line = (f"{name}: AMG-PCG solve {jacobi['solve s'] / amg['solve s']:.1f}x faster than Jacobi-PCG "
+                f"(target >= 20x); one AMG-PCG iteration = {amg['us/it'] / jacobi['us/it']:.1f}x one Jacobi-PCG "
+                f"iteration (target <= 10x); set-up included {jacobi['total s'] / amg['total s']:.1f}x (target >= 3x)")
+        if "pyamg" in found:
+            line += f"; vs PyAMG CPU set-up + solve {found['pyamg']['total s'] / amg['total s']:.1f}x (target >= 20x)"
+        notes.append(line)
+        print(line, flush=True)
+        path = save(rows, notes, args.out, gpu)  # after every problem: a cut run keeps its rows
+    print(pathlib.Path(path).read_text())
+    print(f"saved {path}", file=sys.stderr)
+    return 0
+
+
+def save(rows, notes, folder, gpu):
+    """Write the table and notes so far under ``folder``; return the file's path."""
+    commit = provenance.commit()
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
+    text = (f"# Preconditioner benchmark, {stamp}, {gpu}, commit {commit}\n\n"
+            f"float64, rtol {RTOL:g}, random right-hand side; set-up and solve measured separately "
+            "(see scripts/bench_precond.py for what each column holds). AMG's hierarchy is set up by PyAMG "
+            "on the CPU and uploaded once.\n\n" + "\n".join(rows) + "\n\n" + "\n".join(f"- {n}" for n in notes) + "\n")
+    out = pathlib.Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"precond_{stamp}_{gpu.replace(' ', '_')}_{commit}.md"
+    path.write_text(text)
+    return path
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,298 @@
+"""The GPU apply of Chebyshev and AMG: the launch sequence, its kernels, and AMG-PCG on the GPU.
+
+The first tests need no GPU: they replay the sequence of launches a preconditioner
+lays out (``device_apply``) with the kernels' NumPy meaning (``kernels/precond_ref.py``)
+and compare it with the CPU apply, so the cycle's structure is checked everywhere.
+The GPU tests compare the kernels with their reference, the GPU solves with the
+CPU ones and with PyAMG, and the three drivers with each other, on the problems of
+``test_preconditioners.py`` (rtol 1e-8).
+"""
+import pathlib
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from solvers.gallery import linear_elasticity_2d, rotated_anisotropic_diffusion
+from solvers.kernels import precond_ref
+from solvers.pcg import AMG, PCG, Chebyshev
+
+pyamg = pytest.importorskip("pyamg")
+
+RTOL = 1e-8
+EXAMPLE = str(pathlib.Path(__file__).resolve().parent.parent / "examples" / "data" / "lap2D_5pt_n100.mtx")
+
+
+@pytest.fixture(scope="module")
+def problems():
+    """``name -> (A, near-nullspace or None, b)``."""
+    A_el, B_el = linear_elasticity_2d((64, 64))
+    cases = {"diffusion": (rotated_anisotropic_diffusion((128, 128)), None), "elasticity": (A_el, B_el)}
+    return {name: (A, B, np.random.default_rng(0).random(A.shape[0])) for name, (A, B) in cases.items()}
+
+
+class HostProgram:
+    """:class:`~solvers.pcg.preconditioners.device.DeviceProgram`'s interface over NumPy arrays: each
+    launch is recorded as its kernel's NumPy meaning and replayed by :meth:`launch`."""
+
+    def __init__(self, r, z, dtype):
+        self.dtype = np.dtype(dtype)
+        self.input, self.output = np.zeros(r.size, self.dtype), np.zeros(r.size, self.dtype)
+        self._r, self._z, self._scratch = r, z, {}
+        self._steps = [lambda: self.input.__setitem__(slice(None), self._r)]
+        self.kernels = []
+
+    def matrix(self, M):
+        return sp.csr_matrix(M, dtype=self.dtype) if sp.issparse(M) else np.asarray(M, dtype=self.dtype)
+
+    def vector(self, v):
+        return np.asarray(v, dtype=self.dtype)
+
+    def scratch(self, owner, name, n):
+        return self._scratch.setdefault((id(owner), name), np.zeros(n, self.dtype))
+
+    def _add(self, name, step):
+        self.kernels.append(name)
+        self._steps.append(step)
+
+    def axpby(self, M, v, y, out, a=1.0, c=1.0):
+        self._add("csr_axpby", lambda: out.__setitem__(slice(None), precond_ref.csr_axpby(M, v, y, a, c)))
+
+    def chebyshev_begin(self, b, dinv, first, x, d, rs, accumulate):
+        def step():
+            d[:], rs[:] = precond_ref.chebyshev_begin(b, dinv, first, x, accumulate)
+        self._add("chebyshev_begin", step)
+
+    def chebyshev_step(self, A, dinv, d_old, d_new, rs, x, c1, c2):
+        self._add("chebyshev_step",
+                  lambda: d_new.__setitem__(slice(None), precond_ref.chebyshev_step(A, dinv, d_old, rs, x, c1, c2)))
+
+    def scaled_add(self, s, v, x, accumulate):
+        self._add("scaled_add", lambda: precond_ref.scaled_add(s, v, x, accumulate))
+
+    def close(self):
+        self._steps.append(lambda: self._z.__setitem__(slice(None), self.output))
+        return self
+
+    def launch(self):
+        for step in self._steps:
+            step()
+
+
+def replayed(M, r):
+    z = np.zeros_like(r)
+    program = HostProgram(r, z, M.storage_dtype)
+    M.device_apply(program)
+    program.close().launch()
+    return z, program
+
+
+PRECONDITIONERS = {
+    "chebyshev 3": lambda B: Chebyshev(3),
+    "chebyshev 1": lambda B: Chebyshev(1),
+    "amg chebyshev": lambda B: AMG(near_nullspace=B),
+    "amg jacobi x2": lambda B: AMG(near_nullspace=B, smoother="jacobi", sweeps=2),
+    "amg jacobi, 2 levels": lambda B: AMG(near_nullspace=B, smoother="jacobi", max_levels=2, coarse_size=4096),
+    "amg float32 hierarchy": lambda B: AMG(near_nullspace=B, hierarchy_dtype="float32"),
+}
+
+
+@pytest.mark.parametrize("problem", ["diffusion", "elasticity"])
+@pytest.mark.parametrize("name", sorted(PRECONDITIONERS))
+def test_the_launch_sequence_does_what_the_cpu_apply_does(problems, problem, name):
+    A, B, r = problems[problem]
+    M = PRECONDITIONERS[name](B).setup(A)
+    z, program = replayed(M, r)
+    expected = M.apply(r)
+    tolerance = 1e-5 if M.storage_dtype == np.float32 else 1e-12
+    assert np.linalg.norm(z - expected) <= tolerance * np.linalg.norm(expected)
+    if isinstance(M, AMG):  # a V-cycle: per level 2 smoothings, residual, restriction, prolongation; then the coarse product
+        assert program.kernels.count("csr_axpby") >= 3 * len(M.levels) + 1
+        assert M.details()["hierarchy_dtype"] == str(M.storage_dtype)
+
+
+def test_the_cpu_apply_of_a_float32_hierarchy_returns_the_solvers_precision(problems):
+    A, B, b = problems["elasticity"]
+    M = AMG(near_nullspace=B, hierarchy_dtype="float32").setup(A)
+    assert M.levels[0].A.dtype == np.float32 and M.apply(b).dtype == np.float64
+    full = PCG(A, preconditioner=AMG(near_nullspace=B), rtol=RTOL, device="cpu").solve(b)
+    single = PCG(A, preconditioner=AMG(near_nullspace=B, hierarchy_dtype="float32"), rtol=RTOL, device="cpu").solve(b)
+    assert single.converged and single.true_residual_norm <= 2 * RTOL * np.linalg.norm(b)
+    assert single.iterations <= full.iterations + 2
+
+
+# -- on the GPU -----------------------------------------------------------------------------------
+MODES = ("eager", "graph", "while")
+
+
+def gpu_solve(A, preconditioner, b, **options):
+    options = dict(rtol=RTOL, device="gpu", reorder="none", maxiter=3000) | options
+    solver = PCG(A, preconditioner=preconditioner, **options)
+    return solver, solver.solve(b)
+
+
+def cpu_solve(A, preconditioner, b):
+    solver = PCG(A, preconditioner=preconditioner, rtol=RTOL, device="cpu", variant="classic", reorder="none")
+    return solver, solver.solve(b)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_kernels_match_their_numpy_reference(dtype):
+    import cupy
+    from solvers.pcg.preconditioners.device import DeviceProgram
+
+    rng = np.random.default_rng(5)
+    tolerance = 1e-12 if dtype == "float64" else 1e-5
+    # rows of 1 to ~80 entries (1 to 32 lanes), a rectangular transfer, and a dense block
+    matrices = [sp.random(500, 500, density=d, random_state=k, format="csr") + sp.eye(500) for k, d in
+                enumerate((0.0, 0.004, 0.02, 0.16))]
+    matrices += [sp.random(500, 120, density=0.05, random_state=9, format="csr"), rng.standard_normal((40, 500))]
+    for M in matrices:
+        rows, cols = M.shape
+        v, y, out = (rng.standard_normal(k) for k in (cols, rows, rows))
+        r = cupy.zeros(rows)
+        program = DeviceProgram(r, cupy.zeros(rows), dtype)
+        dv, dy, dout = (cupy.asarray(a, dtype=dtype) for a in (v, y, out))
+        program.axpby(program.matrix(M), dv, dy, dout, -1.0, 1.0)
+        program.launch()
+        expected = precond_ref.csr_axpby(M, v.astype(dtype), y.astype(dtype), -1.0, 1.0)
+        assert np.linalg.norm(dout.get() - expected) <= tolerance * np.linalg.norm(expected) * 10
+    A = matrices[2]
+    n = A.shape[0]
+    b, dinv, x, d_old, rs = (rng.standard_normal(n) for _ in range(5))
+    dev = {k: cupy.asarray(a, dtype=dtype) for k, a in dict(b=b, dinv=dinv, x=x, d_old=d_old, rs=rs).items()}
+    d_new, d0 = cupy.zeros(n, dtype=dtype), cupy.zeros(n, dtype=dtype)
+    program = DeviceProgram(cupy.zeros(n), cupy.zeros(n), dtype)
+    program.chebyshev_step(program.matrix(A), dev["dinv"], dev["d_old"], d_new, dev["rs"], dev["x"], 0.3, 0.7)
+    program.scaled_add(dev["dinv"], dev["b"], dev["x"], accumulate=True)
+    program.chebyshev_begin(dev["b"], dev["dinv"], 0.25, dev["x"], d0, dev["rs"], accumulate=True)
+    program.launch()
+    host = {k: a.astype(dtype) for k, a in dict(b=b, dinv=dinv, x=x, d_old=d_old, rs=rs).items()}
+    expected_d_new = precond_ref.chebyshev_step(A, host["dinv"], host["d_old"], host["rs"], host["x"], 0.3, 0.7)
+    precond_ref.scaled_add(host["dinv"], host["b"], host["x"], accumulate=True)
+    expected_d0, expected_rs = precond_ref.chebyshev_begin(host["b"], host["dinv"], 0.25, host["x"], accumulate=True)
+    for got, want in ((d_new, expected_d_new), (dev["x"], host["x"]), (d0, expected_d0), (dev["rs"], expected_rs)):
+        assert np.linalg.norm(got.get() - want) <= tolerance * 10 * np.linalg.norm(want)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["chebyshev 3", "amg chebyshev", "amg jacobi x2", "amg float32 hierarchy"])
+def test_gpu_apply_matches_the_cpu_apply(problems, name):
+    import cupy
+    from solvers.pcg.preconditioners.device import DeviceProgram
+
+    A, B, r = problems["elasticity"]
+    M = PRECONDITIONERS[name](B).setup(A)
+    r_dev, z_dev = cupy.asarray(r), cupy.zeros(r.size)
+    program = DeviceProgram(r_dev, z_dev, M.storage_dtype)
+    M.device_apply(program)
+    program.close().launch()
+    expected = M.apply(r)
+    tolerance = 1e-5 if M.storage_dtype == np.float32 else 1e-11
+    assert np.linalg.norm(z_dev.get() - expected) <= tolerance * np.linalg.norm(expected)
+    program.launch()  # the same launches again: the same bits
+    first = z_dev.get()
+    program.launch()
+    assert np.array_equal(z_dev.get(), first)
+
+
+SAME_SMOOTHER = {  # our AMG options -> PyAMG's smoothers doing the same (as in test_preconditioners.py)
+    "jacobi x2": (dict(smoother="jacobi", sweeps=2), ("jacobi", {"omega": 4.0 / 3.0, "iterations": 2})),
+    "chebyshev": (dict(smoother="chebyshev"), ("chebyshev", {"degree": 3})),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("problem", ["diffusion", "elasticity"])
+@pytest.mark.parametrize("smoother", sorted(SAME_SMOOTHER))
+def test_gpu_amg_pcg_agrees_with_the_cpu_and_with_pyamg(problems, problem, smoother):
+    A, B, b = problems[problem]
+    ours, theirs_smoother = SAME_SMOOTHER[smoother]
+    gpu, res = gpu_solve(A, AMG(near_nullspace=B, **ours), b)
+    cpu, ref = cpu_solve(A, AMG(near_nullspace=B, **ours), b)
+    assert gpu.device == "gpu" and gpu.variant == "classic" and res.converged
+    assert res.true_residual_norm <= 2 * RTOL * np.linalg.norm(b)
+    assert gpu.preconditioner_details["levels"] == cpu.preconditioner_details["levels"]  # the same hierarchy
+    assert abs(res.iterations - ref.iterations) <= 2, (res.iterations, ref.iterations)
+    residuals = []
+    ml = pyamg.smoothed_aggregation_solver(A, B=B, max_coarse=gpu.preconditioner_details["coarse_size"],
+                                           presmoother=theirs_smoother, postsmoother=theirs_smoother)
+    ml.solve(b, tol=RTOL, accel="cg", maxiter=2000, residuals=residuals)
+    theirs = len(residuals) - 1
+    assert abs(res.iterations - theirs) <= 0.1 * theirs, (res.iterations, theirs)
+    default = []
+    pyamg.smoothed_aggregation_solver(A, B=B).solve(b, tol=RTOL, accel="cg", maxiter=2000, residuals=default)
+    assert res.iterations <= 1.5 * (len(default) - 1), (res.iterations, len(default) - 1)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("preconditioner", ["amg", "chebyshev"])
+def test_eager_graph_and_while_give_the_same_bits(problems, preconditioner):
+    A, B, b = problems["elasticity"]
+    make = (lambda: AMG(near_nullspace=B)) if preconditioner == "amg" else (lambda: Chebyshev(4))
+    runs = {}
+    for mode in MODES:
+        solver, res = gpu_solve(A, make(), b, mode=mode, unroll=4, record_history=True)
+        assert solver.mode == mode and res.converged
+        runs[mode] = (res.iterations, res.x.get(), res.history)
+    its, x, history = runs["while"]
+    for mode in ("eager", "graph"):
+        assert runs[mode][0] == its and np.array_equal(runs[mode][1], x) and np.array_equal(runs[mode][2], history)
+
+
+@pytest.mark.gpu
+def test_gpu_chebyshev_matches_the_cpu(problems):
+    A, _, b = problems["diffusion"]
+    gpu, res = gpu_solve(A, Chebyshev(4), b)
+    cpu, ref = cpu_solve(A, Chebyshev(4), b)
+    assert res.converged and abs(res.iterations - ref.iterations) <= 2, (res.iterations, ref.iterations)
+    # the bound comes from Lanczos on the device, from the same start vector
+    assert gpu.preconditioner_details["lambda_max_estimate"] == pytest.approx(
+        cpu.preconditioner_details["lambda_max_estimate"], rel=1e-9)
+    jacobi = gpu_solve(A, "jacobi", b)[1]
+    assert res.iterations <= 0.45 * jacobi.iterations
+
+
+@pytest.mark.gpu
+def test_float32_hierarchy_inside_float64_cg(problems):
+    A, B, b = problems["elasticity"]
+    full = gpu_solve(A, AMG(near_nullspace=B), b)[1]
+    solver, single = gpu_solve(A, AMG(near_nullspace=B, hierarchy_dtype="float32"), b)
+    assert solver.preconditioner_details["hierarchy_dtype"] == "float32" and single.x.dtype == np.float64
+    assert single.converged and single.true_residual_norm <= 2 * RTOL * np.linalg.norm(b)
+    assert single.iterations <= full.iterations + 2, (single.iterations, full.iterations)
+
+
+@pytest.mark.gpu
+def test_new_values_many_right_hand_sides_and_a_start_vector(problems):
+    A = rotated_anisotropic_diffusion((64, 64))
+    A2 = rotated_anisotropic_diffusion((64, 64), epsilon=1e-2, theta=np.pi / 3)
+    b = np.random.default_rng(1).random(A.shape[0])
+    solver, first = gpu_solve(A, AMG(coarse_size=20), b)
+    again = solver.solve(b)
+    assert solver.instantiations == 1 and again.iterations == first.iterations
+    assert np.array_equal(again.x.get(), first.x.get())
+    warm = solver.solve(b, x0=first.x)
+    assert warm.converged and warm.iterations <= 3
+    solver.update_values(A2)
+    assert solver.preconditioner_details["aggregation"] == "reused (values updated)"
+    res = solver.solve(b)
+    fresh = gpu_solve(A2, AMG(coarse_size=20), b)[1]
+    assert res.converged and abs(res.iterations - fresh.iterations) <= 0.2 * fresh.iterations + 1
+
+
+@pytest.mark.gpu
+def test_cli_runs_amg_on_the_gpu_with_the_same_report(tmp_path, capsys):
+    import json
+
+    from solvers.pcg.__main__ import main
+
+    js = {device: tmp_path / f"{device}.json" for device in ("cpu", "gpu")}
+    for device in js:
+        code = main(["--matrix", EXAMPLE, "--precond", "amg", "--device", device, "--json", str(js[device])])
+        assert code == 0
+    capsys.readouterr()
+    cpu, gpu = (json.loads(js[d].read_text()) for d in ("cpu", "gpu"))
+    assert set(cpu) == set(gpu) and set(cpu["preconditioner_details"]) == set(gpu["preconditioner_details"])
+    assert gpu["converged"] and abs(gpu["iterations"] - cpu["iterations"]) <= 2
