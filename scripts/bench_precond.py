@@ -127,6 +127,8 @@ def main(argv=None):
     ap.add_argument("--pyamg-max-rows", type=int, default=600_000,
                     help="run PyAMG on the CPU only up to this many rows (it takes minutes above)")
     ap.add_argument("--no-cupyx", action="store_true", help="leave out cupyx cg")
+    ap.add_argument("--no-float32-hierarchy", action="store_true",
+                    help="leave out AMG with its hierarchy in float32 (a second PyAMG set-up)")
     ap.add_argument("--out", default=str(pathlib.Path(__file__).resolve().parent / "results"))
     args = ap.parse_args(argv)
     import cupy
@@ -142,6 +144,8 @@ def main(argv=None):
         methods = [("GPU Jacobi-PCG", "jacobi", {}), ("GPU Chebyshev(3)-PCG", Chebyshev(3), {}),
                    ("GPU AMG-PCG", AMG(near_nullspace=B), {}),
                    ("GPU AMG-PCG, float32 hierarchy", AMG(near_nullspace=B, hierarchy_dtype="float32"), {})]
+        if args.no_float32_hierarchy:
+            methods.pop()
         for label, preconditioner, options in methods:
             reps = args.reps if label.startswith("GPU AMG") else max(1, args.reps // 3)
             solver, row = ours(A, b, preconditioner, reps, **options)

@@ -111,6 +111,31 @@ def test_the_launch_sequence_does_what_the_cpu_apply_does(problems, problem, nam
         assert M.details()["hierarchy_dtype"] == str(M.storage_dtype)
 
 
+def test_the_split_iteration_with_the_replayed_launches_is_classic_pcg(problems):
+    """pcg_split.cu's kernels (their NumPy meaning) around the launch sequence take CPU PCG's iterations."""
+    from solvers.kernels import pcg_ref
+
+    A, B, b = problems["elasticity"]
+    M = AMG(near_nullspace=B).setup(A)
+    n = A.shape[0]
+    x, r, z, p0, p1 = np.zeros(n), b.copy(), np.zeros(n), np.zeros(n), np.zeros(n)
+    program = HostProgram(r, z, M.storage_dtype)
+    M.device_apply(program)
+    program.close()
+    state = dict(status=pcg_ref.RUNNING, iteration=-1, parity=0, tol=RTOL * np.linalg.norm(b), maxiter=500,
+                 rz=0.0, beta=0.0, alpha=0.0, pq=0.0, rnorm=0.0)
+    program.launch()
+    pcg_ref.split_decide(r, z, state)
+    while state["status"] == pcg_ref.RUNNING:
+        q = pcg_ref.direction_product(A, z, p0, p1, state)
+        pcg_ref.split_update(x, r, q, p0, p1, state)
+        program.launch()
+        pcg_ref.split_decide(r, z, state)
+    reference = cpu_solve(A, AMG(near_nullspace=B), b)[1]
+    assert state["status"] == pcg_ref.CONVERGED and state["iteration"] == reference.iterations
+    np.testing.assert_allclose(x, reference.x, rtol=1e-9, atol=1e-12)
+
+
 def test_the_cpu_apply_of_a_float32_hierarchy_returns_the_solvers_precision(problems):
     A, B, b = problems["elasticity"]
     M = AMG(near_nullspace=B, hierarchy_dtype="float32").setup(A)
