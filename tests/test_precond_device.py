@@ -15,7 +15,7 @@ import scipy.sparse as sp
 
 from solvers.gallery import linear_elasticity_2d, rotated_anisotropic_diffusion
 from solvers.kernels import precond_ref
-from solvers.pcg import AMG, PCG, Chebyshev
+from solvers.pcg import AMG, PCG, Chebyshev, Preconditioner
 
 pyamg = pytest.importorskip("pyamg")
 
@@ -144,6 +144,29 @@ def test_the_cpu_apply_of_a_float32_hierarchy_returns_the_solvers_precision(prob
     single = PCG(A, preconditioner=AMG(near_nullspace=B, hierarchy_dtype="float32"), rtol=RTOL, device="cpu").solve(b)
     assert single.converged and single.true_residual_norm <= 2 * RTOL * np.linalg.norm(b)
     assert single.iterations <= full.iterations + 2
+
+
+class HalfJacobi(Preconditioner):
+    """A plug-in written outside the package, GPU apply included: ``M^-1 = D^-1 / 2``, one launch."""
+
+    name = "half-jacobi"
+    variants = {"cpu": ("classic",), "gpu": ("classic",)}
+
+    def _setup(self, A):
+        self.scale = 0.5 / A.diagonal()  # NumPy, or CuPy for the device matrix of a GPU solve
+
+    def apply(self, r):
+        return self.scale * r
+
+    def device_apply(self, program):
+        program.scaled_add(program.vector(self.scale), program.input, program.output, accumulate=False)
+
+
+def test_a_plug_in_gives_its_gpu_apply_in_its_own_class(problems):
+    A, _, r = problems["diffusion"]
+    M = HalfJacobi().setup(A)
+    z, program = replayed(M, r)
+    assert program.kernels == ["scaled_add"] and np.array_equal(z, M.apply(r))
 
 
 # -- on the GPU -----------------------------------------------------------------------------------
@@ -277,6 +300,14 @@ def test_gpu_chebyshev_matches_the_cpu(problems):
         cpu.preconditioner_details["lambda_max_estimate"], rel=1e-9)
     jacobi = gpu_solve(A, "jacobi", b)[1]
     assert res.iterations <= 0.45 * jacobi.iterations
+
+
+@pytest.mark.gpu
+def test_a_plug_in_runs_on_the_gpu(problems):
+    A, _, b = problems["diffusion"]
+    solver, res = gpu_solve(A, HalfJacobi(), b)
+    jacobi = gpu_solve(A, "jacobi", b, variant="classic")[1]
+    assert solver.device == "gpu" and res.converged and abs(res.iterations - jacobi.iterations) <= 2
 
 
 @pytest.mark.gpu

@@ -327,3 +327,15 @@ def test_cg_function_takes_the_new_names():
     for name in ("chebyshev", "amg"):
         x, info = solvers.cg(A, b, rtol=1e-8, preconditioner=name)
         assert info == 0 and np.linalg.norm(b - A @ x) <= 1e-8 * np.linalg.norm(b) * 2
+
+
+def test_the_same_matrix_gives_the_same_hierarchy_and_leaves_the_random_state_alone():
+    A = rotated_anisotropic_diffusion((48, 48))
+    np.random.seed(7)
+    expected = np.random.rand()
+    np.random.seed(7)
+    first, second = AMG().setup(A), AMG().setup(A)
+    assert np.random.rand() == expected
+    for a, b in zip(first.levels, second.levels):
+        assert (a.P != b.P).nnz == 0 and (a.A != b.A).nnz == 0
+    assert np.array_equal(first.coarse_inverse, second.coarse_inverse)
