@@ -273,6 +273,7 @@ class GPUPCG:
         if self.split:
             self._split_kernels = [mod.get_function(k) for k in ("split_direction", "split_update", "split_decide")]
             self._split_struct = split_struct(self.format.struct)
+            split_capacity = min(kernels.resident_blocks(k, BLOCK) for k in self._split_kernels)
         variant = VARIANTS[self.variant]
         self._variant = variant
         self._run, capacity = kernels.cooperative(mod.get_function(variant.kernel), self.run_block)
@@ -283,6 +284,8 @@ class GPUPCG:
         # The residual kernel strides over the rows with enough blocks to fill the GPU; the
         # persistent kernel takes its share of the work items up to the blocks the GPU holds at once.
         self.grid_spmv = int(max(1, min(-(-threads // BLOCK), sms * 8)))
+        # the split kernels stride over the rows with the blocks the GPU holds at once (no second wave)
+        self.grid_split = int(max(1, min(-(-threads // BLOCK), split_capacity))) if self.split else 0
         self.grid = int(max(1, min(-(-threads // self.run_block), capacity)))
 
         self.vectors = {}
@@ -300,7 +303,7 @@ class GPUPCG:
         self.state = cupy.zeros(STATE.dtype.itemsize, dtype=cupy.uint8)
         self.progress = _HostMapped(PROGRESS.dtype)
         self.history = None
-        self.partials = cupy.zeros(2 * self.grid_spmv, dtype=cupy.float64) if self.split else None
+        self.partials = cupy.zeros(2 * self.grid_split, dtype=cupy.float64) if self.split else None
         self._set_diagonal(M)
         if self.split:
             self._set_up_preconditioner(M)
@@ -415,7 +418,7 @@ class GPUPCG:
     def launch_split(self, handle, stream=None):
         """Enqueue one iteration of the split body (``handle``: the WHILE node's, or 0)."""
         direction, update, decide = self._split_kernels
-        grid, args, handle = (self.grid_spmv,), (self._split_args,), np.uint64(handle)
+        grid, args, handle = (self.grid_split,), (self._split_args,), np.uint64(handle)
         direction(grid, (BLOCK,), args + (handle,), stream=stream)
         update(grid, (BLOCK,), args, stream=stream)
         self.program.launch(stream)
@@ -432,7 +435,7 @@ class GPUPCG:
         self._reset_state(tol, maxiter)
         if self.split:  # z = M^-1 r and the first decision
             self.program.launch()
-            self._split_kernels[2]((self.grid_spmv,), (BLOCK,), (self._split_args, np.uint64(0)))
+            self._split_kernels[2]((self.grid_split,), (BLOCK,), (self._split_args, np.uint64(0)))
         else:
             self.launch_run(1, np.uint64(0))
 

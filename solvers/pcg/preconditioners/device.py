@@ -29,9 +29,9 @@ CSR_MATRIX = Struct("CsrMatrix", [("rowptr", "const int*"), ("col", "const int*"
 
 
 class DeviceMatrix:
-    """A matrix on the device as CSR with int32 indices, its kernel struct and its product's grid."""
+    """A matrix on the device as CSR with int32 indices, its kernel struct and its product's work items."""
 
-    def __init__(self, M, dtype, blocks):
+    def __init__(self, M, dtype):
         cupy = require_cupy()
         import cupyx.scipy.sparse as csp
         import scipy.sparse as sp
@@ -49,7 +49,7 @@ class DeviceMatrix:
         lanes = row_lanes(self.data.size, self.shape[0])
         self.struct = CSR_MATRIX.pack(rowptr=self.indptr, col=self.indices, val=self.data, rows=self.shape[0],
                                       lanes=lanes)
-        self.grid = blocks(self.shape[0] * lanes)
+        self.work = self.shape[0] * lanes  # threads a product can keep busy
 
 
 class DeviceProgram:
@@ -77,11 +77,12 @@ class DeviceProgram:
         self.dtype = np.dtype(dtype)
         self.n = int(r.size)
         self._stop = np.uint64(stop)
-        self._sms = int(cupy.cuda.Device().attributes["MultiProcessorCount"])
         mod = kernels.module("precond", real=kernels.ctype(self.dtype),
                              defines=(("outer_t", kernels.ctype(r.dtype)),), structs=(CSR_MATRIX,))
         self._kernels = {name: mod.get_function(name) for name in (
             "csr_axpby", "chebyshev_begin", "chebyshev_step", "scaled_add", "to_inner", "to_outer")}
+        # grid-stride kernels: at most the blocks the GPU holds at once, so none waits for a second wave
+        self._capacity = {name: kernels.resident_blocks(k, BLOCK) for name, k in self._kernels.items()}
         self._launches = []
         self._uploads = {}   # id of a host or device object -> (the object, its device copy)
         self._scratch = {}
@@ -90,12 +91,9 @@ class DeviceProgram:
         self.output = z if same else cupy.zeros(self.n, dtype=self.dtype)
         self._z = None if same else z
         if not same:
-            self._add("to_inner", self._blocks(self.n), np.int32(self.n), r, self.input)
+            self._add("to_inner", self.n, np.int32(self.n), r, self.input)
 
     # -- what the sequence works on -------------------------------------------
-    def _blocks(self, threads):
-        """Blocks of a grid-stride kernel over ``threads`` work items: enough to fill the GPU, no more."""
-        return int(max(1, min(-(-threads // BLOCK), self._sms * 8)))
 
     def _upload(self, obj, make):
         key = id(obj)
@@ -105,7 +103,7 @@ class DeviceProgram:
 
     def matrix(self, M):
         """``M`` (SciPy or cupyx sparse, or dense) on the device, uploaded on first use."""
-        return self._upload(M, lambda m: DeviceMatrix(m, self.dtype, self._blocks))
+        return self._upload(M, lambda m: DeviceMatrix(m, self.dtype))
 
     def vector(self, v):
         """``v`` (NumPy or CuPy) on the device in the program's precision, uploaded on first use."""
@@ -119,32 +117,34 @@ class DeviceProgram:
         return self._scratch[key][1]
 
     # -- the launches -----------------------------------------------------------
-    def _add(self, name, grid, *args):
+    def _add(self, name, work, *args):
+        """Append a launch of ``name`` over ``work`` items (threads): enough blocks to fill the GPU, no more."""
+        grid = int(max(1, min(-(-work // BLOCK), self._capacity[name])))
         self._launches.append((self._kernels[name], grid, args + (self._stop,)))
 
     def axpby(self, M, v, y, out, a=1.0, c=1.0):
         """``out = a M v + c y`` (``y`` None: ``a M v``); ``M`` from :meth:`matrix`. ``out`` may be ``y``."""
         real = self.dtype.type
-        self._add("csr_axpby", M.grid, M.struct, v, np.uint64(0) if y is None else y, out, real(a), real(c))
+        self._add("csr_axpby", M.work, M.struct, v, np.uint64(0) if y is None else y, out, real(a), real(c))
 
     def chebyshev_begin(self, b, dinv, first, x, d, rs, accumulate):
         """``rs = D^-1 b``, ``d = first rs``, ``x = d`` (``x += d`` when ``accumulate``)."""
-        self._add("chebyshev_begin", self._blocks(x.size), np.int32(x.size), b, dinv, self.dtype.type(first), x, d,
+        self._add("chebyshev_begin", x.size, np.int32(x.size), b, dinv, self.dtype.type(first), x, d,
                   rs, np.int32(accumulate))
 
     def chebyshev_step(self, A, dinv, d_old, d_new, rs, x, c1, c2):
         """``rs -= D^-1 A d_old``, ``d_new = c1 d_old + c2 rs``, ``x += d_new``."""
         real = self.dtype.type
-        self._add("chebyshev_step", A.grid, A.struct, dinv, d_old, d_new, rs, x, real(c1), real(c2))
+        self._add("chebyshev_step", A.work, A.struct, dinv, d_old, d_new, rs, x, real(c1), real(c2))
 
     def scaled_add(self, s, v, x, accumulate):
         """``x = s v`` (``x += s v`` when ``accumulate``), entry by entry."""
-        self._add("scaled_add", self._blocks(x.size), np.int32(x.size), s, v, x, np.int32(accumulate))
+        self._add("scaled_add", x.size, np.int32(x.size), s, v, x, np.int32(accumulate))
 
     def close(self):
         """End the sequence: ``z`` from :attr:`output` when the precisions differ."""
         if self._z is not None:
-            self._add("to_outer", self._blocks(self.n), np.int32(self.n), self.output, self._z)
+            self._add("to_outer", self.n, np.int32(self.n), self.output, self._z)
             self._z = None
         return self
 
