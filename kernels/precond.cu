@@ -17,22 +17,41 @@
 
 __device__ __forceinline__ bool stopped(const int* stop) { return stop && *(const volatile int*)stop; }
 
-// finish(i, (M v)_i) for every row i, from the row's first lane. The loop bound is the same for the
-// whole block, so every lane reaches the shuffles.
+// finish(i, (M v)_i) for every row i, from the row's first lane. Each group of LANES lanes takes
+// ROWS rows a pass, loading their first entries before any row's remainder: ROWS independent chains
+// of loads (row pointer, entry, gathered value) in flight instead of one, which is what a product of
+// short rows is bound by. The loop bound is the same for the whole block, so every lane reaches the
+// shuffles.
+#define ROWS 4
 template <int LANES, typename F>
 __device__ __forceinline__ void csr_rows(const CsrMatrix& M, const real_t* __restrict__ v, F finish) {
     const int lane = threadIdx.x % LANES;
     const int rows_per_block = BLOCK / LANES;
-    for (int base = blockIdx.x * rows_per_block; base < M.rows; base += gridDim.x * rows_per_block) {
-        const int i = base + threadIdx.x / LANES;
-        real_t s = 0;
-        if (i < M.rows) {
-            const int end = __ldg(&M.rowptr[i + 1]);
-            for (int k = __ldg(&M.rowptr[i]) + lane; k < end; k += LANES) s += __ldg(&M.val[k]) * v[__ldg(&M.col[k])];
+    const int stride = gridDim.x * rows_per_block;
+    for (int base = blockIdx.x * rows_per_block; base < M.rows; base += ROWS * stride) {
+        int k[ROWS], end[ROWS];
+        real_t s[ROWS];
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r) {
+            const int i = base + threadIdx.x / LANES + r * stride;
+            k[r] = end[r] = 0;
+            if (i < M.rows) {
+                k[r] = __ldg(&M.rowptr[i]) + lane;
+                end[r] = __ldg(&M.rowptr[i + 1]);
+            }
         }
 #pragma unroll
-        for (int o = LANES / 2; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o, LANES);
-        if (lane == 0 && i < M.rows) finish(i, s);
+        for (int r = 0; r < ROWS; ++r) s[r] = k[r] < end[r] ? __ldg(&M.val[k[r]]) * __ldg(&v[__ldg(&M.col[k[r]])]) : real_t(0);
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r)
+            for (int kk = k[r] + LANES; kk < end[r]; kk += LANES) s[r] += __ldg(&M.val[kk]) * __ldg(&v[__ldg(&M.col[kk])]);
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r) {
+#pragma unroll
+            for (int o = LANES / 2; o > 0; o >>= 1) s[r] += __shfl_xor_sync(0xffffffffu, s[r], o, LANES);
+            const int i = base + threadIdx.x / LANES + r * stride;
+            if (lane == 0 && i < M.rows) finish(i, s[r]);
+        }
     }
 }
 
@@ -49,7 +68,8 @@ __device__ __forceinline__ void for_each_csr_row(const CsrMatrix& M, const real_
     }
 }
 
-// out = a M v + c y (y may be null: out = a M v). out may be y (x += P e), never v.
+// out = a M v + c y (y may be null: out = a M v). out may be y (x += P e), never v: no kernel here
+// writes the vector it multiplies, so the product reads it through the read-only cache.
 extern "C" __global__ void __launch_bounds__(BLOCK)
 csr_axpby(const CsrMatrix M, const real_t* v, const real_t* y, real_t* out, real_t a, real_t c, const int* stop) {
     if (stopped(stop)) return;
