@@ -41,10 +41,12 @@ __device__ __forceinline__ void csr_rows(const CsrMatrix& M, const real_t* __res
             }
         }
 #pragma unroll
-        for (int r = 0; r < ROWS; ++r) s[r] = k[r] < end[r] ? __ldg(&M.val[k[r]]) * __ldg(&v[__ldg(&M.col[k[r]])]) : real_t(0);
+        for (int r = 0; r < ROWS; ++r)
+            s[r] = k[r] < end[r] ? __ldg(&M.val[k[r]]) * __ldg(&v[__ldg(&M.col[k[r]])]) : real_t(0);
 #pragma unroll
         for (int r = 0; r < ROWS; ++r)
-            for (int kk = k[r] + LANES; kk < end[r]; kk += LANES) s[r] += __ldg(&M.val[kk]) * __ldg(&v[__ldg(&M.col[kk])]);
+            for (int kk = k[r] + LANES; kk < end[r]; kk += LANES)
+                s[r] += __ldg(&M.val[kk]) * __ldg(&v[__ldg(&M.col[kk])]);
 #pragma unroll
         for (int r = 0; r < ROWS; ++r) {
 #pragma unroll

@@ -13,10 +13,11 @@ preconditioner's own share of it (for AMG, PyAMG's hierarchy on the CPU plus eac
 level's eigenvalue estimate); ``solve s`` for AMG the median of ``--reps`` solves
 after a first one that also captures the graph, for the others (seconds long) the
 median of ``--reps // 3`` solves after the first, or the first alone when that is 0;
-``us/it`` the device loop's time over the iterations. PyAMG runs its default smoothed aggregation (symmetric Gauss-Seidel)
-with ``accel="cg"`` on one CPU core. cupyx runs its ``cg`` with a Jacobi ``M`` for
-``--cupyx-iterations`` iterations (its iterates are Jacobi-PCG's): its time to
-solution is its time per iteration times the iterations Jacobi-PCG took here.
+``us/it`` the device loop's time over the iterations. PyAMG runs its default smoothed
+aggregation (symmetric Gauss-Seidel) with ``accel="cg"`` on one CPU core. cupyx runs
+its ``cg`` with a Jacobi ``M`` for ``--cupyx-iterations`` iterations (its iterates are
+Jacobi-PCG's): its time to solution is its time per iteration times the iterations
+Jacobi-PCG took here.
 """
 import argparse
 import datetime
@@ -39,7 +40,8 @@ MAXITER = 200_000
 def problems(diffusion, elasticity):
     """``(name, A, near-nullspace or None)``."""
     if diffusion:
-        yield f"rotated anisotropic diffusion {diffusion}^2", rotated_anisotropic_diffusion((diffusion, diffusion)), None
+        A = rotated_anisotropic_diffusion((diffusion, diffusion))
+        yield f"rotated anisotropic diffusion {diffusion}^2", A, None
     if elasticity:
         A, B = linear_elasticity_2d((elasticity, elasticity))
         yield f"linear elasticity {elasticity}^2", A, B
@@ -188,7 +190,8 @@ def main(argv=None):
             line += f"; vs PyAMG CPU set-up + solve {found['pyamg']['total s'] / amg['total s']:.1f}x (target >= 20x)"
         notes.append(line)
         print(line, flush=True)
-        path = save(rows, notes, args.out, gpu, f"d{args.diffusion}_e{args.elasticity}")  # after every problem: a cut run keeps its rows
+        # after every problem: a cut run keeps its rows
+        path = save(rows, notes, args.out, gpu, f"d{args.diffusion}_e{args.elasticity}")
     print(pathlib.Path(path).read_text())
     print(f"saved {path}", file=sys.stderr)
     return 0

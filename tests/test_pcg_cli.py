@@ -296,6 +296,16 @@ def test_amg_options_report_and_json(capsys, tmp_path, elasticity):
         assert f"  level {k}               {level['rows']:,} rows, {level['nonzeros']:,} nonzeros" in lines
 
 
+def test_amg_hierarchy_in_float32(capsys, tmp_path, elasticity):
+    matrix, nullspace, _ = elasticity
+    js = tmp_path / "r.json"
+    code, _, _ = run_cli(capsys, "--matrix", matrix, "--device", "cpu", "--precond", "amg", "--nullspace", nullspace,
+                         "--amg-hierarchy-dtype", "float32", "--json", js)
+    rep = json.loads(js.read_text())
+    assert code == 0 and rep["converged"] and rep["dtype"] == "float64"
+    assert rep["preconditioner_details"]["hierarchy_dtype"] == "float32"
+
+
 def test_amg_near_nullspace_from_text_and_without_it(capsys, tmp_path, elasticity):
     matrix, _, B = elasticity
     text = tmp_path / "B.txt"
@@ -312,6 +322,9 @@ PRECOND_OPTION_ERRORS = [
     (["--precond", "chebyshev", "--amg-smoother", "jacobi"], "--amg-smoother: applies to --precond amg"),
     (["--precond", "amg", "--amg-sweeps", "2"], "--amg-sweeps: applies to --precond amg --amg-smoother jacobi"),
     (["--amg-coarse-size", "50"], "--amg-coarse-size: applies to --precond amg"),
+    (["--amg-hierarchy-dtype", "float32"], "--amg-hierarchy-dtype: applies to --precond amg"),
+    (["--precond", "amg", "--dtype", "float32", "--amg-hierarchy-dtype", "float64"],
+     "--amg-hierarchy-dtype: float64 levels inside float32 CG gain nothing; take float32"),
     (["--precond", "none", "--nullspace", "B.npy"], "--nullspace: applies to --precond amg"),
     (["--precond", "chebyshev", "--cheb-degree", "0"], "--cheb-degree: must be >= 1, got 0"),
     (["--precond", "amg", "--amg-coarse-size", "5000"], "--amg-coarse-size: must be from 1 to 4096, got 5000"),

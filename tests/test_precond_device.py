@@ -106,7 +106,7 @@ def test_the_launch_sequence_does_what_the_cpu_apply_does(problems, problem, nam
     expected = M.apply(r)
     tolerance = 1e-5 if M.storage_dtype == np.float32 else 1e-12
     assert np.linalg.norm(z - expected) <= tolerance * np.linalg.norm(expected)
-    if isinstance(M, AMG):  # a V-cycle: per level 2 smoothings, residual, restriction, prolongation; then the coarse product
+    if isinstance(M, AMG):  # per level: 2 smoothings, residual, restriction, prolongation; the coarse product
         assert program.kernels.count("csr_axpby") >= 3 * len(M.levels) + 1
         assert M.details()["hierarchy_dtype"] == str(M.storage_dtype)
 
