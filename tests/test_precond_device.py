@@ -245,6 +245,32 @@ def test_gpu_apply_matches_the_cpu_apply(problems, name):
     assert np.array_equal(z_dev.get(), first)
 
 
+@pytest.mark.gpu
+def test_levels_already_on_the_device_are_used_where_they_are(problems):
+    """A hierarchy set up on the GPU hands over cupyx matrices and CuPy vectors: nothing is copied."""
+    import cupy
+    import cupyx.scipy.sparse as csp
+    from solvers.pcg.preconditioners.device import DeviceProgram
+
+    A, B, r = problems["elasticity"]
+    M = AMG(near_nullspace=B).setup(A)
+    expected = M.apply(r)
+    for level in M.levels:
+        level.A, level.P, level.R = (csp.csr_matrix(m) for m in (level.A, level.P, level.R))
+        level.smoother.A = level.A
+        level.smoother.inverse_diagonal = cupy.asarray(level.smoother.inverse_diagonal)
+    M.coarse_inverse = cupy.asarray(M.coarse_inverse)
+    z = cupy.zeros(r.size)
+    program = DeviceProgram(cupy.asarray(r), z, M.storage_dtype)
+    M.device_apply(program)
+    program.close().launch()
+    assert np.linalg.norm(z.get() - expected) <= 1e-11 * np.linalg.norm(expected)
+    for level in M.levels:
+        for given in (level.A, level.P, level.R):
+            held = program.matrix(given)
+            assert held.data.data.ptr == given.data.data.ptr and held.indices.data.ptr == given.indices.data.ptr
+
+
 SAME_SMOOTHER = {  # our AMG options -> PyAMG's smoothers doing the same (as in test_preconditioners.py)
     "jacobi x2": (dict(smoother="jacobi", sweeps=2), ("jacobi", {"omega": 4.0 / 3.0, "iterations": 2})),
     "chebyshev": (dict(smoother="chebyshev"), ("chebyshev", {"degree": 3})),
