@@ -9,8 +9,8 @@ PCG split into three plain kernels with the preconditioner's own launches
 (:meth:`~.preconditioners.Preconditioner.device_apply`) between the second and the
 third (:class:`SplitPCGBody`, ``kernels/pcg_split.cu``). Each level of a V-cycle
 then takes the grid that suits its size, and the kernel boundaries are a small
-share of a cycle where AMG pays (an H200 runs the 44 launches of a diffusion 512^2
-iteration in 340 us, those of a 2048^2 one in 4.3 ms: MEASUREMENTS.md).
+share of a cycle where AMG pays (on an H200 a diffusion iteration, 40 to 60
+launches, takes 340 us at 512^2 and 4.3 ms at 2048^2: MEASUREMENTS.md).
 """
 import time
 
