@@ -57,11 +57,10 @@ __device__ __forceinline__ void csr_rows(const CsrMatrix& M, const real_t* __res
     }
 }
 
-// csr_rows with the matrix's lanes a row (a power of two, 1 to 32).
+// csr_rows with the matrix's lanes a row (a power of two, 2 to 32: solvers/formats/csr.py's row_lanes).
 template <typename F>
 __device__ __forceinline__ void for_each_csr_row(const CsrMatrix& M, const real_t* __restrict__ v, F finish) {
     switch (M.lanes) {
-        case 1: csr_rows<1>(M, v, finish); break;
         case 2: csr_rows<2>(M, v, finish); break;
         case 4: csr_rows<4>(M, v, finish); break;
         case 8: csr_rows<8>(M, v, finish); break;
