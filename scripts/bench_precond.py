@@ -9,8 +9,8 @@ method, and saves it under ``scripts/results/`` with the date, the GPU and the c
 
 Columns: ``setup s`` is the solver's whole set-up (upload, matrix format, the
 preconditioner's set-up, kernel compilation on first use), ``precond setup s`` the
-preconditioner's own share of it (for AMG, PyAMG's hierarchy on the CPU plus each
-level's eigenvalue estimate); ``solve s`` for AMG the median of ``--reps`` solves
+preconditioner's own share of it (for AMG the hierarchy, on the GPU or by PyAMG on the
+CPU as ``--setup`` says, plus each level's eigenvalue estimate); ``solve s`` for AMG the median of ``--reps`` solves
 after a first one that also captures the graph, for the others (seconds long) the
 median of ``--reps // 3`` solves after the first, or the first alone when that is 0;
 ``us/it`` the device loop's time over the iterations. PyAMG runs its default smoothed
@@ -133,6 +133,8 @@ def main(argv=None):
     ap.add_argument("--reps", type=int, default=3, help="solves measured after the first")
     ap.add_argument("--pyamg-max-rows", type=int, default=600_000,
                     help="run PyAMG on the CPU only up to this many rows (it takes minutes above)")
+    ap.add_argument("--setup", choices=("gpu", "cpu"), default="gpu",
+                    help="where AMG's hierarchy is built: on the GPU, or by PyAMG on the CPU (default gpu)")
     ap.add_argument("--no-cupyx", action="store_true", help="leave out cupyx cg")
     ap.add_argument("--cupyx-iterations", type=int, default=200, help="iterations cupyx cg is timed over")
     ap.add_argument("--no-float32-hierarchy", action="store_true",
@@ -149,15 +151,17 @@ def main(argv=None):
         b = np.random.default_rng(0).random(n)
         print(f"{name}: n={n:,} nnz={A.nnz:,}", file=sys.stderr, flush=True)
         found = {}
-        methods = [("GPU Jacobi-PCG", "jacobi", {}), ("GPU AMG-PCG", AMG(near_nullspace=B), {}),
-                   ("GPU AMG-PCG, float32 hierarchy", AMG(near_nullspace=B, hierarchy_dtype="float32"), {}),
+        methods = [("GPU Jacobi-PCG", "jacobi", {}), ("GPU AMG-PCG", AMG(near_nullspace=B, setup=args.setup), {}),
+                   ("GPU AMG-PCG, float32 hierarchy",
+                    AMG(near_nullspace=B, setup=args.setup, hierarchy_dtype="float32"), {}),
                    ("GPU Chebyshev(3)-PCG", Chebyshev(3), {})]
         if args.no_float32_hierarchy:
             methods.pop(2)
         for label, preconditioner, options in methods:
             reps = args.reps if label.startswith("GPU AMG") else args.reps // 3
             solver, row = ours(A, b, preconditioner, reps, **options)
-            row["method"] = f"{label} ({solver.variant}, {solver.mode})"
+            row["method"] = f"{label} ({solver.variant}, {solver.mode}" + (
+                f", set-up {args.setup})" if label.startswith("GPU AMG") else ")")
             found[label] = row
             rows.append(row.line(name, n))
             print(rows[-1], flush=True)
@@ -203,8 +207,9 @@ def save(rows, notes, folder, gpu, sizes):
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
     text = (f"# Preconditioner benchmark, {stamp}, {gpu}, commit {commit}\n\n"
             f"float64, rtol {RTOL:g}, random right-hand side; set-up and solve measured separately "
-            "(see scripts/bench_precond.py for what each column holds). AMG's hierarchy is set up by PyAMG "
-            "on the CPU and uploaded once.\n\n" + "\n".join(rows) + "\n\n" + "\n".join(f"- {n}" for n in notes) + "\n")
+            "(see scripts/bench_precond.py for what each column holds); where AMG's hierarchy is built is in "
+            "its rows (set-up gpu, or cpu: PyAMG, uploaded once).\n\n"
+            + "\n".join(rows) + "\n\n" + "\n".join(f"- {n}" for n in notes) + "\n")
     out = pathlib.Path(folder)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"precond_{stamp}_{gpu.replace(' ', '_')}_{commit}_{sizes}.md"

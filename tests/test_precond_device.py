@@ -283,7 +283,7 @@ SAME_SMOOTHER = {  # our AMG options -> PyAMG's smoothers doing the same (as in 
 def test_gpu_amg_pcg_agrees_with_the_cpu_and_with_pyamg(problems, problem, smoother):
     A, B, b = problems[problem]
     ours, theirs_smoother = SAME_SMOOTHER[smoother]
-    gpu, res = gpu_solve(A, AMG(near_nullspace=B, **ours), b)
+    gpu, res = gpu_solve(A, AMG(near_nullspace=B, setup="cpu", **ours), b)  # PyAMG's hierarchy, uploaded
     cpu, ref = cpu_solve(A, AMG(near_nullspace=B, **ours), b)
     assert gpu.device == "gpu" and gpu.variant == "classic" and res.converged
     assert res.true_residual_norm <= 2 * RTOL * np.linalg.norm(b)
@@ -304,7 +304,7 @@ def test_gpu_amg_pcg_agrees_with_the_cpu_and_with_pyamg(problems, problem, smoot
 @pytest.mark.parametrize("preconditioner", ["amg", "chebyshev"])
 def test_eager_graph_and_while_give_the_same_bits(problems, preconditioner):
     A, B, b = problems["elasticity"]
-    make = (lambda: AMG(near_nullspace=B)) if preconditioner == "amg" else (lambda: Chebyshev(4))
+    make = (lambda: AMG(near_nullspace=B, setup="cpu")) if preconditioner == "amg" else (lambda: Chebyshev(4))
     runs = {}
     for mode in MODES:
         solver, res = gpu_solve(A, make(), b, mode=mode, unroll=4, record_history=True)
@@ -313,6 +313,23 @@ def test_eager_graph_and_while_give_the_same_bits(problems, preconditioner):
     its, x, history = runs["while"]
     for mode in ("eager", "graph"):
         assert runs[mode][0] == its and np.array_equal(runs[mode][1], x) and np.array_equal(runs[mode][2], history)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("problem", ["diffusion", "elasticity"])
+def test_a_hierarchy_built_on_the_gpu_is_cycled_where_it_is(problems, problem):
+    A, B, b = problems[problem]
+    solver, res = gpu_solve(A, AMG(near_nullspace=B), b)  # setup "auto": on the device for a GPU solve
+    M = solver._impl.M
+    assert M.built_by == "GPU set-up" and res.converged
+    assert res.true_residual_norm <= 2 * RTOL * np.linalg.norm(b)
+    for level in M.levels[1:]:  # the levels the set-up left on the device are not copied
+        assert solver._impl.program.matrix(level.A).data.data.ptr == level.A.data.data.ptr
+    cpu = PCG(A, preconditioner=AMG(near_nullspace=B, setup="gpu"), rtol=RTOL, device="cpu", variant="classic",
+              reorder="none").solve(b)  # the same hierarchy, copied back for the CPU cycle
+    assert abs(res.iterations - cpu.iterations) <= 2, (res.iterations, cpu.iterations)
+    again = solver.solve(b)
+    assert again.iterations == res.iterations and np.array_equal(again.x.get(), res.x.get())
 
 
 @pytest.mark.gpu
@@ -372,7 +389,8 @@ def test_cli_runs_amg_on_the_gpu_with_the_same_report(tmp_path, capsys):
 
     js = {device: tmp_path / f"{device}.json" for device in ("cpu", "gpu")}
     for device in js:
-        code = main(["--matrix", EXAMPLE, "--precond", "amg", "--device", device, "--json", str(js[device])])
+        code = main(["--matrix", EXAMPLE, "--precond", "amg", "--amg-setup", "cpu", "--device", device,
+                     "--json", str(js[device])])
         assert code == 0
     capsys.readouterr()
     cpu, gpu = (json.loads(js[d].read_text()) for d in ("cpu", "gpu"))
