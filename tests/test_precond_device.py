@@ -382,6 +382,18 @@ def test_new_values_many_right_hand_sides_and_a_start_vector(problems):
 
 
 @pytest.mark.gpu
+def test_enqueue_refuses_a_preconditioner_of_several_kernels():
+    import cupy
+    from solvers.errors import InputError
+
+    A = rotated_anisotropic_diffusion((32, 32))
+    solver = PCG(A, preconditioner="chebyshev", device="gpu", reorder="none")
+    b = cupy.ones(A.shape[0])
+    with pytest.raises(InputError, match="preconditioner 'chebyshev' runs in a graph of kernels: use solve"):
+        solver.enqueue(b, cupy.zeros_like(b))
+
+
+@pytest.mark.gpu
 def test_cli_runs_amg_on_the_gpu_with_the_same_report(tmp_path, capsys):
     import json
 

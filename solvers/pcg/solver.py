@@ -462,6 +462,9 @@ class PCG:
                              "(set it up with reorder='none'; A's entries are outside the safe range)")
         if self.record_history:
             raise InputError("enqueue does not record a history (set the solver up without record_history)")
+        if self._set_up_preconditioner is not None:  # on the GPU: its own kernels around PCG's, not one kernel
+            raise InputError(f"enqueue runs the solve as one kernel, which applies Jacobi or no preconditioner; "
+                             f"preconditioner {self.preconditioner!r} runs in a graph of kernels: use solve")
         cupy = require_cupy()
         for name, v in (("b", b), ("out", out), ("x0", x0)):
             if v is None and name == "x0":
