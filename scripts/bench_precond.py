@@ -8,7 +8,8 @@ float64, rtol 1e-8, a random right-hand side. Prints a markdown table, one row a
 method, and saves it under ``scripts/results/`` with the date, the GPU and the commit.
 
 Columns: ``setup s`` is the solver's whole set-up (upload, matrix format, the
-preconditioner's set-up, kernel compilation on first use), ``precond setup s`` the
+preconditioner's set-up; each method is first set up and run once on a small problem, so
+most kernel compilation is not in it), ``precond setup s`` the
 preconditioner's own share of it (for AMG the hierarchy, on the GPU or by PyAMG on the
 CPU as ``--setup`` says, plus each level's eigenvalue estimate); ``solve s`` for AMG the median of ``--reps`` solves
 after a first one that also captures the graph, for the others (seconds long) the
@@ -47,6 +48,23 @@ def problems(diffusion, elasticity):
         yield f"linear elasticity {elasticity}^2", A, B
 
 
+def methods(B, setup, float32_hierarchy):
+    """``(label, preconditioner)`` of the GPU methods, ``B`` AMG's near-nullspace."""
+    found = [("GPU Jacobi-PCG", "jacobi"), ("GPU AMG-PCG", AMG(near_nullspace=B, setup=setup))]
+    if float32_hierarchy:
+        found.append(("GPU AMG-PCG, float32 hierarchy", AMG(near_nullspace=B, setup=setup, hierarchy_dtype="float32")))
+    return found + [("GPU Chebyshev(3)-PCG", Chebyshev(3))]
+
+
+def warm_up(diffusion, elasticity, setup, float32_hierarchy):
+    """Set up and run every method once on small problems of the same kinds, so the timed set-ups find
+    CuPy's and the preconditioners' kernels compiled (a program's first set-up pays for that once; the
+    PCG kernels themselves are compiled per matrix layout and may still be compiled in the timed one)."""
+    for _, A, B in problems(64 if diffusion else 0, 32 if elasticity else 0):
+        for _, preconditioner in methods(B, setup, float32_hierarchy):
+            solvers.PCG(A, preconditioner=preconditioner, rtol=RTOL, device="gpu").solve(np.ones(A.shape[0]))
+
+
 class Row(dict):
     """One method's figures (missing ones print as '-')."""
 
@@ -65,10 +83,10 @@ class Row(dict):
         return "| " + " | ".join(cells) + " |"
 
 
-def ours(A, b, preconditioner, reps, **options):
+def ours(A, b, preconditioner, reps):
     """Set up and solve on the GPU; the solve column is the median after a first (capturing) solve."""
     t0 = time.perf_counter()
-    solver = solvers.PCG(A, preconditioner=preconditioner, rtol=RTOL, device="gpu", maxiter=MAXITER, **options)
+    solver = solvers.PCG(A, preconditioner=preconditioner, rtol=RTOL, device="gpu", maxiter=MAXITER)
     setup = time.perf_counter() - t0
     first = solver.solve(b)
     results = [solver.solve(b) for _ in range(reps)] or [first]
@@ -146,20 +164,15 @@ def main(argv=None):
     gpu = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["name"].decode()
     header = "| problem | n | " + " | ".join(Row.COLUMNS) + " |"
     rows, notes = [header, "|" + "---|" * (len(Row.COLUMNS) + 2)], []
+    warm_up(args.diffusion, args.elasticity, args.setup, not args.no_float32_hierarchy)
     for name, A, B in problems(args.diffusion, args.elasticity):
         n = A.shape[0]
         b = np.random.default_rng(0).random(n)
         print(f"{name}: n={n:,} nnz={A.nnz:,}", file=sys.stderr, flush=True)
         found = {}
-        methods = [("GPU Jacobi-PCG", "jacobi", {}), ("GPU AMG-PCG", AMG(near_nullspace=B, setup=args.setup), {}),
-                   ("GPU AMG-PCG, float32 hierarchy",
-                    AMG(near_nullspace=B, setup=args.setup, hierarchy_dtype="float32"), {}),
-                   ("GPU Chebyshev(3)-PCG", Chebyshev(3), {})]
-        if args.no_float32_hierarchy:
-            methods.pop(2)
-        for label, preconditioner, options in methods:
+        for label, preconditioner in methods(B, args.setup, not args.no_float32_hierarchy):
             reps = args.reps if label.startswith("GPU AMG") else args.reps // 3
-            solver, row = ours(A, b, preconditioner, reps, **options)
+            solver, row = ours(A, b, preconditioner, reps)
             row["method"] = f"{label} ({solver.variant}, {solver.mode}" + (
                 f", set-up {args.setup})" if label.startswith("GPU AMG") else ")")
             found[label] = row
