@@ -15,6 +15,7 @@ from ..distributed.launch import several_ranks
 from ..errors import DeviceError, InputError
 from ..interrupts import exits_cleanly
 from ..outfiles import check_target
+from .cpu import CPU_MODES
 from .forcefield import LennardJones, Morse
 from .integrators import Langevin, VelocityVerlet
 from .io import DumpWriter, check_restart_target
@@ -82,9 +83,10 @@ def build_parser():
     run = p.add_argument_group("execution")
     run.add_argument("--device", choices=("auto", "cpu", "gpu"), default="auto",
                      help="auto: the GPU when CuPy and a CUDA device are usable, else the CPU (default auto)")
-    run.add_argument("--mode", choices=("auto", "eager", "graph", "while"), default="auto",
+    run.add_argument("--mode", choices=("auto", "eager", "graph", "while") + CPU_MODES, default="auto",
                      help="single-GPU driver: eager launches, a relaunched graph, or a WHILE node "
-                          "(default auto: while where CUDA >= 12.4)")
+                          "(auto: while where CUDA >= 12.4); CPU kernels: numpy (the reference) or numba "
+                          "(compiled, needs Numba; auto: numba where installed) (default auto)")
     run.add_argument("--precision", choices=PRECISIONS,
                      help="double, or mixed (float32 state, float64 sums) (default: mixed on the GPU, double on "
                           "the CPU)")
@@ -158,7 +160,7 @@ def _check_values(args, root):
 
 def _simulation(args, comm=None):
     _check_counts(args)
-    if comm is not None and args.mode != "auto":
+    if comm is not None and args.mode not in ("auto",) + CPU_MODES:
         raise InputError("applies to single-process runs; over ranks a step is graph segments with the "
                          "communication between them", "--mode")
     if args.resume:

@@ -1,9 +1,39 @@
-"""NumPy backend: the reference the GPU kernels are tested against."""
+"""CPU backend: NumPy (the reference the GPU kernels are tested against) or compiled (Numba) kernels."""
 import numpy as np
 
+from ..errors import InputError
 from ..kernels import md_ref
 from .neighbor_cpu import CandidatePairs, build_frame
 from .thermo import UnstableRunError
+
+# The CPU's modes: the pair list and forces in whole-array NumPy passes, or in compiled loops.
+CPU_MODES = ("numpy", "numba")
+
+
+def cpu_mode(mode):
+    """The CPU kernels ``mode`` names: ``numba`` or ``numpy``, and for any other (``auto``, or a GPU
+    driver, which the CPU ignores) ``numba`` where it is installed, else ``numpy``.
+
+    Raises :class:`InputError` for ``numba`` where Numba cannot be imported.
+    """
+    if mode == "numpy":
+        return mode
+    try:
+        from . import numba_kernels  # noqa: F401
+    except ImportError as exc:
+        if mode == "numba":
+            raise InputError(f"needs Numba (pip install numba, or the package's 'fast' extra): {exc}",
+                             "--mode") from None
+        return "numpy"
+    return "numba"
+
+
+def pair_forces(mode):
+    """The function ``(pairs, y, potential, n_out, energy) -> (f, pe_atom, vir_atom)`` of CPU ``mode``."""
+    if mode == "numba":
+        from .numba_kernels import pair_forces
+        return pair_forces
+    return lambda pairs, y, potential, n_out, energy: pairs.compute(y, potential, n_out, energy)
 
 
 def langevin_force(integ, v, ids, step, mass):
@@ -45,6 +75,10 @@ class CpuBackend:
     forcefield : LennardJones or Morse
     integrator : VelocityVerlet or Langevin
     skin : float
+    mode : {"numpy", "numba"}
+        Pair lists and forces by NumPy (the list cut from k-d tree candidates,
+        forces in blocks of whole-array passes) or by compiled loops (a cell list;
+        one pass over the list). The same lists; forces equal but for the order of the sums.
     restart : dict, optional
         ``forces``, ``hold`` (positions at the last list build) and ``builds``
         from a restart file: the list is rebuilt from ``hold`` and the saved
@@ -52,11 +86,11 @@ class CpuBackend:
     """
 
     device = "cpu"
-    mode = "numpy"
     precision = "double"
     ranks = 1
 
-    def __init__(self, state, forcefield, integrator, skin, restart=None):
+    def __init__(self, state, forcefield, integrator, skin, mode="numpy", restart=None):
+        self.mode, self._pair_forces = mode, pair_forces(mode)
         self.ff, self.integ = forcefield, integrator
         self.box, self.mass, self.ids = state.box.copy(), state.mass, state.ids
         self.n, self.volume = state.n, state.volume
@@ -80,12 +114,16 @@ class CpuBackend:
     # -- pieces of a step ----------------------------------------------------
     def _build(self, at):
         self.hold = at.copy()
+        if self.mode == "numba":
+            from .numba_kernels import verlet_list
+            self.pairs = verlet_list(at, self.box, self.rlist)
+            return
         if self.candidates is None or not self.candidates.covers(at, self.rlist):
             self.candidates = CandidatePairs(at, self.box, self.candidate_radius)
         self.pairs = self.candidates.verlet(at, self.rlist)
 
     def _forces(self, y, step, energy):
-        self.f, pe, vir = self.pairs.compute(y, self.ff, self.n, energy)
+        self.f, pe, vir = self._pair_forces(self.pairs, y, self.ff, self.n, energy)
         if energy:
             self.pe_atom, self.vir_atom = pe, vir
         self.f += langevin_force(self.integ, self.v, self.ids, step, self.mass)
@@ -129,7 +167,7 @@ class CpuBackend:
     def memory_bytes(self):
         """Bytes held in per-particle and per-pair arrays."""
         return (sum(a.nbytes for a in (self.x, self.v, self.f, self.img, self.hold)) + self.pairs.nbytes
-                + self.candidates.nbytes)
+                + (self.candidates.nbytes if self.candidates is not None else 0))
 
     def arrays(self):
         """Host copies of the per-particle arrays a restart needs."""

@@ -27,7 +27,7 @@ from .forcefield import WORK_ROWS
 BLOCK_PAIRS = 16384
 # Rows of work space per block: separations (3) and squared distances; the potential's own rows follow.
 _PAIR_ROWS = 4
-_NO_SHIFT = 13  # image code of (0, 0, 0): codes are sum_k (s_k + 1) 3^k for shifts s_k in {-1, 0, 1}
+NO_SHIFT = 13  # image code of (0, 0, 0): codes are sum_k (s_k + 1) 3^k for shifts s_k in {-1, 0, 1}
 
 
 def _tree(x, box=None):
@@ -89,9 +89,9 @@ def build_frame(x, hold, box):
 
 
 def _image_codes(x, i, j, box):
-    """Code of the image of ``j`` nearest to ``i`` for each pair (``_NO_SHIFT``: ``j`` itself)."""
+    """Code of the image of ``j`` nearest to ``i`` for each pair (``NO_SHIFT``: ``j`` itself)."""
     cols = [np.ascontiguousarray(x[:, k]) for k in range(3)]
-    code = np.full(len(i), _NO_SHIFT, np.int8)
+    code = np.full(len(i), NO_SHIFT, np.int8)
     for p in range(0, len(i), BLOCK_PAIRS):
         ib, jb = i[p:p + BLOCK_PAIRS], j[p:p + BLOCK_PAIRS]
         for k, weight in enumerate((1, 3, 9)):
@@ -103,7 +103,7 @@ def _image_codes(x, i, j, box):
     return code
 
 
-def _shifts(codes):
+def image_shifts(codes):
     """Shift of each image code in whole boxes, shape (len(codes), 3)."""
     codes = np.asarray(codes, np.int64)
     return np.stack([codes % 3, codes // 3 % 3, codes // 9], axis=1) - 1
@@ -111,7 +111,7 @@ def _shifts(codes):
 
 def _with_images(i, src, code, n_atoms, box):
     """The :class:`PairList` of pairs ``(i, image code of src)`` (already in order), images numbered in order."""
-    crossing = np.flatnonzero(code != _NO_SHIFT)
+    crossing = np.flatnonzero(code != NO_SHIFT)
     keys = np.take(src, crossing) * 27
     keys += np.take(code, crossing)
     # Images numbered in the order of (source, code), through a table of every possible one.
@@ -122,7 +122,7 @@ def _with_images(i, src, code, n_atoms, box):
     number[image_keys] = np.arange(n_atoms, n_atoms + len(image_keys))
     j = src.copy()
     j[crossing] = number[keys]
-    return PairList(i, j, n_atoms, images=(image_keys // 27, _shifts(image_keys % 27) * box))
+    return PairList(i, j, n_atoms, images=(image_keys // 27, image_shifts(image_keys % 27) * box))
 
 
 def _blocks(offsets):
@@ -163,9 +163,9 @@ class PairList:
         self.image_source, self.image_shift = images
         counts = np.bincount(i, minlength=n_atoms)
         self._counts = counts
-        offsets = np.zeros(n_atoms + 1, np.int64)
-        np.cumsum(counts, out=offsets[1:])
-        self._blocks = _blocks(offsets)
+        self.offsets = np.zeros(n_atoms + 1, np.int64)
+        np.cumsum(counts, out=self.offsets[1:])
+        self._blocks = _blocks(self.offsets)
         n_all = n_atoms + len(self.image_source)
         self._y, self._f = np.empty((3, n_all)), np.empty((3, n_all))
         width = max((b[3] - b[2] for b in self._blocks), default=0)

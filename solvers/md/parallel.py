@@ -20,7 +20,7 @@ from .. import interrupts
 from ..distributed.comm import RankError, abort_on_error, world
 from ..errors import DeviceError, InputError
 from ..kernels import md_ref
-from .cpu import CpuBackend, langevin_force
+from .cpu import CpuBackend, langevin_force, pair_forces
 from .domain import Domain, choose_grid
 from .neighbor_cpu import PairList, build_frame, local_pairs
 from .thermo import UnstableRunError
@@ -29,13 +29,13 @@ EXIT_BLOWUP, EXIT_BAD_INPUT = 1, 2
 _NOBODY = np.iinfo(np.int64).min  # reduced flag: no particle moved too far
 
 
-def distributed_backend(device, comm, state, forcefield, integrator, skin, *, precision, restart, unroll):
-    """This rank's backend of a distributed simulation on ``device`` (collective)."""
+def distributed_backend(device, comm, state, forcefield, integrator, skin, *, mode, precision, restart, unroll):
+    """This rank's backend of a distributed simulation on ``device`` (collective); ``mode``: the CPU's."""
     if device == "gpu":
         from .parallel_gpu import DistGpuBackend
         return DistGpuBackend(comm, state, forcefield, integrator, skin, precision=precision, restart=restart,
                               unroll=unroll)
-    return DistCpuBackend(comm, state, forcefield, integrator, skin, restart=restart)
+    return DistCpuBackend(comm, state, forcefield, integrator, skin, mode=mode, restart=restart)
 
 
 def agreed(error):
@@ -102,15 +102,16 @@ class DistCpuBackend(CpuBackend):
 
     Parameters are those of :class:`~solvers.md.cpu.CpuBackend` plus ``comm``;
     every rank passes the whole ``state`` (and ``restart``) and keeps its own atoms.
-    It sets itself up on its own (its atoms, ghosts and lists are a rank's) and takes
+    It sets itself up on its own (its atoms, ghosts and lists are a rank's: k-d tree
+    queries over them whatever the mode; ``mode`` chooses the pair forces) and takes
     the step loop from ``CpuBackend.advance``, with the rebuild decision made together.
     """
 
     device = "cpu"
-    mode = "numpy + MPI"
     precision = "double"
 
-    def __init__(self, comm, state, forcefield, integrator, skin, restart=None):
+    def __init__(self, comm, state, forcefield, integrator, skin, mode="numpy", restart=None):
+        self.mode, self._pair_forces = f"{mode} + MPI", pair_forces(mode)
         self.comm, self.ranks = comm, comm.Get_size()
         self.ff, self.integ = forcefield, integrator
         self.box, self.mass, self.n_total = state.box.copy(), state.mass, state.n
@@ -168,7 +169,7 @@ class DistCpuBackend(CpuBackend):
 
     def _forces(self, y, step, energy):
         y_all = np.concatenate([y, self.plan.exchange(y)])
-        self.f, pe, vir = self.pairs.compute(y_all, self.ff, self.n, energy)
+        self.f, pe, vir = self._pair_forces(self.pairs, y_all, self.ff, self.n, energy)
         if energy:
             self.pe_atom, self.vir_atom = pe, vir
         self.f += langevin_force(self.integ, self.v, self.ids, step, self.mass)

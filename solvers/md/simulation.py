@@ -8,7 +8,7 @@ from ..errors import InputError
 from .forcefield import from_meta
 from .integrators import Langevin, VelocityVerlet
 from .io import read_restart, write_restart
-from .cpu import CpuBackend, candidate_radius
+from .cpu import CPU_MODES, CpuBackend, candidate_radius, cpu_mode
 from .memory import require_run
 from .state import State
 from .thermo import as_arrays, thermo_row
@@ -41,8 +41,11 @@ class Simulation:
         Verlet-list skin; the list is rebuilt once any particle has moved more
         than ``skin / 2`` since the last build.
     device : {"auto", "cpu", "gpu"}
-    mode : {"auto", "eager", "graph", "while"}
-        GPU driver (ignored on the CPU).
+    mode : {"auto", "eager", "graph", "while", "numpy", "numba"}
+        GPU driver (``eager``, ``graph``, ``while``; ignored on the CPU), or CPU
+        kernels: ``numpy`` (whole-array passes, the reference) or ``numba``
+        (compiled loops, about three times faster; needs Numba). ``auto`` on the
+        CPU: ``numba`` where Numba is installed, else ``numpy``.
     precision : {"double", "mixed"}, optional
         ``mixed`` (float32 positions/velocities/forces, float64 energy and
         virial sums) is the GPU default; the CPU runs ``double`` only.
@@ -104,20 +107,24 @@ class Simulation:
             raise InputError(f"precision must be double or mixed, got {precision!r}", "--precision")
         if self.device == "cpu" and precision != "double":
             raise InputError("the CPU backend runs double precision only", "--precision")
+        if self.device == "gpu" and mode in CPU_MODES:
+            raise InputError(f"mode {mode} is a CPU mode; the GPU's are auto, eager, graph and while", "--mode")
+        if self.device == "cpu":
+            mode = cpu_mode(mode)
         if self.comm is None:
-            require_run(state.n, state.box, forcefield.rc + skin, self.device, self.source,
-                        candidates=candidate_radius(forcefield.rc + skin, skin, state.box))
+            wide = candidate_radius(forcefield.rc + skin, skin, state.box) if mode == "numpy" else None
+            require_run(state.n, state.box, forcefield.rc + skin, self.device, self.source, candidates=wide)
         if self.comm is not None:
             from .parallel import distributed_backend
             self._backend = distributed_backend(self.device, self.comm, state, forcefield, integrator, skin,
-                                                precision=precision, restart=restart, unroll=unroll)
+                                                mode=mode, precision=precision, restart=restart, unroll=unroll)
         elif self.device == "gpu":
             from .gpu import GpuBackend
             self._backend = GpuBackend(state, forcefield, integrator, skin, mode=mode, precision=precision,
                                        unroll=STEPS_PER_LAUNCH if unroll is None else unroll, restart=restart,
                                        neighbor_capacity=neighbor_capacity, tpp=tpp, cell_order=cell_order)
         else:
-            self._backend = CpuBackend(state, forcefield, integrator, skin, restart=restart)
+            self._backend = CpuBackend(state, forcefield, integrator, skin, mode=mode, restart=restart)
         self.mode, self.precision = self._backend.mode, precision
         self._check_overlaps()
 
