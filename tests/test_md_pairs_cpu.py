@@ -1,8 +1,13 @@
-"""Neighbour lists and pair forces of the NumPy MD backend, against direct sums over all pairs."""
+"""Neighbour lists and pair forces of the CPU backends (NumPy and compiled), against the k-d tree and
+direct sums over all pairs."""
+import sys
+
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
-from solvers.md import Langevin, LennardJones, Morse, Simulation, cpu, lattice_state, neighbor_cpu
+from solvers.errors import InputError
+from solvers.md import Langevin, LennardJones, Morse, Simulation, VelocityVerlet, cpu, lattice_state, neighbor_cpu
 from solvers.md.neighbor_cpu import CandidatePairs, build_pairs
 
 RLIST = 2.8
@@ -26,23 +31,102 @@ def direct_terms(x, box, potential):
     return -np.einsum("ij,ijk->ik", fr, d), 0.5 * e.sum(axis=1), 0.5 * w.sum(axis=1)
 
 
+def numba_kernels():
+    pytest.importorskip("numba")
+    from solvers.md import numba_kernels
+    return numba_kernels
+
+
+def list_and_forces(mode, x, box):
+    """A list built and a pair-force function, as CPU ``mode`` does them."""
+    if mode == "numba":
+        return numba_kernels().verlet_list(x, box, RLIST), cpu.pair_forces(mode)
+    return CandidatePairs(x, box, RLIST).verlet(x, RLIST), cpu.pair_forces(mode)
+
+
 @pytest.mark.parametrize("potential", [LennardJones(rc=2.5, shift=True), Morse(1.0, 6.0, 1.12, rc=2.5)],
                          ids=["lj", "morse"])
-@pytest.mark.parametrize("block", [neighbor_cpu.BLOCK_PAIRS, 100])
-def test_pair_forces_match_direct_sums(monkeypatch, potential, block):
-    monkeypatch.setattr(neighbor_cpu, "BLOCK_PAIRS", block)  # 100: hundreds of blocks, some rows split off
+@pytest.mark.parametrize("mode,block", [("numpy", neighbor_cpu.BLOCK_PAIRS), ("numpy", 100), ("numba", None)])
+def test_pair_forces_match_direct_sums(monkeypatch, potential, mode, block):
+    if block:
+        monkeypatch.setattr(neighbor_cpu, "BLOCK_PAIRS", block)  # 100: hundreds of blocks, some rows split off
     x, box = liquid(1)
-    pairs = CandidatePairs(x, box, RLIST).verlet(x, RLIST)
+    pairs, forces = list_and_forces(mode, x, box)
     assert len(pairs.image_source) > 0  # pairs across the periodic boundary take part
-    f, pe, vir = pairs.compute(x, potential, len(x), energy=True)
+    f, pe, vir = forces(pairs, x, potential, len(x), True)
     f_ref, pe_ref, vir_ref = direct_terms(x, box, potential)
     scale = np.abs(f_ref).max()
     np.testing.assert_allclose(f, f_ref, rtol=0, atol=1e-12 * scale)
     np.testing.assert_allclose(pe, pe_ref, rtol=1e-12, atol=1e-14)
     np.testing.assert_allclose(vir, vir_ref, rtol=1e-12, atol=1e-12)
-    f_only, none_pe, none_vir = pairs.compute(x, potential, len(x))
+    f_only, none_pe, none_vir = forces(pairs, x, potential, len(x), False)
     np.testing.assert_array_equal(f_only, f)
     assert none_pe is None and none_vir is None
+
+
+def in_order(pairs):
+    """A list's pairs as (i, source of j, image shift of j), sorted by i, then j's source."""
+    src = pairs.source(pairs.j)
+    shift = np.zeros((len(pairs), 3))
+    image = pairs.j >= pairs.n_atoms
+    shift[image] = pairs.image_shift[pairs.j[image] - pairs.n_atoms]
+    order = np.lexsort((src, pairs.i))
+    return pairs.i[order], src[order], shift[order]
+
+
+@settings(max_examples=40, deadline=None)
+@given(cells=st.tuples(*[st.integers(1, 6)] * 3), seed=st.integers(0, 2 ** 16),
+       noise=st.sampled_from([0.0, 0.05, 0.3]), reach=st.floats(0.2, 0.6))
+def test_cell_list_is_the_tree_list(cells, seed, noise, reach):
+    """Boxes from one to a few cutoffs wide (fewer bins than the stencil reaches: images worked out pair by pair),
+    a perfect lattice (distances tied) or shaken, cutoffs up to beyond half the box (one image a pair all the same)."""
+    kernels = numba_kernels()
+    state = lattice_state(cells=cells, temp=1.0, seed=seed)
+    x = (state.positions + np.random.default_rng(seed).normal(0.0, noise, state.positions.shape)) % state.box
+    rlist = reach * float(min(state.box))
+    got = kernels.verlet_list(x, state.box, rlist)
+    i, j = build_pairs(x, state.box, rlist)
+    got_i, got_src, got_shift = in_order(got)
+    np.testing.assert_array_equal(got_i, i)
+    np.testing.assert_array_equal(got_src, j)
+    ref_i, ref_src, ref_shift = in_order(CandidatePairs(x, state.box, rlist).verlet(x, rlist))
+    np.testing.assert_array_equal(got_shift, ref_shift)  # the same nearest image of each pair
+    np.testing.assert_array_equal(np.diff(got.offsets), np.bincount(i, minlength=len(x)))
+
+
+def test_numba_and_numpy_runs_agree():
+    numba_kernels()
+    runs = {}
+    for mode in ("numpy", "numba"):
+        sim = Simulation(lattice_state(cells=(7, 6, 8), temp=1.44, seed=3), LennardJones(),
+                         Langevin(0.005, 1.2, 0.5, seed=9), device="cpu", mode=mode)
+        sim.run(200, thermo_every=100)
+        runs[mode] = sim
+    a, b = runs["numpy"], runs["numba"]
+    assert a.neighbor_builds == b.neighbor_builds > 10
+    np.testing.assert_allclose(b.positions, a.positions, rtol=0, atol=1e-9)  # the order of the sums only
+    for ra, rb in zip(a.thermo_log, b.thermo_log):
+        np.testing.assert_allclose([rb[k] for k in ("Temp", "E_pair", "Press")],
+                                   [ra[k] for k in ("Temp", "E_pair", "Press")], rtol=1e-10)
+
+
+def test_numba_mode_without_numba_is_refused(monkeypatch):
+    import solvers.md
+    monkeypatch.setitem(sys.modules, "numba", None)  # import numba raises ImportError
+    monkeypatch.delitem(sys.modules, "solvers.md.numba_kernels", raising=False)
+    monkeypatch.delattr(solvers.md, "numba_kernels", raising=False)
+    state, ff = lattice_state(cells=(4, 4, 4)), LennardJones()
+    with pytest.raises(InputError, match="--mode: needs Numba"):
+        Simulation(state, ff, VelocityVerlet(0.005), device="cpu", mode="numba")
+    assert Simulation(state, ff, VelocityVerlet(0.005), device="cpu").mode == "numpy"  # auto: what there is
+
+
+def test_cpu_mode_on_the_gpu_is_refused(monkeypatch):
+    from solvers.md import simulation
+    monkeypatch.setattr(simulation, "resolve_device", lambda device: ("gpu", ""))
+    with pytest.raises(InputError, match="--mode: mode numba is a CPU mode"):
+        Simulation(lattice_state(cells=(4, 4, 4)), LennardJones(), VelocityVerlet(0.005), device="gpu",
+                   mode="numba")
 
 
 def test_list_cut_from_candidates_is_the_tree_list():
@@ -70,7 +154,7 @@ def test_list_cut_from_candidates_is_the_tree_list():
 def test_runs_with_and_without_candidates_agree_bit_for_bit(monkeypatch):
     def run():
         sim = Simulation(lattice_state(cells=(6, 6, 6), temp=1.44, seed=3), LennardJones(),
-                         Langevin(0.005, 1.2, 0.5, seed=9), device="cpu")
+                         Langevin(0.005, 1.2, 0.5, seed=9), device="cpu", mode="numpy")
         sim.run(200, thermo_every=100)
         return sim
 

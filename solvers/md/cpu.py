@@ -22,7 +22,7 @@ def cpu_mode(mode):
         from . import numba_kernels  # noqa: F401
     except ImportError as exc:
         if mode == "numba":
-            raise InputError(f"needs Numba (pip install numba, or the package's 'fast' extra): {exc}",
+            raise InputError(f"needs Numba (pip install numba, or the package's numba extra): {exc}",
                              "--mode") from None
         return "numpy"
     return "numba"
