@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from solvers.errors import InputError
+from solvers.kernels import md_ref
 from solvers.md import Langevin, LennardJones, Morse, Simulation, VelocityVerlet, cpu, lattice_state, neighbor_cpu
 from solvers.md.neighbor_cpu import CandidatePairs, build_pairs
 
@@ -92,6 +93,31 @@ def test_cell_list_is_the_tree_list(cells, seed, noise, reach):
     ref_i, ref_src, ref_shift = in_order(CandidatePairs(x, state.box, rlist).verlet(x, rlist))
     np.testing.assert_array_equal(got_shift, ref_shift)  # the same nearest image of each pair
     np.testing.assert_array_equal(np.diff(got.offsets), np.bincount(i, minlength=len(x)))
+
+
+def test_compiled_integration_is_the_numpy_one():
+    kernels = numba_kernels()
+    rng = np.random.default_rng(5)
+    x, box = liquid(3)
+    hold = (x + rng.normal(0.0, 0.1, x.shape)) % box
+    v, f = rng.normal(0.0, 40.0, x.shape), rng.normal(0.0, 500.0, x.shape)  # many particles cross a face
+    img = rng.integers(-3, 4, x.shape)
+    # At the faces: across the upper one by a hair, the lower one by a hair, and below 0 by less than
+    # half an ulp of the box (x + L rounds to L: the point is 0 again).
+    x[0], x[1:3] = np.nextafter(box, 0), 0.0
+    v[:3] = np.array([2e-12, -2e-12, -2e-15])[:, None] / 0.005 * 0.005
+    f[:3] = 0.0
+    got = kernels.kick_drift(x, v, f, img, hold, box, 1.3, 0.005)
+    ref = cpu.kick_drift(x, v, f, img, hold, box, 1.3, 0.005)
+    assert np.any(got[2] != img)
+    for name, a, b in zip(("x", "v", "img", "y"), got, ref):
+        np.testing.assert_array_equal(a, b, err_msg=name)
+    # Sums of three squares, added in another order than einsum's: within an ulp.
+    np.testing.assert_allclose(got[4], ref[4], rtol=4.5e-16, atol=0)
+    np.testing.assert_allclose(got[5], ref[5], rtol=4.5e-16, atol=0)
+    assert np.all((got[0] >= 0) & (got[0] < box))
+    assert got[0][2].tolist() == [0.0] * 3 and np.all(got[2][:3] == img[:3] + [[1], [-1], [-1]])
+    np.testing.assert_array_equal(kernels.half_kick(v, f, 1.3, 0.005), md_ref.half_kick(v, f, 1.3, 0.005))
 
 
 def test_numba_and_numpy_runs_agree():

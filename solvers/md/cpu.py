@@ -36,6 +36,22 @@ def pair_forces(mode):
     return lambda pairs, y, potential, n_out, energy: pairs.compute(y, potential, n_out, energy)
 
 
+def kick_drift(x, v, f, img, hold, box, mass, dt):
+    """The first half of a step in NumPy (see ``numba_kernels.kick_drift``)."""
+    v = md_ref.half_kick(v, f, mass, dt)
+    x, img, move_sq = md_ref.drift_wrap(x, v, img, box, dt)
+    y, disp = build_frame(x, hold, box)
+    return x, v, img, y, move_sq, np.einsum("ij,ij->i", disp, disp).max(initial=0.0)
+
+
+def integration(mode):
+    """The functions ``kick_drift`` (the first half of a step) and ``half_kick`` (the second) of CPU ``mode``."""
+    if mode == "numba":
+        from . import numba_kernels
+        return numba_kernels.kick_drift, numba_kernels.half_kick
+    return kick_drift, md_ref.half_kick
+
+
 def langevin_force(integ, v, ids, step, mass):
     """The Langevin force of ``integ`` at ``step`` (zero without a thermostat)."""
     if not integ.langevin:
@@ -76,9 +92,11 @@ class CpuBackend:
     integrator : VelocityVerlet or Langevin
     skin : float
     mode : {"numpy", "numba"}
-        Pair lists and forces by NumPy (the list cut from k-d tree candidates,
-        forces in blocks of whole-array passes) or by compiled loops (a cell list;
-        one pass over the list). The same lists; forces equal but for the order of the sums.
+        Pair lists, forces and integration by NumPy (the list cut from k-d tree
+        candidates, forces in blocks of whole-array passes) or by compiled loops (a
+        cell list; one pass over the list; one over the particles for each half of
+        a step). The same lists and the same integration; forces equal but for the
+        order of the sums.
     restart : dict, optional
         ``forces``, ``hold`` (positions at the last list build) and ``builds``
         from a restart file: the list is rebuilt from ``hold`` and the saved
@@ -90,7 +108,7 @@ class CpuBackend:
     ranks = 1
 
     def __init__(self, state, forcefield, integrator, skin, mode="numpy", restart=None):
-        self.mode, self._pair_forces = mode, pair_forces(mode)
+        self.mode, self._pair_forces, self._integration = mode, pair_forces(mode), integration(mode)
         self.ff, self.integ = forcefield, integrator
         self.box, self.mass, self.ids = state.box.copy(), state.mass, state.ids
         self.n, self.volume = state.n, state.volume
@@ -128,16 +146,16 @@ class CpuBackend:
             self.pe_atom, self.vir_atom = pe, vir
         self.f += langevin_force(self.integ, self.v, self.ids, step, self.mass)
 
-    def _rebuild_now(self, step, move_sq, disp):
+    def _rebuild_now(self, step, move_sq, disp_sq_max):
         """True when the list must be rebuilt before this step's forces; raises when the run blew up.
 
-        ``move_sq``: each particle's squared move this step; ``disp``: its displacement since the
-        last build.
+        ``move_sq``: each particle's squared move this step; ``disp_sq_max``: the largest squared
+        displacement since the last build.
         """
         error = unstable(step, self.ids, move_sq, self.max_move_sq)
         if error:
             raise error
-        return np.einsum("ij,ij->i", disp, disp).max(initial=0.0) > self.trigger_sq
+        return disp_sq_max > self.trigger_sq
 
     def _rebuild(self):
         self._build(self.x)
@@ -146,17 +164,17 @@ class CpuBackend:
     def advance(self, nsteps):
         """Run ``nsteps`` timesteps; return the thermo sums at the last one."""
         dt = self.integ.dt
+        kick_drift, half_kick = self._integration
         for k in range(nsteps):
             step = self.step + 1
-            self.v = md_ref.half_kick(self.v, self.f, self.mass, dt)
-            self.x, self.img, move_sq = md_ref.drift_wrap(self.x, self.v, self.img, self.box, dt)
-            y, disp = build_frame(self.x, self.hold, self.box)
-            if self._rebuild_now(step, move_sq, disp):
+            self.x, self.v, self.img, y, move_sq, disp_sq_max = kick_drift(self.x, self.v, self.f, self.img,
+                                                                           self.hold, self.box, self.mass, dt)
+            if self._rebuild_now(step, move_sq, disp_sq_max):
                 self._rebuild()
                 self.builds += 1
                 y = self.x
             self._forces(y, step, energy=k == nsteps - 1)
-            self.v = md_ref.half_kick(self.v, self.f, self.mass, dt)
+            self.v = half_kick(self.v, self.f, self.mass, dt)
             self.step = step
         return self.sums()
 

@@ -307,3 +307,63 @@ def verlet_list(x, box, rlist):
     counts, j, image_keys = _cell_list_pairs(x, box, float(rlist), int(1.2 * expected) + 64)
     i = np.repeat(np.arange(len(x)), counts)
     return PairList(i, j, len(x), images=(image_keys // 27, image_shifts(image_keys % 27) * box))
+
+
+@numba.njit(cache=True)
+def _kick_drift(x, v, f, img, hold, box, kick, dt):
+    x_new, v_new, img_new = np.empty_like(x), np.empty_like(v), img.copy()
+    y = np.empty_like(x)
+    move_sq = np.empty(x.shape[0])
+    worst = 0.0
+    for a in range(x.shape[0]):
+        step_sq = 0.0
+        disp_sq = 0.0
+        for k in range(3):
+            va = v[a, k] + kick * f[a, k]
+            v_new[a, k] = va
+            dx = dt * va
+            step_sq += dx * dx
+            length = box[k]
+            xa = x[a, k] + dx
+            if xa >= length:
+                xa -= length
+                img_new[a, k] += 1
+            elif xa < 0.0:
+                xa += length
+                img_new[a, k] -= 1
+            if xa >= length:  # x + L can round up to exactly L: that point is 0 again
+                xa = 0.0
+            x_new[a, k] = xa
+            d = xa - hold[a, k]
+            d -= length * np.rint(d / length)
+            y[a, k] = hold[a, k] + d
+            disp_sq += d * d
+        move_sq[a] = step_sq
+        worst = max(worst, disp_sq)
+    return x_new, v_new, img_new, y, move_sq, worst
+
+
+def kick_drift(x, v, f, img, hold, box, mass, dt):
+    """The first half of a step: ``md_ref.half_kick``, ``md_ref.drift_wrap`` and ``build_frame`` in one pass.
+
+    Returns
+    -------
+    (x, v, img, y, move_sq, disp_sq_max)
+        New positions (wrapped), velocities and image counts; positions in the frame of the last list
+        build; each particle's squared move; the largest squared displacement since the build.
+    """
+    return _kick_drift(x, v, f, img, hold, np.asarray(box, np.float64), 0.5 * dt / mass, dt)
+
+
+@numba.njit(cache=True)
+def _kick(v, f, kick):
+    out = np.empty_like(v)
+    for a in range(v.shape[0]):
+        for k in range(3):
+            out[a, k] = v[a, k] + kick * f[a, k]
+    return out
+
+
+def half_kick(v, f, mass, dt):
+    """``md_ref.half_kick`` in one pass."""
+    return _kick(v, f, 0.5 * dt / mass)

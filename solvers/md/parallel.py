@@ -20,7 +20,7 @@ from .. import interrupts
 from ..distributed.comm import RankError, abort_on_error, world
 from ..errors import DeviceError, InputError
 from ..kernels import md_ref
-from .cpu import CpuBackend, langevin_force, pair_forces
+from .cpu import CpuBackend, integration, langevin_force, pair_forces
 from .domain import Domain, choose_grid
 from .neighbor_cpu import PairList, build_frame, local_pairs
 from .thermo import UnstableRunError
@@ -103,7 +103,7 @@ class DistCpuBackend(CpuBackend):
     Parameters are those of :class:`~solvers.md.cpu.CpuBackend` plus ``comm``;
     every rank passes the whole ``state`` (and ``restart``) and keeps its own atoms.
     It sets itself up on its own (its atoms, ghosts and lists are a rank's: k-d tree
-    queries over them whatever the mode; ``mode`` chooses the pair forces) and takes
+    queries over them whatever the mode; ``mode`` chooses forces and integration) and takes
     the step loop from ``CpuBackend.advance``, with the rebuild decision made together.
     """
 
@@ -111,7 +111,7 @@ class DistCpuBackend(CpuBackend):
     precision = "double"
 
     def __init__(self, comm, state, forcefield, integrator, skin, mode="numpy", restart=None):
-        self.mode, self._pair_forces = f"{mode} + MPI", pair_forces(mode)
+        self.mode, self._pair_forces, self._integration = f"{mode} + MPI", pair_forces(mode), integration(mode)
         self.comm, self.ranks = comm, comm.Get_size()
         self.ff, self.integ = forcefield, integrator
         self.box, self.mass, self.n_total = state.box.copy(), state.mass, state.n
@@ -174,12 +174,12 @@ class DistCpuBackend(CpuBackend):
             self.pe_atom, self.vir_atom = pe, vir
         self.f += langevin_force(self.integ, self.v, self.ids, step, self.mass)
 
-    def _rebuild_now(self, step, move_sq, disp):
+    def _rebuild_now(self, step, move_sq, disp_sq_max):
         """The single-process decision taken together (collective): any rank's blow-up ends every
         rank with the same message, and any rank's displacement rebuilds every rank's list."""
         from mpi4py import MPI
         bad = ~(move_sq <= self.max_move_sq)
-        flags = np.array([int(np.einsum("ij,ij->i", disp, disp).max(initial=0.0) > self.trigger_sq),
+        flags = np.array([int(disp_sq_max > self.trigger_sq),
                           -int(self.ids[bad].min()) if bad.any() else _NOBODY], np.int64)
         self.comm.Allreduce(MPI.IN_PLACE, flags, op=MPI.MAX)
         if flags[1] != _NOBODY:  # the same message on every rank
