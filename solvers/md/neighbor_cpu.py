@@ -149,7 +149,8 @@ class PairList:
     Parameters
     ----------
     i, j : ndarray of int64
-        Pairs, sorted by ``i`` then ``j``; ``i < n_atoms``, ``j < n_atoms`` or an image.
+        Pairs in rows of ``i`` (in order), each row in order of ``j`` (the k-d tree's lists) or as a
+        cell list found them; ``i < n_atoms``, ``j < n_atoms`` or an image.
     n_atoms : int
         Atoms the indices refer to (owned and ghosts).
     images : (ndarray (G,) of int64, ndarray (G, 3)), optional
@@ -165,8 +166,11 @@ class PairList:
         self._counts = counts
         self.offsets = np.zeros(n_atoms + 1, np.int64)
         np.cumsum(counts, out=self.offsets[1:])
+        self._blocks = None  # blocks and work space of compute and within, set up at their first call
+
+    def _set_up_blocks(self):
         self._blocks = _blocks(self.offsets)
-        n_all = n_atoms + len(self.image_source)
+        n_all = self.n_atoms + len(self.image_source)
         self._y, self._f = np.empty((3, n_all)), np.empty((3, n_all))
         width = max((b[3] - b[2] for b in self._blocks), default=0)
         self._work = np.empty((_PAIR_ROWS + WORK_ROWS, width))
@@ -177,7 +181,8 @@ class PairList:
     @property
     def nbytes(self):
         """Bytes held by the list and its work space."""
-        return sum(a.nbytes for a in (self.i, self.j, self._counts, self._y, self._f, self._work))
+        space = (self._y, self._f, self._work) if self._blocks is not None else ()
+        return sum(a.nbytes for a in (self.i, self.j, self._counts, self.offsets) + space)
 
     def source(self, j):
         """The atom each index of ``j`` is (itself, or the source of the image)."""
@@ -187,6 +192,8 @@ class PairList:
         return src
 
     def _load(self, y):
+        if self._blocks is None:
+            self._set_up_blocks()
         n = self.n_atoms
         self._y[:, :n] = y.T
         if len(self.image_source):
