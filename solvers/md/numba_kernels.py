@@ -1,19 +1,20 @@
-"""Compiled kernels of the CPU backend (Numba): the Verlet-list build and the pair forces.
+"""Compiled kernels of the CPU backend's mode ``numba``: Verlet-list build, pair forces, integration.
 
-They compute what the NumPy reference computes (:mod:`.neighbor_cpu`, the pair terms
-of :mod:`solvers.kernels.md_ref`), one pair at a time in compiled loops instead of
-whole-array passes:
+They compute what the NumPy reference computes (:mod:`.neighbor_cpu`, :mod:`.cpu` and the
+formulas of :mod:`solvers.kernels.md_ref`), in compiled loops instead of whole-array passes:
 
-- :func:`verlet_list`: the pairs closer than the list cutoff from a cell list
-  (cells at least the cutoff wide, each atom against the atoms of its 27 cells,
-  the nearest image of each), in the order and with the images of
-  :func:`~.neighbor_cpu.build_pairs` and its :class:`~.neighbor_cpu.PairList`;
-- :func:`pair_forces`: forces, and halves of pair energy and virial, over the
-  rows of a half list, the same formulas as ``md_ref.lj_pair`` and
-  ``md_ref.morse_pair``; only the order of the sums differs.
+- :func:`verlet_list`: the pairs of :func:`~.neighbor_cpu.build_pairs`, with their images
+  numbered as :class:`~.neighbor_cpu.CandidatePairs` numbers them, from a cell list (bins at
+  least half the list cutoff wide, each atom against the bins within the cutoff, each pair
+  of bins and of atoms looked at once); each row's pairs in the order found;
+- :func:`pair_forces`: forces, and halves of pair energy and virial, in one pass over the
+  rows of a half list; the pair terms are those of ``md_ref.lj_pair`` and
+  ``md_ref.morse_pair`` to the bit, only the order of the sums differs;
+- :func:`kick_drift` and :func:`half_kick`: the two halves of a velocity-Verlet step, one
+  pass over the particles each.
 
-One thread, float64. Compiled on first use and cached beside this file (or in
-Numba's cache directory when that is not writable).
+One thread, float64. Compiled at first use and cached beside this file (or in Numba's
+cache directory where that is not writable).
 """
 import numba
 import numpy as np
@@ -151,8 +152,8 @@ def _edge_neighbours(bins, width):
 
 @numba.njit(cache=True, inline="always")
 def _nearest(d, length, exact):
-    """Separation ``d`` along an edge of ``length`` taken to the nearest image (when not ``exact``:
-    the bins' shift has done so already), and the image's shift in boxes."""
+    """Separation ``d`` along an edge of ``length`` taken to the nearest image, and the image's shift in
+    boxes (``exact``: the bins' shift has done so already)."""
     if exact:
         return d, 0
     if d < -0.5 * length:
@@ -214,7 +215,7 @@ def _cell_list_pairs(x, box, rlist, capacity):
     found_j = np.empty(capacity, np.int64)
     found_code = np.empty(capacity, np.int8)
     others = np.empty(span ** 3, np.int64)
-    bases = np.empty((span ** 3, 4), np.int64)  # first atom, image code, bin shift (x, y, z)
+    bases = np.empty((span ** 3, 4), np.int64)  # each bin's shift in boxes (x, y, z) and its image code
     total = 0
     for c0 in range(nc[0]):
         for c1 in range(nc[1]):
@@ -264,7 +265,7 @@ def _cell_list_pairs(x, box, rlist, capacity):
                             found_code[total] = code if a < b else 26 - code
                             total += dx * dx + dy * dy + dz * dz <= rsq_max
     # In rows of i (a counting sort; a row's pairs stay in the order they were found), and the images
-    # numbered in the order of (source, image code), as neighbor_cpu.with_images numbers them.
+    # numbered in the order of (source, image code), as neighbor_cpu._with_images numbers them.
     counts = np.zeros(n, np.int64)
     used = np.zeros(27 * n, np.bool_)
     for p in range(total):
@@ -302,6 +303,8 @@ def verlet_list(x, box, rlist):
     (each row's pairs in the order found, not in order of ``j``)."""
     x = np.ascontiguousarray(x, np.float64)
     box = np.asarray(box, np.float64)
+    if not (np.all(x >= 0.0) and np.all(x < box)):  # the bins index memory unchecked
+        raise ValueError("positions must lie in [0, box) (wrapped) to be binned")
     # Room for the half list at the atoms' mean density and then some (it grows when that is short).
     expected = 0.5 * len(x) ** 2 / float(np.prod(box)) * 4.0 / 3.0 * np.pi * rlist ** 3
     counts, j, image_keys = _cell_list_pairs(x, box, float(rlist), int(1.2 * expected) + 64)
