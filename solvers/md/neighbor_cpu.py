@@ -155,14 +155,17 @@ class PairList:
         Atoms the indices refer to (owned and ghosts).
     images : (ndarray (G,) of int64, ndarray (G, 3)), optional
         Source atom and shift of the image atoms ``n_atoms .. n_atoms + G - 1``.
+    counts : ndarray (n_atoms,) of int64, optional
+        Pairs in each row, where the builder knows them (else counted from ``i``).
     """
 
-    def __init__(self, i, j, n_atoms, images=None):
+    def __init__(self, i, j, n_atoms, images=None, counts=None):
         self.i, self.j, self.n_atoms = i, j, n_atoms
         if images is None:
             images = (np.empty(0, np.int64), np.empty((0, 3)))
         self.image_source, self.image_shift = images
-        counts = np.bincount(i, minlength=n_atoms)
+        if counts is None:
+            counts = np.bincount(i, minlength=n_atoms)
         self._counts = counts
         self.offsets = np.zeros(n_atoms + 1, np.int64)
         np.cumsum(counts, out=self.offsets[1:])

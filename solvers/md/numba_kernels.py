@@ -309,7 +309,7 @@ def verlet_list(x, box, rlist):
     expected = 0.5 * len(x) ** 2 / float(np.prod(box)) * 4.0 / 3.0 * np.pi * rlist ** 3
     counts, j, image_keys = _cell_list_pairs(x, box, float(rlist), int(1.2 * expected) + 64)
     i = np.repeat(np.arange(len(x)), counts)
-    return PairList(i, j, len(x), images=(image_keys // 27, image_shifts(image_keys % 27) * box))
+    return PairList(i, j, len(x), images=(image_keys // 27, image_shifts(image_keys % 27) * box), counts=counts)
 
 
 @numba.njit(cache=True)
