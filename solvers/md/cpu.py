@@ -6,7 +6,7 @@ from ..kernels import md_ref
 from .neighbor_cpu import CandidatePairs, build_frame
 from .thermo import UnstableRunError
 
-# The CPU's modes: the pair list and forces in whole-array NumPy passes, or in compiled loops.
+# The CPU's modes: pair lists, forces and integration in whole-array NumPy passes, or in compiled loops.
 CPU_MODES = ("numpy", "numba")
 
 
