@@ -95,6 +95,21 @@ def test_cell_list_is_the_tree_list(cells, seed, noise, reach):
     np.testing.assert_array_equal(np.diff(got.offsets), np.bincount(i, minlength=len(x)))
 
 
+def test_cell_list_of_a_dilute_gas():
+    """Far more bins of half the cutoff than atoms (a billion for 300 atoms): wider bins, the same pairs."""
+    rng = np.random.default_rng(8)
+    box = np.array([3000.0, 2000.0, 1000.0])
+    x = rng.uniform(0.0, 1.0, (300, 3)) * box
+    x[1:60] = (x[0] + rng.normal(0.0, 1.5, (59, 3))) % box  # a cluster, across the faces maybe
+    x[60:70] = rng.uniform(-1.0, 1.0, (10, 3)) % box  # around a corner: pairs across three faces
+    got = numba_kernels().verlet_list(x, box, RLIST)
+    i, j = build_pairs(x, box, RLIST)
+    got_i, got_src, got_shift = in_order(got)
+    assert len(i) > 100 and np.any(got_shift.all(axis=1))
+    np.testing.assert_array_equal(got_i, i)
+    np.testing.assert_array_equal(got_src, j)
+
+
 @pytest.mark.parametrize("bad", [-1e-12, 1.0, np.nan])
 def test_cell_list_refuses_positions_it_cannot_bin(bad):
     x, box = liquid(4)

@@ -182,13 +182,11 @@ def _by_key(key, n):
 
 
 @numba.njit(cache=True)
-def _cell_list_pairs(x, box, rlist, capacity):
-    """Pairs ``i < j`` at most ``rlist`` apart (nearest image) in rows of ``i``: the rows' counts, ``j``
-    (an atom, or an image numbered from ``n``) and the images' keys (27 source + image code)."""
+def _cell_list_pairs(x, box, rlist, nc, capacity):
+    """Pairs ``i < j`` at most ``rlist`` apart (nearest image) in rows of ``i``, from ``nc`` bins along each
+    edge (each at least ``rlist / BINS_PER_CUTOFF`` wide): the rows' counts, ``j`` (an atom, or an image
+    numbered from ``n``) and the images' keys (27 source + image code)."""
     n = x.shape[0]
-    nc = np.empty(3, np.int64)
-    for k in range(3):
-        nc[k] = max(int(box[k] * BINS_PER_CUTOFF // rlist), 1)
     cell = np.empty(n, np.int64)
     for a in range(n):
         c = 0
@@ -305,9 +303,15 @@ def verlet_list(x, box, rlist):
     box = np.asarray(box, np.float64)
     if not (np.all(x >= 0.0) and np.all(x < box)):  # the bins index memory unchecked
         raise ValueError("positions must lie in [0, box) (wrapped) to be binned")
+    bins = np.maximum(box * BINS_PER_CUTOFF // rlist, 1).astype(np.int64)
+    # Wider bins where the box holds far more bins than atoms (a dilute gas): as right, and the
+    # tables of bins stay the size of the atoms'.
+    while np.prod(bins) > 4 * len(x) + 64:
+        k = int(np.argmax(bins))
+        bins[k] = max(bins[k] // 2, 1)
     # Room for the half list at the atoms' mean density and then some (it grows when that is short).
     expected = 0.5 * len(x) ** 2 / float(np.prod(box)) * 4.0 / 3.0 * np.pi * rlist ** 3
-    counts, j, image_keys = _cell_list_pairs(x, box, float(rlist), int(1.2 * expected) + 64)
+    counts, j, image_keys = _cell_list_pairs(x, box, float(rlist), bins, int(1.2 * expected) + 64)
     i = np.repeat(np.arange(len(x)), counts)
     return PairList(i, j, len(x), images=(image_keys // 27, image_shifts(image_keys % 27) * box), counts=counts)
 
