@@ -11,6 +11,7 @@ cannot be interrupted.
 """
 import contextlib
 import functools
+import os
 import signal
 import sys
 import threading
@@ -113,6 +114,9 @@ def act_on_pending():
 def exits_cleanly(main=None, *, held=None):
     """Decorate a CLI's ``main``: a signal ends it with one line on stderr and ``128 + signal``.
 
+    A standard output closed by its reader (``| head``) ends it quietly with
+    141, as SIGPIPE would; files being written are abandoned as for a signal.
+
     ``held()``, asked before the handlers are installed, says whether signals
     are held from the start (see :func:`handled`); ``main`` then calls :func:`release`.
     """
@@ -127,4 +131,8 @@ def exits_cleanly(main=None, *, held=None):
             except Interrupted as exc:
                 print(f"error: {exc}", file=sys.stderr, flush=True)
                 return exc.exit_code
+            except BrokenPipeError:
+                # Python would still flush stdout at exit and fail again: point it at /dev/null.
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+                return 128 + signal.SIGPIPE
     return run

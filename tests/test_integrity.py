@@ -25,7 +25,7 @@ from solvers.outfiles import AtomicFile, check_target
 from solvers.pcg import Reason
 from solvers.pcg.__main__ import main
 
-from contract import EXAMPLE, assert_one_line_error, leftovers, run_python
+from contract import EXAMPLE, REPO, assert_one_line_error, leftovers, run_python
 
 
 def run_cli(capsys, *argv):
@@ -165,6 +165,23 @@ cpu.pcg_single_reduction = interrupted
 from solvers.pcg.__main__ import main
 sys.exit(main(sys.argv[1:]))
 """
+
+
+@pytest.mark.parametrize("command", [
+    ["-m", "solvers.md", "--cells", "3", "3", "3", "--steps", "400", "--thermo", "1", "--device", "cpu"],
+    ["-m", "solvers.pcg", "--matrix", EXAMPLE, "--device", "cpu", "--verbose"],
+])
+def test_output_closed_by_its_reader_ends_quietly(tmp_path, command):
+    # `python -m solvers.md ... | head -1`: the reader leaves after one line
+    import subprocess
+    import sys
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen([sys.executable, *map(str, command)], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    proc.stdout.readline()
+    proc.stdout.close()
+    err = proc.stderr.read()
+    assert proc.wait(timeout=120) in (0, 141) and "Traceback" not in err and "Error" not in err, err
 
 
 def test_ctrl_c_during_the_solve_is_one_line_and_exit_130(tmp_path):
