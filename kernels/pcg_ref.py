@@ -54,8 +54,14 @@ def pcg_update(x, r, q, p0, p1, dinv, state, start=False):
         x += state["alpha"] * p
         r -= state["alpha"] * q
     z = r * dinv if dinv is not None else r.copy()
+    classic_decision(state, start, 0 if start else state["iteration"] + 1, r, z)
+    return z
+
+
+def classic_decision(state, start, it, r, z):
+    """Classic decision at iteration ``it`` from r.z and ||r|| (``update_decision`` in pcg.cu): the stop
+    reason, and while running beta and rz for the next direction (the set-up pass keeps beta 0)."""
     rz_new, rnorm = float(np.dot(r, z)), float(np.linalg.norm(r))
-    it = 0 if start else state["iteration"] + 1
     status = stop_reason(rnorm, state["tol"], it, state["maxiter"], rz_new)
     if status == RUNNING:
         state["beta"] = 0.0 if start else rz_new / state["rz"]
@@ -63,7 +69,6 @@ def pcg_update(x, r, q, p0, p1, dinv, state, start=False):
         if not start:
             state["parity"] ^= 1
     state.update(iteration=it, rnorm=rnorm, status=status)
-    return z
 
 
 def split_update(x, r, q, p0, p1, state):
@@ -80,15 +85,7 @@ def split_decide(r, z, state):
     if state["status"] != RUNNING:
         return
     start = state["iteration"] < 0
-    rz_new, rnorm = float(np.dot(r, z)), float(np.linalg.norm(r))
-    it = state["iteration"] + 1
-    status = stop_reason(rnorm, state["tol"], it, state["maxiter"], rz_new)
-    if status == RUNNING:
-        state["beta"] = 0.0 if start else rz_new / state["rz"]
-        state["rz"] = rz_new
-        if not start:
-            state["parity"] ^= 1
-    state.update(iteration=it, rnorm=rnorm, status=status)
+    classic_decision(state, start, state["iteration"] + 1, r, z)
 
 
 def single_reduction_decision(state, start, it, rnorm, gamma, delta):

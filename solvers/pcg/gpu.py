@@ -455,12 +455,8 @@ class GPUPCG:
         self.k_prepare((1,), (1024,), (self.state, np.uint64(self.progress.device_ptr), self.b, np.int32(self.n),
                                        np.float64(rtol), np.float64(atol), np.int32(maxiter)))  # PREPARE_BLOCK
 
-    def enqueue(self, b, out, x0, rtol, atol, maxiter):
-        """Enqueue a whole solve on the current stream, reading and writing only device memory:
-        no allocation, no host synchronisation, so a caller's stream capture can hold it.
-        ``b``, ``out`` and ``x0`` are device vectors of the solver's dtype; the result stays in the
-        State (:meth:`enqueued_result`)."""
-        stream = self.cupy.cuda.get_current_stream()
+    def _load(self, b, x0):
+        """b, x (x0 or zero) and r = b - A x into the fixed buffers, on the current stream."""
         self.b[...] = b
         if x0 is None:
             self.x.fill(0)
@@ -468,6 +464,14 @@ class GPUPCG:
         else:
             self.x[...] = x0
             self._residual(self.x, self.r)
+
+    def enqueue(self, b, out, x0, rtol, atol, maxiter):
+        """Enqueue a whole solve on the current stream, reading and writing only device memory:
+        no allocation, no host synchronisation, so a caller's stream capture can hold it.
+        ``b``, ``out`` and ``x0`` are device vectors of the solver's dtype; the result stays in the
+        State (:meth:`enqueued_result`)."""
+        stream = self.cupy.cuda.get_current_stream()
+        self._load(b, x0)
         self._prepare_on_device(rtol, atol, maxiter)
         self.launch_run(2**31 - 1, 0, stream)  # to the stop: the kernel ends at the State's maxiter
         out[...] = self.x
@@ -487,13 +491,7 @@ class GPUPCG:
         if maxiter >= 2**31 - 1:
             raise InputError("maxiter must be below 2^31")
         self._ensure_history(maxiter)
-        self.b[...] = b
-        if x0 is None:
-            self.x.fill(0)
-            self.r[...] = self.b
-        else:
-            self.x[...] = x0
-            self._residual(self.x, self.r)
+        self._load(b, x0)
         self._start(tol, maxiter)
         cupy.cuda.Device().synchronize()
         prog = self.progress.host
