@@ -210,5 +210,5 @@ def test_enqueue_and_a_kernel_path_need_the_gpu():
     solver = solvers.PCG(poisson((6, 6)), device="cpu")
     with pytest.raises(solvers.DeviceError, match="enqueue runs a solve on the GPU"):
         solver.enqueue(np.ones(36), np.empty(36))
-    with pytest.raises(solvers.InputError, match="path 'on-chip' is a GPU kernel"):
+    with pytest.raises(solvers.InputError, match="--path: 'on-chip' is a GPU kernel"):
         solvers.PCG(poisson((6, 6)), device="cpu", path="on-chip")

@@ -215,10 +215,9 @@ class PCG:
         self.path, self.path_note = "cpu", None
         if self.device == "cpu":
             if path != "auto":
-                raise InputError(f"path {path!r} is a GPU kernel; the CPU solver takes 'auto'")
+                raise InputError(f"{path!r} is a GPU kernel; the CPU solver takes 'auto'", "--path")
             if matrix_format != "auto":
-                raise InputError(f"matrix format {matrix_format!r} is a GPU storage; "
-                                 "the CPU solver takes 'auto'")
+                raise InputError(f"{matrix_format!r} is a GPU storage; the CPU solver takes 'auto'", "--format")
             if mode not in ("auto", "eager"):
                 raise DeviceError(f"mode {mode!r} runs CUDA graphs and needs a GPU; use --mode eager or auto on the CPU")
             copies = not (sp.isspmatrix_csr(A) and A.dtype == self.dtype)
