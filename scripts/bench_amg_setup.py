@@ -162,11 +162,7 @@ def save(rows, folder, gpu, args):
             f"float64; coarsening stops at {COARSE_SIZE} nodes; GPU times are medians of {args.reps} runs "
             f"after a warm-up (see the script's docstring for the columns); PyAMG timed once, up to "
             f"{args.pyamg_max_rows:,} rows.\n\n" + "\n".join(rows) + "\n")
-    out = pathlib.Path(folder)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"amg_setup_{stamp}_{gpu.replace(' ', '_')}_{commit}.md"
-    path.write_text(text)
-    return path
+    return provenance.save(folder, f"amg_setup_{stamp}_{gpu.replace(' ', '_')}_{commit}.md", text)
 
 
 if __name__ == "__main__":

@@ -160,8 +160,6 @@ def main():
     else:
         jobs = [(g, s) for s in sorted(set(args.small + args.sizes)) for g in args.gpus]
     stamp = datetime.datetime.now(datetime.timezone.utc)
-    out = pathlib.Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     name = f"bench_dist_{stamp:%Y-%m-%d_%H%M}_{'weak' if args.weak else 'strong'}_{'-'.join(map(str, args.gpus))}gpu"
     rows = []
     for gpus, size in jobs:
@@ -174,8 +172,8 @@ def main():
                 f"{args.iterations} iterations per timing "
                 f"(best of {args.repeats}), host status read every {args.check_every} iterations.\n\n"
                 + table(rows, bool(args.weak)) + "\n")
-        (out / f"{name}.md").write_text(text)
-        (out / f"{name}.json").write_text(json.dumps(rows, indent=1))
+        provenance.save(args.out, f"{name}.md", text)
+        provenance.save(args.out, f"{name}.json", json.dumps(rows, indent=1))
     if not rows:
         return 1
     print(text)

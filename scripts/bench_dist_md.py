@@ -140,10 +140,8 @@ def main(argv=None):
             "Speed-up and overhead are against the single-process path on one GPU (while mode).\n\n"
             + table(rows, args) + "\n")
     print(text)
-    os.makedirs(args.out, exist_ok=True)
-    path = pathlib.Path(args.out) / f"bench_dist_md_{stamp:%Y-%m-%d_%H%M}_{args.device}.md"
-    path.write_text(text)
-    (path.with_suffix(".json")).write_text(json.dumps(rows, indent=1))
+    path = provenance.save(args.out, f"bench_dist_md_{stamp:%Y-%m-%d_%H%M}_{args.device}.md", text)
+    provenance.save(args.out, path.with_suffix(".json").name, json.dumps(rows, indent=1))
     print(f"saved {path}")
     return 0
 

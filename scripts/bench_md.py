@@ -152,11 +152,8 @@ def main(argv=None):
     ]
     text = "\n".join(lines) + "\n"
     print(text)
-    os.makedirs(args.out, exist_ok=True)
     slug = re.sub(r"[^A-Za-z0-9]+", "-", gpu).strip("-")
-    path = os.path.join(args.out, f"md_{stamp:%Y-%m-%d_%H%M}_{slug}.md")
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(text)
+    path = provenance.save(args.out, f"md_{stamp:%Y-%m-%d_%H%M}_{slug}.md", text)
     print(f"saved {path}")
     return 0
 

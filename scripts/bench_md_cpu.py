@@ -302,10 +302,7 @@ def main(argv=None):
     ])
     text += "\n"
     print(text)
-    os.makedirs(args.out, exist_ok=True)
-    path = os.path.join(args.out, f"md_cpu_{stamp:%Y-%m-%d_%H%M}_{commit}.md")
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(text)
+    path = provenance.save(args.out, f"md_cpu_{stamp:%Y-%m-%d_%H%M}_{commit}.md", text)
     print(f"saved {path}")
     return 0
 

@@ -194,11 +194,7 @@ def save(rows, folder, gpu):
             f"choice of matrix format; 'format ms' its conversion, 'reorder ms' the reordering where asked "
             f"for); peers plain CG, fixed iteration count.\n\n"
             + "\n".join(rows) + "\n")
-    out = pathlib.Path(folder)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"pcg_{stamp}_{gpu.replace(' ', '_')}_{commit}.md"
-    path.write_text(text)
-    return path
+    return provenance.save(folder, f"pcg_{stamp}_{gpu.replace(' ', '_')}_{commit}.md", text)
 
 
 if __name__ == "__main__":

@@ -223,11 +223,7 @@ def save(rows, notes, folder, gpu, sizes):
             "(see scripts/bench_precond.py for what each column holds); where AMG's hierarchy is built is in "
             "its rows (set-up gpu, or cpu: PyAMG, uploaded once).\n\n"
             + "\n".join(rows) + "\n\n" + "\n".join(f"- {n}" for n in notes) + "\n")
-    out = pathlib.Path(folder)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"precond_{stamp}_{gpu.replace(' ', '_')}_{commit}_{sizes}.md"
-    path.write_text(text)
-    return path
+    return provenance.save(folder, f"precond_{stamp}_{gpu.replace(' ', '_')}_{commit}_{sizes}.md", text)
 
 
 if __name__ == "__main__":

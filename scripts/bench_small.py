@@ -219,9 +219,7 @@ def main(argv=None):
         sections += ["## Batched solves", "", *batch_table(args.systems, args.side, args.reps, args.sample), ""]
     text = "\n".join(sections)
     print(text)
-    out = pathlib.Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"small_{now:%Y-%m-%d_%H%M}_{gpu.replace(' ', '_')}_{provenance.commit()}.md").write_text(text)
+    provenance.save(args.out, f"small_{now:%Y-%m-%d_%H%M}_{gpu.replace(' ', '_')}_{provenance.commit()}.md", text)
     return 0
 
 

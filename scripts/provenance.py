@@ -16,3 +16,11 @@ def commit():
         return out.stdout.strip() or "unknown"
     except OSError:
         return "unknown"
+
+
+def save(folder, name, text):
+    """Write a results file ``folder/name`` (the folder made if missing); returns its path."""
+    path = pathlib.Path(folder) / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    return path

@@ -123,7 +123,7 @@ class SELL(MatrixFormat):
         base[r] + 32 (k // lanes) + k % lanes = base[r] + k + (32 - lanes) (k // lanes)
         in a slice, base[r] + k (CSR order) after the slices for a long row.
         """
-        xp, lanes, n = self.xp, self.lanes, self.n
+        xp, lanes = self.xp, self.lanes
         rows_per_slice = SLICE // lanes
         sliced = int(slice_ptr[-1])
         base = slice_ptr[place // rows_per_slice] + (place % rows_per_slice) * lanes
