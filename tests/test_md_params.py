@@ -5,6 +5,7 @@ import pytest
 
 from solvers.kernels import md_params
 from solvers.md import LennardJones, Morse
+from solvers.md.integrators import Langevin, VelocityVerlet
 
 
 def values(potential, real):
@@ -40,3 +41,35 @@ def test_every_potential_has_its_functor_parameters():
     for potential in (LennardJones(), Morse()):
         fields = {name for name, _ in md_params.potential_struct("double", potential.functor).fields}
         assert set(potential.device_params()) == fields
+
+
+class _Address:
+    def __init__(self, ptr, size=1):
+        self.data = type("Memory", (), {"ptr": ptr})()
+        self.size = size
+
+
+@pytest.mark.parametrize("integrator", [VelocityVerlet(0.005), Langevin(0.005, t_target=1.5, damp=2.0, seed=2**40 + 9)])
+@pytest.mark.parametrize("distributed", [False, True])
+def test_backends_fill_every_field_through_one_function(integrator, distributed):
+    # the one-GPU and the GPU-rank backends take their MdParams from param_values (kernels built on the GPU)
+    from types import SimpleNamespace
+
+    from solvers.md.gpu import _BUFFERS, param_values
+    names = (*_BUFFERS, "v", "f", "img")
+    backend = SimpleNamespace(integ=integrator, mass=1.0, n=100, tpp=4, maxnb=60, rlist=2.8, cellcap=16,
+                              ncell=np.array([4, 5, 6]), ff=LennardJones(), cell_count=_Address(0x1000, 120),
+                              **{name: _Address(0x2000 + 0x100 * k) for k, name in enumerate(names)
+                                 if name != "cell_count"})
+    box = (1e30,) * 3 if distributed else np.array([8.0, 10.0, 12.0])
+    values = param_values(backend, pos=_Address(0x9000), pos_alt=_Address(0x9100), n_local=130 if distributed else 100,
+                          by_cell=not distributed, count=1 if distributed else 32, skin=0.3, box=box,
+                          extent=np.array([8.0, 10.0, 12.0]))
+    packed = md_params.pack("double", "PairLJ", values)
+    assert packed["n_local"] == (130 if distributed else 100) and packed["pos"] == 0x9000
+    assert packed["box"]["lx"] == box[0] and packed["cells"]["sz"] == pytest.approx(0.5)
+    assert packed["trigger_sq"] == pytest.approx(0.0225) and packed["ncells"] == 120
+    assert packed["bath"]["on"] == integrator.langevin
+    if integrator.langevin:
+        assert packed["bath"]["seed_hi"] == 256 and packed["bath"]["seed_lo"] == 9
+        assert packed["bath"]["gamma_m"] == pytest.approx(0.5)

@@ -65,6 +65,38 @@ def rebuilds_in_run(n, tpp, capacity):
     return n * tpp <= capacity * RUN_BLOCK
 
 
+# Device buffers every MD backend holds under these names (MdParams' pointer fields of the same names).
+_BUFFERS = ("hold", "pe", "vir", "partial", "thermo", "nlist", "ncount", "order", "ids", "ctl", "cell_count",
+            "cell_atoms", "cell_sorted", "cell_pos", "cell_start")
+
+
+def param_values(backend, *, pos, pos_alt, n_local, by_cell, count, skin, box, extent):
+    """Every MdParams field (kernels/md_params.py) for a backend's buffers and settings.
+
+    ``pos`` and ``pos_alt`` are the position buffers (the second receives a sorted copy),
+    ``n_local`` the particles with ghosts, ``count`` the steps a launch, ``box`` the edges
+    the kernels wrap by and ``extent`` the span the cells cover (the box, on one GPU).
+    """
+    it, mass = backend.integ, backend.mass
+    if it.langevin:
+        seed = int(it.seed)
+        bath = {"on": 1, "gamma_m": mass / it.damp, "noise": np.sqrt(24.0 * it.t_target * mass / (it.damp * it.dt)),
+                "seed_lo": seed & 0xFFFFFFFF, "seed_hi": seed >> 32}
+    else:
+        bath = {"on": 0, "gamma_m": 0.0, "noise": 0.0, "seed_lo": 0, "seed_hi": 0}
+    buffers = {name: getattr(backend, name).data.ptr for name in _BUFFERS}
+    buffers.update(pos=pos.data.ptr, pos_alt=pos_alt.data.ptr, vel=backend.v.data.ptr, frc=backend.f.data.ptr,
+                   img=backend.img.data.ptr)
+    ncell, rlist = backend.ncell, backend.rlist
+    return {**buffers, "n": backend.n, "n_local": n_local, "tpp": backend.tpp, "by_cell": int(by_cell),
+            "ncells": backend.cell_count.size, "maxnb": backend.maxnb, "count": count, "dt": it.dt,
+            "half_dt_m": 0.5 * it.dt / mass, "trigger_sq": (0.5 * skin) ** 2, "max_move_sq": (0.5 * rlist) ** 2,
+            "rlist_sq": rlist ** 2, "mass": mass, "box": dict(zip(("lx", "ly", "lz"), box)),
+            "cells": {"nx": ncell[0], "ny": ncell[1], "nz": ncell[2], "cap": backend.cellcap,
+                      "sx": ncell[0] / extent[0], "sy": ncell[1] / extent[1], "sz": ncell[2] / extent[2]},
+            "bath": bath, "pair": backend.ff.device_params()}
+
+
 class _StepBody:
     """The engine's view of one timestep."""
 
@@ -75,7 +107,30 @@ class _StepBody:
         self._backend._launch_step(stream, loop)
 
 
-class GpuBackend:
+class DeviceAccess:
+    """What a simulation reads from a GPU backend, on one GPU or on GPU ranks."""
+
+    def sums(self):
+        """``(sum m v^2, sum E_pair, sum r.F)`` at the current step (over all ranks, on ranks)."""
+        return self._sums
+
+    @property
+    def pe_atom(self):
+        """Per-particle pair energy of this process's particles (CuPy)."""
+        return self.pe
+
+    @property
+    def builds(self):
+        """Neighbour-list builds since setup."""
+        with self.stream:
+            return int(self.ctl[C_BUILDS].get())
+
+    def memory_bytes(self):
+        """Bytes of the device arrays this process holds."""
+        return sum(a.nbytes for a in vars(self).values() if isinstance(a, self._cp.ndarray))
+
+
+class GpuBackend(DeviceAccess):
     """Lennard-Jones MD on one GPU, in ``double`` or ``mixed`` precision.
 
     Parameters
@@ -176,28 +231,8 @@ class GpuBackend:
         self._box, self._skin = np.asarray(box, np.float64), float(skin)
 
     def _param_values(self):
-        """Every MdParams field (kernels/md_params.py) for the current buffers."""
-        it, box = self.integ, self._box
-        if it.langevin:
-            seed = int(it.seed)
-            bath = {"on": 1, "gamma_m": self.mass / it.damp,
-                    "noise": np.sqrt(24.0 * it.t_target * self.mass / (it.damp * it.dt)),
-                    "seed_lo": seed & 0xFFFFFFFF, "seed_hi": seed >> 32}
-        else:
-            bath = {"on": 0, "gamma_m": 0.0, "noise": 0.0, "seed_lo": 0, "seed_hi": 0}
-        buffers = {name: getattr(self, name).data.ptr for name in (
-            "hold", "pe", "vir", "partial", "thermo", "nlist", "ncount", "order", "ids", "ctl", "cell_count",
-            "cell_atoms", "cell_sorted", "cell_pos", "cell_start")}
-        buffers.update(pos=self.x.data.ptr, pos_alt=self.x_alt.data.ptr, vel=self.v.data.ptr, frc=self.f.data.ptr,
-                       img=self.img.data.ptr)
-        return {**buffers, "n": self.n, "n_local": self.n, "tpp": self.tpp, "by_cell": int(self.build_by_cell),
-                "ncells": self.cell_count.size, "maxnb": self.maxnb, "count": self.unroll, "dt": it.dt,
-                "half_dt_m": 0.5 * it.dt / self.mass, "trigger_sq": (0.5 * self._skin) ** 2,
-                "max_move_sq": (0.5 * self.rlist) ** 2, "rlist_sq": self.rlist ** 2, "mass": self.mass,
-                "box": dict(zip(("lx", "ly", "lz"), box)),
-                "cells": {"nx": self.ncell[0], "ny": self.ncell[1], "nz": self.ncell[2], "cap": self.cellcap,
-                          "sx": self.ncell[0] / box[0], "sy": self.ncell[1] / box[1], "sz": self.ncell[2] / box[2]},
-                "bath": bath, "pair": self.ff.device_params()}
+        return param_values(self, pos=self.x, pos_alt=self.x_alt, n_local=self.n, by_cell=self.build_by_cell,
+                            count=self.unroll, skin=self._skin, box=self._box, extent=self._box)
 
     @property
     def params(self):
@@ -302,25 +337,6 @@ class GpuBackend:
         return self._sums
 
     # -- access ----------------------------------------------------------------------
-    def sums(self):
-        """``(sum m v^2, sum E_pair, sum r.F)`` at the current step (device-reduced)."""
-        return self._sums
-
-    @property
-    def pe_atom(self):
-        """Per-particle pair energy (CuPy)."""
-        return self.pe
-
-    @property
-    def builds(self):
-        """Neighbour-list builds since setup."""
-        with self.stream:
-            return int(self.ctl[C_BUILDS].get())
-
-    def memory_bytes(self):
-        """Bytes of the device arrays this backend holds."""
-        return sum(a.nbytes for a in vars(self).values() if isinstance(a, self._cp.ndarray))
-
     def arrays(self):
         """Host copies of the per-particle arrays a restart needs."""
         with self.stream:

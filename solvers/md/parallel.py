@@ -44,6 +44,21 @@ def agreed(error):
     return error
 
 
+def gathered_arrays(comm, mine):
+    """Every rank's restart arrays (host, with ``gidx``: their atoms' places in the starting state),
+    put together in the starting state's order on rank 0; None on the other ranks."""
+    parts = comm.gather(mine, root=0)
+    if parts is None:
+        return None
+    gidx = np.concatenate([p["gidx"] for p in parts])
+    out = {}
+    for key in ("positions", "velocities", "images", "forces", "hold"):
+        values = np.concatenate([p[key] for p in parts])
+        out[key] = np.empty_like(values)
+        out[key][gidx] = values
+    return out
+
+
 class GhostPlan:
     """Which of my atoms go to which rank as ghosts, and where theirs land in my arrays.
 
@@ -204,18 +219,8 @@ class DistCpuBackend(CpuBackend):
 
     def arrays(self):
         """The restart arrays of all atoms, in the starting state's order, on rank 0 (None elsewhere)."""
-        mine = {"gidx": self.gidx, "positions": self.x, "velocities": self.v, "images": self.img, "forces": self.f,
-                "hold": self.hold}
-        parts = self.comm.gather(mine, root=0)
-        if parts is None:
-            return None
-        gidx = np.concatenate([p["gidx"] for p in parts])
-        out = {}
-        for key in ("positions", "velocities", "images", "forces", "hold"):
-            values = np.concatenate([p[key] for p in parts])
-            out[key] = np.empty_like(values)
-            out[key][gidx] = values
-        return out
+        return gathered_arrays(self.comm, {"gidx": self.gidx, "positions": self.x, "velocities": self.v,
+                                           "images": self.img, "forces": self.f, "hold": self.hold})
 
 
 def run_distributed(args, run):

@@ -35,9 +35,9 @@ from ..kernels import md_params, md_ref, module
 from ..kernels.md_params import RANK_FRAME, ROUTES
 from .domain import Domain, choose_grid
 from .gpu import (BLOCK, C_BAD, C_BUILDS, C_CELLMAX, C_FORCED, C_NBMAX, C_REBUILD, C_REQ, C_STATUS, C_STEP, C_TARGET,
-                  CTL_SIZE, ST_DONE, ST_REBUILD, ST_RUNNING, ST_UNSTABLE, kernel_program,
-                  threads_per_particle)
-from .parallel import agreed
+                  CTL_SIZE, ST_DONE, ST_REBUILD, ST_RUNNING, ST_UNSTABLE, DeviceAccess, kernel_program,
+                  param_values, threads_per_particle)
+from .parallel import agreed, gathered_arrays
 from .simulation import STEPS_PER_CHECK
 from .thermo import UnstableRunError
 
@@ -52,7 +52,7 @@ def _blocks(count):
     return (max(1, -(-count // BLOCK)),)
 
 
-class DistGpuBackend:
+class DistGpuBackend(DeviceAccess):
     """One rank's part of a distributed simulation on its GPU.
 
     Parameters are those of :class:`~solvers.md.gpu.GpuBackend` plus ``comm``;
@@ -240,28 +240,8 @@ class DistGpuBackend:
         self.ncount = cp.zeros(self.capacity, np.int32)
 
     def _param_values(self):
-        it = self.integ
-        if it.langevin:
-            seed = int(it.seed)
-            bath = {"on": 1, "gamma_m": self.mass / it.damp,
-                    "noise": np.sqrt(24.0 * it.t_target * self.mass / (it.damp * it.dt)),
-                    "seed_lo": seed & 0xFFFFFFFF, "seed_hi": seed >> 32}
-        else:
-            bath = {"on": 0, "gamma_m": 0.0, "noise": 0.0, "seed_lo": 0, "seed_hi": 0}
-        ptr = {name: getattr(self, name).data.ptr for name in (
-            "hold", "pe", "vir", "partial", "thermo", "nlist", "ncount", "order", "ids", "ctl", "cell_count",
-            "cell_atoms", "cell_sorted", "cell_pos", "cell_start")}
-        ptr.update(pos=self.frame.data.ptr, pos_alt=self.frame.data.ptr, vel=self.v.data.ptr, frc=self.f.data.ptr,
-                   img=self.img.data.ptr)
-        e = self.extent
-        return {**ptr, "n": self.n, "n_local": self.n_local, "tpp": self.tpp, "by_cell": 0,
-                "ncells": self.cell_count.size, "maxnb": self.maxnb, "count": 1, "dt": it.dt,
-                "half_dt_m": 0.5 * it.dt / self.mass, "trigger_sq": (0.5 * self.skin) ** 2,
-                "max_move_sq": (0.5 * self.rlist) ** 2, "rlist_sq": self.rlist ** 2, "mass": self.mass,
-                "box": {"lx": NO_PERIODS, "ly": NO_PERIODS, "lz": NO_PERIODS},
-                "cells": {"nx": self.ncell[0], "ny": self.ncell[1], "nz": self.ncell[2], "cap": self.cellcap,
-                          "sx": self.ncell[0] / e[0], "sy": self.ncell[1] / e[1], "sz": self.ncell[2] / e[2]},
-                "bath": bath, "pair": self.ff.device_params()}
+        return param_values(self, pos=self.frame, pos_alt=self.frame, n_local=self.n_local, by_cell=False, count=1,
+                            skin=self.skin, box=(NO_PERIODS,) * 3, extent=self.extent)
 
     # -- kernels and communication ----------------------------------------------------
     def _launch_rebuild(self):
@@ -434,25 +414,6 @@ class DistGpuBackend:
         """The own particles' positions, in this rank's frame (offset from the box, not wrapped): a view."""
         return self.frame[:self.n]
 
-    def sums(self):
-        """``(sum m v^2, sum E_pair, sum r.F)`` over all ranks at the current step."""
-        return self._sums
-
-    @property
-    def pe_atom(self):
-        """Per-particle pair energy of the own particles (CuPy)."""
-        return self.pe
-
-    @property
-    def builds(self):
-        """Neighbour-list builds since setup."""
-        with self.stream:
-            return int(self.ctl[C_BUILDS].get())
-
-    def memory_bytes(self):
-        """Bytes of the device arrays this rank holds."""
-        return sum(a.nbytes for a in vars(self).values() if isinstance(a, self._cp.ndarray))
-
     def arrays(self):
         """The restart arrays of all particles, in the starting state's order, on rank 0 (None elsewhere)."""
         with self.stream:
@@ -462,13 +423,4 @@ class DistGpuBackend:
                     "images": self.img[:, :3].get().astype(np.int64) + wraps.astype(np.int64),
                     "velocities": self.v[:, :3].get(), "forces": self.f[:, :3].get(),
                     "hold": self.hold[:self.n, :3].get().astype(np.float64) + self.origin}
-        parts = self.comm.gather(mine, root=0)
-        if parts is None:
-            return None
-        gidx = np.concatenate([p["gidx"] for p in parts])
-        out = {}
-        for key in ("positions", "velocities", "images", "forces", "hold"):
-            values = np.concatenate([p[key] for p in parts])
-            out[key] = np.empty_like(values)
-            out[key][gidx] = values
-        return out
+        return gathered_arrays(self.comm, mine)
