@@ -609,7 +609,7 @@ extern "C" __global__ void md_unpack(const double *__restrict__ rec, int count, 
 }
 
 // Bit r of mask[i]: own particle i (frame position pos[i]) goes along route r as a ghost, being within
-// rlist of every face the route's offset points through (kernels/md_ref.route_masks).
+// reach (the ghost shell's width) of every face the route's offset points through (kernels/md_ref.route_masks).
 extern "C" __global__ void md_ghost_routes(const vec4 *__restrict__ pos, int n, const RankFrame fr,
                                            unsigned *__restrict__ mask) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
@@ -618,8 +618,8 @@ extern "C" __global__ void md_ghost_routes(const vec4 *__restrict__ pos, int n, 
     double q[3] = {(double)x.x + fr.origin[0], (double)x.y + fr.origin[1], (double)x.z + fr.origin[2]};
     bool lo[3], hi[3];
     for (int d = 0; d < 3; ++d) {
-        lo[d] = q[d] - fr.lo[d] < fr.rlist;
-        hi[d] = fr.hi[d] - q[d] < fr.rlist;
+        lo[d] = q[d] - fr.lo[d] < fr.reach;
+        hi[d] = fr.hi[d] - q[d] < fr.reach;
     }
     unsigned bits = 0;
     for (int r = 0; r < 26; ++r) {

@@ -36,13 +36,13 @@ def all_structs(real, pair):
 
 # Distributed runs: a rank's place in the decomposition, for the kernels of a list build (md.cu's
 # md_records, md_unpack, md_ghost_routes). origin: of the rank's frame (global = frame + origin);
-# box: the periodic box; width: of a sub-box; lo, hi: the rank's sub-box; grid: ranks along x, y, z;
-# coords: the rank's place in the grid; offsets[r]: the neighbour offset route r goes through, as
-# (ox + 1) * 9 + (oy + 1) * 3 + (oz + 1).
+# box: the periodic box; width: of a sub-box; lo, hi: the rank's sub-box; reach: the ghost shell's
+# width; grid: ranks along x, y, z; coords: the rank's place in the grid; offsets[r]: the neighbour
+# offset route r goes through, as (ox + 1) * 9 + (oy + 1) * 3 + (oz + 1).
 ROUTES = 26
 RANK_FRAME = Struct("RankFrame", [
     ("origin", "double[3]"), ("box", "double[3]"), ("width", "double[3]"), ("lo", "double[3]"), ("hi", "double[3]"),
-    ("rlist", "double"), ("grid", "int[3]"), ("coords", "int[3]"), ("offsets", f"int[{ROUTES}]")])
+    ("reach", "double"), ("grid", "int[3]"), ("coords", "int[3]"), ("offsets", f"int[{ROUTES}]")])
 
 
 @functools.lru_cache(maxsize=None)

@@ -258,11 +258,11 @@ def unpack_records(rec, origin, real=np.float64):
             rec[:, RECORD_INDEX].astype(np.int64), rec[:, RECORD_ID].astype(np.int64))
 
 
-def route_masks(x, lo, hi, rlist, offsets, xp=np):
-    """Bit r set where the global position ``x`` (n, 3) lies within ``rlist`` of every face of the box
+def route_masks(x, lo, hi, reach, offsets, xp=np):
+    """Bit r set where the global position ``x`` (n, 3) lies within ``reach`` of every face of the box
     [lo, hi) that ``offsets[r]`` points through (a 3-vector of -1, 0, +1; 0 for none)."""
-    near_lo = x - xp.asarray(lo) < rlist
-    near_hi = xp.asarray(hi) - x < rlist
+    near_lo = x - xp.asarray(lo) < reach
+    near_hi = xp.asarray(hi) - x < reach
     mask = xp.zeros(len(x), xp.uint32)
     for r, offset in enumerate(offsets):
         ok = xp.ones(len(x), dtype=bool)

@@ -70,6 +70,7 @@ def worker(args):
             sps, steps = timed(sim, args.seconds)
             row = dict(n=state.n, gpus=args.ranks, path=name, steps_per_s=sps, steps=steps,
                        grid="x".join(map(str, sim.rank_grid)), builds=sim.neighbor_builds,
+                       migrations=sim.migrations,
                        toteng=sim.thermo["TotEng"], mode=sim.mode)
             if rank == 0:
                 print(TAG + json.dumps(row), flush=True)
@@ -101,7 +102,7 @@ def launch(args, gpus, out_lines):
 
 def table(rows, args):
     lines = ["| N | GPUs | path | rank grid | steps/s | us/step | speed-up vs 1 GPU | overhead vs 1 GPU (us/step) | "
-             "list builds |", "|---|---|---|---|---|---|---|---|---|"]
+             "list builds | of which with migration |", "|---|---|---|---|---|---|---|---|---|---|"]
     for n in args.sizes:
         at = [r for r in rows if r["n"] == n or abs(r["n"] - n) < 4]
         base = next((r for r in at if r["path"] == "single process"), None)
@@ -109,9 +110,10 @@ def table(rows, args):
             us = 1e6 / r["steps_per_s"]
             speed = f"{r['steps_per_s'] / base['steps_per_s']:.2f}x" if base else "n/a"
             over = f"{us - 1e6 / base['steps_per_s']:+.1f}" if base else "n/a"
+            moved = r["migrations"] if r.get("migrations") is not None else "-"
             label = "one process (while)" if r["path"] == "single process" else f"{r['gpus']} rank(s)"
             lines.append(f"| {r['n']:,} | {r['gpus']} | {label} | {r['grid']} | {r['steps_per_s']:,.0f} | {us:.1f} | "
-                         f"{speed} | {over} | {r['builds']} |")
+                         f"{speed} | {over} | {r['builds']} | {moved} |")
     return "\n".join(lines)
 
 

@@ -35,6 +35,7 @@ def test_200_steps_reproduce_one_process(integ):
     assert spread.device == "gpu" and spread.ranks == COMM.size
     spread.run(200, thermo_every=20)
     assert spread.neighbor_builds == cpu.neighbor_builds > 10
+    assert 0 < spread.migrations < spread.neighbor_builds  # builds on the ghosts held, and with migration
     np.testing.assert_allclose(thermo_of(spread), thermo_of(cpu), rtol=1e-10)
     whole = spread.get_state()
     if COMM.rank == 0:
@@ -107,7 +108,7 @@ def test_list_build_kernels_match_their_references():
             np.testing.assert_array_equal(got.get()[:, :3] if got.ndim == 2 else got.get(), want)
         global_x = x[:, :3].astype(np.float64) + b.origin
         masks = b._route_masks(b.frame[:b.n]).get()
-        np.testing.assert_array_equal(masks, b.domain.route_masks(global_x, b.rlist))
+        np.testing.assert_array_equal(masks, b.domain.route_masks(global_x, b.reach))
         for mask, nkeys in ((masks, ROUTES), (keys, md_ref.MIGRATION_KEYS)):
             index, key, per_key = b._partition(cp.asarray(mask), nkeys)
             want_index, want_key = md_ref.partition_bits(mask, nkeys)

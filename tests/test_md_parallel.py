@@ -115,4 +115,6 @@ def test_benchmark_script_on_cpu_ranks(tmp_path):
     table = next(tmp_path.glob("bench_dist_md_*.md")).read_text()
     lines = [line for line in table.splitlines() if line.startswith("| 4,000 |")]
     assert len(lines) == 2 and "one process" in lines[0] and "2 rank(s)" in lines[1]
-    assert lines[0].split(" | ")[-1] == lines[1].split(" | ")[-1]  # the same list builds
+    builds = [line.split(" | ")[-2] for line in lines]
+    assert builds[0] == builds[1]  # the same list builds
+    assert lines[1].split(" | ")[-1] == f"{builds[1]} |"  # the CPU ranks migrate at every build

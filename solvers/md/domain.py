@@ -93,15 +93,16 @@ class Domain:
         """:meth:`neighbours` in the order ghosts are sent: by receiving rank, then by offset."""
         return sorted(self.neighbours(), key=lambda route: route[1])
 
-    def route_masks(self, x, rlist, xp=np):
+    def route_masks(self, x, reach, xp=np):
         """Bit r set where my position ``x`` (N, 3) goes as a ghost along ``routes()[r]``: it lies within
-        ``rlist`` of every face that route's offset points through (what ``md_ghost_routes`` computes)."""
-        return md_ref.route_masks(x, self.lo, self.hi, rlist, [o for o, _, _ in self.routes()], xp)
+        ``reach`` (the ghost shell's width) of every face that route's offset points through (what
+        ``md_ghost_routes`` computes)."""
+        return md_ref.route_masks(x, self.lo, self.hi, reach, [o for o, _, _ in self.routes()], xp)
 
-    def ghost_pairs(self, x, rlist, xp=np):
+    def ghost_pairs(self, x, reach, xp=np):
         """Which of the positions ``x`` (N, 3), mine, go where as ghosts: ``(index, route)``.
 
         Atom ``index[k]`` is sent along ``routes()[route[k]]``. The pairs are
         ordered by route, then by index.
         """
-        return md_ref.partition_bits(self.route_masks(x, rlist, xp), ROUTES, xp)
+        return md_ref.partition_bits(self.route_masks(x, reach, xp), ROUTES, xp)

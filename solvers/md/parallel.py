@@ -147,6 +147,7 @@ class DistCpuBackend(CpuBackend):
         self.v = np.array(src["velocities"], np.float64)[mine]
         self.img = np.array(src["images"], np.int64)[mine]
         self.builds = 0 if restart is None else int(restart["builds"])
+        self.migrations = 0  # list builds that moved atoms between ranks (all of them on the CPU)
         self._build(hold[mine])
         y = build_frame(self.x, self.hold, self.box)[0]
         self._forces(y, self.step, energy=True)
@@ -203,6 +204,7 @@ class DistCpuBackend(CpuBackend):
         return bool(flags[0])
 
     def _rebuild(self):
+        self.migrations += 1
         self._migrate()
         self._build(self.x)
 

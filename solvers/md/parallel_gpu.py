@@ -16,9 +16,12 @@ an iteration of :class:`~solvers.engine.SegmentDriver`:
   the following steps change nothing.
 
 The host enqueues ``unroll`` steps, then reads the status once; at an agreed
-list build it wraps the own particles into the box and migrates them, rebuilds
-the ghost plan and the lists, recaptures the graphs (sizes changed) and finishes
-the step. That build is a few kernels (records, route masks, a partition by key
+list build it rebuilds the lists and finishes the step. Ghosts are chosen within
+the list cutoff plus twice a margin of the sub-box, so a list build keeps the
+particles and ghosts it has (no message, no new graphs) while no particle has
+moved farther than the margin since the ghosts were chosen; otherwise it wraps
+the own particles into the box and migrates them, rebuilds the ghost plan and
+the lists and recaptures the graphs (sizes changed). That build is a few kernels (records, route masks, a partition by key
 bits with a prefix sum, the list kernels) with one synchronisation per partition,
 one MPI all-to-all of counts each for the migration and the ghosts, and the
 check of the list's capacity. A rank works in its own frame: coordinates
@@ -45,6 +48,16 @@ from .thermo import UnstableRunError
 NO_PERIODS = 1e30
 _KERNELS = ("md_cell_clear", "md_cell_bin", "md_cell_sort", "md_neigh_build", "md_force", "md_kick_drift",
             "md_pack", "md_records", "md_unpack", "md_ghost_routes", "md_bits_count", "md_bits_scatter")
+
+
+def ghost_margin(width, rlist, skin):
+    """How far particles may move between two migrations: one skin, less where a sub-box is too thin for
+    a ghost shell of ``rlist`` plus twice the margin (ghosts come from the neighbouring sub-boxes only).
+
+    Between migrations an own particle and a ghost each move at most the margin, so a shell of
+    ``rlist + 2 margin`` chosen at the migration still holds every particle within ``rlist`` of an own
+    one at a later list build."""
+    return max(0.0, min(skin, 0.5 * (float(np.min(width)) - rlist)))
 
 
 def _blocks(count):
@@ -79,9 +92,13 @@ class DistGpuBackend(DeviceAccess):
         self.skin, self.rlist = float(skin), forcefield.rc + skin
         self.grid = choose_grid(self.box, self.ranks, self.rlist)
         self.domain = Domain(self.box, self.grid, comm.Get_rank())
+        self.margin = ghost_margin(self.domain.width, self.rlist, self.skin)
+        self.reach = self.rlist + 2 * self.margin  # ghosts: within this of my sub-box when chosen
+        self.migrations = 0  # list builds that moved particles between ranks and chose the ghosts again
         self.tpp = threads_per_particle(max(state.n // self.ranks, 1))
-        # My frame: origin at my sub-box's corner less the ghost shell (and half a skin of drift).
-        self.shell = self.rlist + 0.5 * self.skin
+        # My frame: origin at my sub-box's corner less the ghost shell, its drift up to a migration and
+        # half a skin more.
+        self.shell = self.reach + self.margin + 0.5 * self.skin
         self.origin = self.domain.lo - self.shell
         extent = self.domain.width + 2 * self.shell
         self.ncell = np.maximum((extent // self.rlist).astype(np.int64), 1)
@@ -144,6 +161,7 @@ class DistGpuBackend(DeviceAccess):
         n = len(own)
         build = own if hold_from is None else hold_from
         self._plan_ghosts(build)
+        self.planned = build[:, :3].copy()  # where the own particles were when the ghosts were chosen
         g = self.ghosts
         self.n, self.n_local = n, n + g
         self.frame = cp.empty((n + g, 4), self.real)
@@ -167,9 +185,10 @@ class DistGpuBackend(DeviceAccess):
             self._pack(self.stream)
             self._exchange(self.stream)
 
-    def _build_lists(self, ctl):
+    def _build_lists(self, ctl, recapture=True):
         """The lists from the positions in ``frame`` (which become the build positions), grown until they
-        fit, and the step's graphs for them (captured while the list build runs).
+        fit, and, if ``recapture`` or they grew, the step's graphs for them (captured while the list build
+        runs).
 
         ``ctl`` (host copy) is uploaded with the build's flags set; md_force clears ``C_REBUILD`` at
         the end of the next step.
@@ -178,7 +197,8 @@ class DistGpuBackend(DeviceAccess):
             ctl[C_REBUILD], ctl[C_NBMAX], ctl[C_CELLMAX] = 1, 0, 0
             self.ctl.set(ctl)
             self._launch_rebuild()
-            self._capture_step()
+            if recapture:
+                self._capture_step()
             built = self.ctl.get()
             if not (built[C_NBMAX] or built[C_CELLMAX]):
                 break
@@ -187,6 +207,7 @@ class DistGpuBackend(DeviceAccess):
             if built[C_NBMAX]:
                 self.maxnb = int(built[C_NBMAX] * 1.2) + 8
             self.regrows += 1
+            recapture = True
             self._allocate_lists()
             self.params = md_params.pack(self._real_c, self._pair, self._param_values())
 
@@ -224,7 +245,7 @@ class DistGpuBackend(DeviceAccess):
         self._route_shift = self._cp.asarray(np.array(shifts), dtype=self.real)
         dom = self.domain
         self._rank_frame = RANK_FRAME.pack(origin=self.origin, box=self.box, width=dom.width, lo=dom.lo, hi=dom.hi,
-                                           rlist=self.rlist, grid=dom.grid, coords=dom.coords, offsets=offsets)
+                                           reach=self.reach, grid=dom.grid, coords=dom.coords, offsets=offsets)
 
     def _allocate_lists(self):
         """Cell and neighbour-list buffers for up to ``capacity`` own particles."""
@@ -302,13 +323,27 @@ class DistGpuBackend(DeviceAccess):
 
     # -- driver ----------------------------------------------------------------------
     def _rebuild(self, ctl):
-        """The agreed list build at the current step (``ctl``: the control block read then): wrap,
-        migrate, lay out again, finish the step's forces."""
+        """The agreed list build at the current step (``ctl``: the control block read then), then the
+        step's forces: on the particles and ghosts held while every particle is within the margin of
+        where it was when the ghosts were chosen, else after wrapping, migrating and laying out again."""
         ctl = ctl.copy()
         ctl[C_REQ], ctl[C_STATUS] = 0, ST_RUNNING
         ctl[C_BUILDS] += 1
-        self._lay_out(self._migrate(), ctl)
+        if self.margin > 0 and self._within_margin():
+            self._build_lists(ctl, recapture=False)
+        else:
+            self.migrations += 1
+            self._lay_out(self._migrate(), ctl)
         self._force_graph.launch(self.stream)
+
+    def _within_margin(self):
+        """Whether no particle on any rank has moved farther than the margin since the ghosts were
+        chosen (collective; a NaN position counts as too far)."""
+        from mpi4py import MPI
+        cp = self._cp
+        moved = float(cp.max(cp.sum((self.frame[:self.n, :3] - self.planned) ** 2, axis=1))) if self.n else 0.0
+        moved = moved if np.isfinite(moved) else np.inf  # a Python max passes a NaN over
+        return bool(self.comm.allreduce(moved, op=MPI.MAX) <= self.margin ** 2)
 
     def _migrate(self):
         """Wrap the own particles into the box and send those that left my sub-box to their owners.

@@ -180,6 +180,13 @@ class Simulation:
         """Neighbour-list builds since setup (the setup build not counted, as in LAMMPS)."""
         return self._backend.builds
 
+    @property
+    def migrations(self):
+        """Of this rank's list builds, those at which atoms moved between ranks (a distributed run; None
+        for one process). The CPU ranks migrate at every build; the GPU ranks while no atom has moved
+        more than a margin since the last migration keep their atoms and ghosts."""
+        return getattr(self._backend, "migrations", None)
+
     def thermo_arrays(self):
         """The thermo log as one NumPy array per column."""
         return as_arrays(self.thermo_log)
