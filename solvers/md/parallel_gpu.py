@@ -48,16 +48,17 @@ from .thermo import UnstableRunError
 NO_PERIODS = 1e30
 _KERNELS = ("md_cell_clear", "md_cell_bin", "md_cell_sort", "md_neigh_build", "md_force", "md_kick_drift",
             "md_pack", "md_records", "md_unpack", "md_ghost_routes", "md_bits_count", "md_bits_scatter")
+MARGIN_SKINS = 1.0  # the ghost margin, in skins (MEASUREMENTS.md: larger ones against smaller ones)
 
 
 def ghost_margin(width, rlist, skin):
-    """How far particles may move between two migrations: one skin, less where a sub-box is too thin for
-    a ghost shell of ``rlist`` plus twice the margin (ghosts come from the neighbouring sub-boxes only).
+    """How far particles may move between two migrations: MARGIN_SKINS skins, less where a sub-box is too
+    thin for a ghost shell of ``rlist`` plus twice the margin (ghosts come from the neighbouring sub-boxes only).
 
     Between migrations an own particle and a ghost each move at most the margin, so a shell of
     ``rlist + 2 margin`` chosen at the migration still holds every particle within ``rlist`` of an own
     one at a later list build."""
-    return max(0.0, min(skin, 0.5 * (float(np.min(width)) - rlist)))
+    return max(0.0, min(MARGIN_SKINS * skin, 0.5 * (float(np.min(width)) - rlist)))
 
 
 def _blocks(count):
