@@ -21,30 +21,12 @@
 // sums. Launches past the stop (the host checks only after each launch) find ctl says so and change nothing.
 // kernels/md_ref.py states the same formulas in NumPy.
 
-#define C_STEP 0      // last completed step
-#define C_TARGET 1    // step at which the chunk stops
-#define C_REQ 2       // some particle moved more than skin/2 (set in md_run's drift, cleared by md_force)
-#define C_REBUILD 3   // rebuild in this step (set by md_run or by the host)
-#define C_BUILDS 4    // list builds so far
-#define C_STATUS 5    // ST_* below
-#define C_NBMAX 6     // largest neighbour count that did not fit (0: all fit)
-#define C_CELLMAX 7   // largest cell occupancy that did not fit (0: all fit)
-#define C_BAD 8       // n - index of the lowest particle that moved implausibly (0: none)
-#define C_FORCED 9    // step whose forces are computed
-#define C_SYNC 10     // md_run's grid barrier counter (grid_sync)
-#define C_ARRIVE 11   // blocks of md_force done (last-block counter)
-#define C_DRIFTED 12  // blocks of md_kick_drift done (last-block counter)
-#define CTL_SIZE 16
+// Its slots (C_*), its size (CTL_SIZE) and the chunk's states (ST_*) are defined by the loader from
+// kernels/md_params.py, where each is described.
 
 #ifndef MD_BLOCK
 #define MD_BLOCK 128  // threads per block of every per-particle kernel
 #endif
-
-#define ST_RUNNING 0
-#define ST_DONE 1
-#define ST_OVERFLOW 2
-#define ST_UNSTABLE 3
-#define ST_REBUILD 4   // distributed runs: the ranks agreed on a list build, which the host does
 
 typedef unsigned long long u64;
 
@@ -488,16 +470,18 @@ __device__ __forceinline__ void publish_block_sums(double (&acc)[3], double *par
 // Forces of the current step, one lane group per particle, after a list rebuild (and at setup, with
 // setup != 0: forces of the current state, no kick, no control changes). Returns at once when md_run
 // has computed this step's forces. The last block records why the chunk stops (or that it goes on).
-// ranks != 0 (a distributed run, where ctl[C_REQ] and ctl[C_BAD] hold the values reduced over the
-// ranks): a list build or an unstable particle is recorded in ctl[C_STATUS] instead, for the host.
+// ranks != 0 (a distributed run, where ctl[C_REQ], ctl[C_FAR] and ctl[C_BAD] hold the values reduced
+// over the ranks): an unstable particle, a list build that md_build_gate left to the host, or lists
+// that did not fit the build md_build_gate started are recorded in ctl[C_STATUS] instead, for the host.
 extern "C" __global__ void __launch_bounds__(MD_BLOCK)
 md_force(const MdParams p, int setup, u64 while_handle, int ranks) {
     u64 *const ctl = p.ctl;
     const int n = p.n, tpp = p.tpp;
     u64 step = ctl[C_STEP];
     if (!setup && (ctl[C_STATUS] != ST_RUNNING || ctl[C_FORCED] == step)) return;  // done, or past the stop
-    if (ranks && !setup && (ctl[C_BAD] || ctl[C_REQ])) {
-        if (blockIdx.x == 0 && threadIdx.x == 0) ctl[C_STATUS] = ctl[C_BAD] ? ST_UNSTABLE : ST_REBUILD;
+    if (ranks && !setup && (ctl[C_BAD] || (ctl[C_REQ] && !ctl[C_REBUILD]) || ctl[C_NBMAX] || ctl[C_CELLMAX])) {
+        if (blockIdx.x == 0 && threadIdx.x == 0)
+            ctl[C_STATUS] = ctl[C_BAD] ? ST_UNSTABLE : (ctl[C_REBUILD] ? ST_OVERFLOW : ST_REBUILD);
         return;
     }
     bool reduce = setup || step >= ctl[C_TARGET];
@@ -516,29 +500,48 @@ md_force(const MdParams p, int setup, u64 while_handle, int ranks) {
             u64 status = (ld_l2(&ctl[C_NBMAX]) || ld_l2(&ctl[C_CELLMAX])) ? ST_OVERFLOW
                          : (step >= ctl[C_TARGET] ? ST_DONE : ST_RUNNING);
             ctl[C_STATUS] = status;
+            if (ranks && ctl[C_REQ]) ctl[C_BUILDS] += 1;  // md_build_gate's build (the host counts its own)
             ctl[C_REBUILD] = 0;
             ctl[C_REQ] = 0;
+            ctl[C_FAR] = 0;
             if (while_handle) cudaGraphSetConditional(while_handle, status == ST_RUNNING ? 1u : 0u);
         }
     }
 }
 
 // Distributed runs, a step in kernels between which the ranks exchange ghosts: md_kick_drift (the
-// first kick and the drift of the own particles, in place; any rebuild request or unstable particle
-// in ctl), md_pack (the send buffer), then md_force with ranks != 0. Past the chunk's stop, or once
-// the status is not ST_RUNNING, nothing moves.
+// first kick and the drift of the own particles, in place; any rebuild request, particle past the
+// ghost margin or unstable particle in ctl), md_pack (the send buffer), then, once the flags are
+// reduced over the ranks, md_build_gate, the list build's kernels (which return at once unless it
+// set ctl[C_REBUILD]) and md_force with ranks != 0. Past the chunk's stop, or once the status is not
+// ST_RUNNING, nothing moves.
 extern "C" __global__ void __launch_bounds__(MD_BLOCK) md_kick_drift(const MdParams p) {
     u64 *const ctl = p.ctl;
     const u64 step = ctl[C_STEP];
     const bool live = ctl[C_STATUS] == ST_RUNNING && ctl[C_FORCED] == step && step < ctl[C_TARGET];
     if (!live) return;  // the same in every block: the previous kernels set these
     int i = blockIdx.x * blockDim.x + threadIdx.x;
-    bool req = false;
-    if (i < p.n)
+    bool req = false, far = false;
+    if (i < p.n) {
         req = kick_drift(i, p.pos, p.pos, p.vel, p.frc, p.img, p.hold, ctl, p.n, p.dt, p.half_dt_m, p.box,
                          p.trigger_sq, p.max_move_sq);
+        vec4 x = p.pos[i], a = p.planned[i];
+        real_t dx = x.x - a.x, dy = x.y - a.y, dz = x.z - a.z;
+        far = !(dx * dx + dy * dy + dz * dz <= p.margin_sq);  // NaN counts as far
+    }
     if (__any_sync(0xffffffffu, req) && (threadIdx.x & 31) == 0) atomicOr(&ctl[C_REQ], 1ull);
+    if (__any_sync(0xffffffffu, far) && (threadIdx.x & 31) == 0) atomicOr(&ctl[C_FAR], 1ull);
     if (last_block(&ctl[C_DRIFTED]) && threadIdx.x == 0) ctl[C_STEP] = step + 1;
+}
+
+// Distributed runs, after the flags are reduced: a list build the ranks agreed on is done here, on the
+// particles and ghosts held, when no particle on any rank has moved past the ghost margin; otherwise
+// md_force leaves it to the host (which migrates particles first). One thread.
+extern "C" __global__ void md_build_gate(const MdParams p) {
+    u64 *const ctl = p.ctl;
+    const u64 step = ctl[C_STEP];
+    if (ctl[C_STATUS] != ST_RUNNING || ctl[C_FORCED] == step) return;
+    if (ctl[C_REQ] && !ctl[C_FAR] && !ctl[C_BAD]) ctl[C_REBUILD] = 1;
 }
 
 // sendbuf[k] = pos[send_index[k]] + shift[k]: the own particles a neighbour holds as ghosts, in its frame.

@@ -17,6 +17,36 @@ PAIRS = {
 }
 
 
+# The control block md.cu's kernels and the host share (unsigned long long ctl[CTL_SIZE]), its slots:
+C_STEP = 0      # last completed step
+C_TARGET = 1    # step at which the chunk stops
+C_REQ = 2       # some particle moved more than skin/2 since the last build (a rebuild is due)
+C_REBUILD = 3   # rebuild in this step (set by md_run, by md_build_gate or by the host)
+C_BUILDS = 4    # list builds so far
+C_STATUS = 5    # ST_* below
+C_NBMAX = 6     # largest neighbour count that did not fit (0: all fit)
+C_CELLMAX = 7   # largest cell occupancy that did not fit (0: all fit)
+C_BAD = 8       # n - index of the lowest particle that moved implausibly (0: none)
+C_FAR = 9       # distributed runs: some particle moved past the ghost margin since the ghosts were chosen
+C_FORCED = 10   # step whose forces are computed
+C_SYNC = 11     # md_run's grid barrier counter (grid_sync)
+C_ARRIVE = 12   # blocks of md_force done (last-block counter)
+C_DRIFTED = 13  # blocks of md_kick_drift done (last-block counter)
+CTL_SIZE = 16
+# ... and the states of a chunk (ctl[C_STATUS]):
+ST_RUNNING = 0
+ST_DONE = 1
+ST_OVERFLOW = 2  # a list or its cells did not fit: the host grows them and redoes the chunk
+ST_UNSTABLE = 3
+ST_REBUILD = 4   # distributed runs: the ranks agreed on a list build the host does (with a migration)
+
+
+def ctl_defines():
+    """The control block's slots, size and states as the kernels' preprocessor definitions."""
+    return tuple((name, str(value)) for name, value in globals().items()
+                 if name.startswith(("C_", "ST_")) or name == "CTL_SIZE")
+
+
 def _fields(spec, real):
     return [(name, real if kind == "real" else kind) for name, kind in spec]
 
@@ -64,6 +94,7 @@ def params_struct(real, pair):
         ("pos", vec4), ("pos_alt", vec4), ("vel", vec4), ("frc", vec4), ("img", "int4*"), ("hold", vec4),
         ("pe", "double*"), ("vir", "double*"), ("partial", "double*"), ("thermo", "double*"), ("nlist", "int*"),
         ("ncount", "int*"), ("order", "int*"), ("ids", "const long long*"), ("ctl", "unsigned long long*"),
+        ("planned", vec4),     # distributed runs: own particles' positions when the ghosts were chosen
         ("cell_count", "int*"), ("cell_atoms", "int*"), ("cell_sorted", "int*"), ("cell_pos", vec4),
         ("cell_start", "int*"),
         ("n", "int"),          # particles integrated, listed and forced (a rank's own)
@@ -71,6 +102,7 @@ def params_struct(real, pair):
         ("tpp", "int"), ("by_cell", "int"), ("ncells", "int"), ("maxnb", "int"),
         ("count", "int"),      # md_run: steps a launch at most
         ("dt", real), ("half_dt_m", real), ("trigger_sq", real), ("max_move_sq", real), ("rlist_sq", real),
+        ("margin_sq", real),   # distributed runs: squared distance from planned within which lists are rebuilt in place
         ("mass", "double"), ("box", box), ("cells", cells), ("bath", bath), ("pair", potential)])
 
 

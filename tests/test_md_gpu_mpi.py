@@ -42,6 +42,24 @@ def test_200_steps_reproduce_one_process(integ):
         np.testing.assert_allclose(whole.positions, cpu.positions, rtol=0, atol=1e-9)
 
 
+def test_lists_too_small_on_one_rank_are_grown_and_every_rank_redoes_the_steps():
+    from solvers.kernels import md_params
+    state = lattice_state(cells=(10, 9, 11), seed=3)
+    cpu = Simulation(state, LennardJones(), VelocityVerlet(0.005), device="cpu")
+    cpu.run(100, thermo_every=20)
+    spread = Simulation(state, LennardJones(), VelocityVerlet(0.005), device="gpu", precision="double", comm=COMM)
+    b = spread._backend
+    if COMM.rank == 1:  # the next list build (on the device) overflows here only
+        with b.stream:
+            b.maxnb = int(b.ncount[:b.n].max().get()) // 2
+            b.params = md_params.pack(b._real_c, b._pair, b._param_values())
+            b._capture_step()
+    spread.run(100, thermo_every=20)
+    assert COMM.allreduce(b.regrows) >= 1
+    assert spread.neighbor_builds == cpu.neighbor_builds
+    np.testing.assert_allclose(thermo_of(spread), thermo_of(cpu), rtol=1e-10)
+
+
 def test_reference_table(md_data_dir):
     sim = Simulation(read_dump(str(md_data_dir / "in.lj_init.dump.gz")), LennardJones(rc=2.5),
                      VelocityVerlet(0.005), device="gpu", precision="double", comm=COMM)

@@ -17,12 +17,10 @@ import numpy as np
 from ..kernels import cooperative, md_params, module
 from ..backend import require_cupy
 from ..engine import GraphEngine
+from ..kernels.md_params import (C_BAD, C_BUILDS, C_CELLMAX, C_FORCED, C_NBMAX, C_REBUILD, C_REQ, C_STATUS, C_STEP,
+                                 C_TARGET, CTL_SIZE, ST_DONE, ST_OVERFLOW, ST_RUNNING, ST_UNSTABLE)
 from .thermo import UnstableRunError
 
-# Indices into the control block; kernels/md.cu defines the same.
-C_STEP, C_TARGET, C_REQ, C_REBUILD, C_BUILDS, C_STATUS, C_NBMAX, C_CELLMAX, C_BAD, C_FORCED = range(10)
-CTL_SIZE = 16
-ST_RUNNING, ST_DONE, ST_OVERFLOW, ST_UNSTABLE, ST_REBUILD = range(5)
 BLOCK = 128
 RUN_BLOCK = 256  # md_run's threads per block (kernels/md.cu)
 # Below this many particles a step is latency bound: more lanes per particle, and the list build's
@@ -40,7 +38,7 @@ SCAN_THREADS = 1024
 def kernel_program(real, pair):
     """Arguments of :func:`solvers.kernels.program` for the MD kernels: ``real`` "double" or "float",
     ``pair`` the potential's functor (``PairLJ``, ``PairMorse``)."""
-    return dict(name="md", real=real, defines=(("MD_BLOCK", str(BLOCK)), ("MD_PAIR", pair)),
+    return dict(name="md", real=real, defines=(("MD_BLOCK", str(BLOCK)), ("MD_PAIR", pair), *md_params.ctl_defines()),
                 structs=md_params.all_structs(real, pair))
 
 
@@ -70,12 +68,14 @@ _BUFFERS = ("hold", "pe", "vir", "partial", "thermo", "nlist", "ncount", "order"
             "cell_atoms", "cell_sorted", "cell_pos", "cell_start")
 
 
-def param_values(backend, *, pos, pos_alt, n_local, by_cell, count, skin, box, extent):
+def param_values(backend, *, pos, pos_alt, n_local, by_cell, count, skin, box, extent, planned=None, margin=0.0):
     """Every MdParams field (kernels/md_params.py) for a backend's buffers and settings.
 
     ``pos`` and ``pos_alt`` are the position buffers (the second receives a sorted copy),
     ``n_local`` the particles with ghosts, ``count`` the steps a launch, ``box`` the edges
-    the kernels wrap by and ``extent`` the span the cells cover (the box, on one GPU).
+    the kernels wrap by and ``extent`` the span the cells cover (the box, on one GPU);
+    distributed runs: ``planned``, the own particles' positions when the ghosts were chosen,
+    and ``margin``, how far they may move from there.
     """
     it, mass = backend.integ, backend.mass
     if it.langevin:
@@ -94,7 +94,8 @@ def param_values(backend, *, pos, pos_alt, n_local, by_cell, count, skin, box, e
             "rlist_sq": rlist ** 2, "mass": mass, "box": dict(zip(("lx", "ly", "lz"), box)),
             "cells": {"nx": ncell[0], "ny": ncell[1], "nz": ncell[2], "cap": backend.cellcap,
                       "sx": ncell[0] / extent[0], "sy": ncell[1] / extent[1], "sz": ncell[2] / extent[2]},
-            "bath": bath, "pair": backend.ff.device_params()}
+            "bath": bath, "pair": backend.ff.device_params(),
+            "planned": 0 if planned is None else planned.data.ptr, "margin_sq": margin ** 2}
 
 
 class _StepBody:

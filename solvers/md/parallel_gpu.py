@@ -11,20 +11,25 @@ an iteration of :class:`~solvers.engine.SegmentDriver`:
   frame) and the NCCL exchange of ghost positions straight into the tail of
   the position buffer; meanwhile on the main stream an NCCL max-allreduce of
   the control flags, so every rank sees the same decision;
-* graph ``md_force``: forces and second kick, unless the reduced flags ask for
-  a list build (or report a blow-up): then it records that in the status and
-  the following steps change nothing.
+* graph ``md_build_gate``, list build, ``md_force``: an agreed list build on the
+  particles and ghosts held, then forces and second kick; unless the reduced
+  flags report a blow-up, or a list build with a particle past the ghost margin
+  (below), or this rank's lists did not fit: then ``md_force`` records that in
+  the status and the following steps change nothing.
 
-The host enqueues ``unroll`` steps, then reads the status once; at an agreed
-list build it rebuilds the lists and finishes the step. Ghosts are chosen within
-the list cutoff plus twice a margin of the sub-box, so a list build keeps the
-particles and ghosts it has (no message, no new graphs) while no particle has
-moved farther than the margin since the ghosts were chosen; otherwise it wraps
-the own particles into the box and migrates them, rebuilds the ghost plan and
-the lists and recaptures the graphs (sizes changed). That build is a few kernels (records, route masks, a partition by key
-bits with a prefix sum, the list kernels) with one synchronisation per partition,
-one MPI all-to-all of counts each for the migration and the ghosts, and the
-check of the list's capacity. A rank works in its own frame: coordinates
+Ghosts are chosen within the list cutoff plus twice a margin of the sub-box, so
+a list build can keep the particles and ghosts a rank holds (on the device, no
+message, the same graphs) while no particle has moved farther than the margin
+since the ghosts were chosen. The host enqueues ``unroll`` steps, then reads the
+status once; at a list build left to it, it wraps the own particles into the
+box, migrates them, chooses the ghosts again, rebuilds the lists, recaptures the
+graphs (sizes changed) and finishes the step. That is a few kernels (records,
+route masks, a partition by key bits with a prefix sum, the list kernels) with
+one synchronisation per partition, one MPI all-to-all of counts each for the
+migration and the ghosts, and the check of the list's capacity. Lists that did
+not fit on some rank send every rank back to its copy of the state at the
+chunk's start (or at the last migration since), with larger lists there, to redo
+the steps. A rank works in its own frame: coordinates
 relative to its sub-box's corner less the ghost shell, without periodic images
 (the kernels get a box so large that nothing wraps).
 """
@@ -35,11 +40,11 @@ from ..distributed.comm import DeviceComm
 from ..engine import Communicate, Join, Overlap, Segment, SegmentDriver
 from ..errors import DeviceError
 from ..kernels import md_params, md_ref, module
-from ..kernels.md_params import RANK_FRAME, ROUTES
+from ..kernels.md_params import (C_BAD, C_BUILDS, C_CELLMAX, C_FAR, C_FORCED, C_NBMAX, C_REBUILD, C_REQ, C_STATUS,
+                                 C_STEP, C_TARGET, CTL_SIZE, RANK_FRAME, ROUTES, ST_DONE, ST_OVERFLOW, ST_REBUILD,
+                                 ST_RUNNING, ST_UNSTABLE)
 from .domain import Domain, choose_grid
-from .gpu import (BLOCK, C_BAD, C_BUILDS, C_CELLMAX, C_FORCED, C_NBMAX, C_REBUILD, C_REQ, C_STATUS, C_STEP, C_TARGET,
-                  CTL_SIZE, ST_DONE, ST_REBUILD, ST_RUNNING, ST_UNSTABLE, DeviceAccess, kernel_program,
-                  param_values, threads_per_particle)
+from .gpu import BLOCK, DeviceAccess, kernel_program, param_values, threads_per_particle
 from .parallel import agreed, gathered_arrays
 from .simulation import STEPS_PER_CHECK
 from .thermo import UnstableRunError
@@ -47,7 +52,8 @@ from .thermo import UnstableRunError
 # Box edge the kernels see inside a rank's frame: minimum images and wrapping never apply.
 NO_PERIODS = 1e30
 _KERNELS = ("md_cell_clear", "md_cell_bin", "md_cell_sort", "md_neigh_build", "md_force", "md_kick_drift",
-            "md_pack", "md_records", "md_unpack", "md_ghost_routes", "md_bits_count", "md_bits_scatter")
+            "md_pack", "md_records", "md_unpack", "md_ghost_routes", "md_bits_count", "md_bits_scatter",
+            "md_build_gate")
 MARGIN_SKINS = 1.0  # the ghost margin, in skins (MEASUREMENTS.md: larger ones against smaller ones)
 
 
@@ -140,6 +146,7 @@ class DistGpuBackend(DeviceAccess):
             self.thermo = cp.zeros(4, np.float64)
             self._lay_out(self._vec4(x - self.origin), ctl, hold_from=self._vec4(hold[mine] - self.origin))
             self._launch_force(setup=True)
+            self.ctl[C_REBUILD] = 0  # built for the current step: no build in the next one's graph
             self._sums = self._reduced_sums()
             if restart is not None:
                 self.f[:, :3] = cp.asarray(np.asarray(restart["forces"])[mine], dtype=self.real)
@@ -162,7 +169,7 @@ class DistGpuBackend(DeviceAccess):
         n = len(own)
         build = own if hold_from is None else hold_from
         self._plan_ghosts(build)
-        self.planned = build[:, :3].copy()  # where the own particles were when the ghosts were chosen
+        self.planned = build.copy()  # where the own particles were when the ghosts were chosen
         g = self.ghosts
         self.n, self.n_local = n, n + g
         self.frame = cp.empty((n + g, 4), self.real)
@@ -186,10 +193,10 @@ class DistGpuBackend(DeviceAccess):
             self._pack(self.stream)
             self._exchange(self.stream)
 
-    def _build_lists(self, ctl, recapture=True):
-        """The lists from the positions in ``frame`` (which become the build positions), grown until they
-        fit, and, if ``recapture`` or they grew, the step's graphs for them (captured while the list build
-        runs).
+    def _build_lists(self, ctl, from_hold=False):
+        """The lists from the positions in ``frame`` (which become the build positions), or with
+        ``from_hold`` from the build positions ``hold``, grown until they fit, and the step's graphs for
+        them (captured while the list build runs).
 
         ``ctl`` (host copy) is uploaded with the build's flags set; md_force clears ``C_REBUILD`` at
         the end of the next step.
@@ -197,9 +204,8 @@ class DistGpuBackend(DeviceAccess):
         while True:
             ctl[C_REBUILD], ctl[C_NBMAX], ctl[C_CELLMAX] = 1, 0, 0
             self.ctl.set(ctl)
-            self._launch_rebuild()
-            if recapture:
-                self._capture_step()
+            self._launch_rebuild(self.stream, *((self.hold, 0) if from_hold else (self.frame, 1)))
+            self._capture_step()
             built = self.ctl.get()
             if not (built[C_NBMAX] or built[C_CELLMAX]):
                 break
@@ -208,7 +214,6 @@ class DistGpuBackend(DeviceAccess):
             if built[C_NBMAX]:
                 self.maxnb = int(built[C_NBMAX] * 1.2) + 8
             self.regrows += 1
-            recapture = True
             self._allocate_lists()
             self.params = md_params.pack(self._real_c, self._pair, self._param_values())
 
@@ -263,14 +268,17 @@ class DistGpuBackend(DeviceAccess):
 
     def _param_values(self):
         return param_values(self, pos=self.frame, pos_alt=self.frame, n_local=self.n_local, by_cell=False, count=1,
-                            skin=self.skin, box=(NO_PERIODS,) * 3, extent=self.extent)
+                            skin=self.skin, box=(NO_PERIODS,) * 3, extent=self.extent, planned=self.planned,
+                            margin=self.margin)
 
     # -- kernels and communication ----------------------------------------------------
-    def _launch_rebuild(self):
-        k, p, s = self._k, self.params, self.stream
+    def _launch_rebuild(self, s, src, copy):
+        """The list build's kernels (each returns at once unless ``ctl[C_REBUILD]`` is set) from the positions
+        ``src``, which with ``copy`` become the build positions."""
+        k, p = self._k, self.params
         ncells = self.cell_count.size
         k["md_cell_clear"](((ncells + 255) // 256,), (256,), (p,), stream=s)
-        k["md_cell_bin"]((max(1, -(-self.n_local // BLOCK)),), (BLOCK,), (p, self.frame, np.int32(1)), stream=s)
+        k["md_cell_bin"]((max(1, -(-self.n_local // BLOCK)),), (BLOCK,), (p, src, np.int32(copy)), stream=s)
         k["md_cell_sort"](((ncells * self.cellcap + BLOCK - 1) // BLOCK,), (BLOCK,), (p,), stream=s)
         k["md_neigh_build"]((max(1, -(-self.n * self.tpp // BLOCK)),), (BLOCK,), (p,), stream=s)
 
@@ -311,40 +319,58 @@ class DistGpuBackend(DeviceAccess):
         self.nccl.exchange(self._ghost_transfers, s)
 
     def _reduce_flags(self, s):
-        """ctl[C_REQ .. C_BAD] := their maxima over the ranks (one decision everywhere)."""
+        """ctl[C_REQ .. C_FAR] := their maxima over the ranks (one decision everywhere)."""
         nccl = self.nccl._nccl
         ptr = self.ctl.data.ptr + 8 * C_REQ
-        self.nccl.comm.allReduce(ptr, ptr, C_BAD - C_REQ + 1, nccl.NCCL_UINT64, nccl.NCCL_MAX, s.ptr)
+        self.nccl.comm.allReduce(ptr, ptr, C_FAR - C_REQ + 1, nccl.NCCL_UINT64, nccl.NCCL_MAX, s.ptr)
 
     def _capture_step(self):
         cap = self.driver.capture
         self._force_graph = cap(lambda s: self._launch_force(stream=s))
         self.iteration = [Segment(cap(self._kick_drift)), Overlap(cap(self._pack), self._exchange),
-                          Communicate(self._reduce_flags), Join(), Segment(self._force_graph)]
+                          Communicate(self._reduce_flags), Join(), Segment(cap(self._build_and_force))]
+
+    def _build_and_force(self, s):
+        self._k["md_build_gate"]((1,), (1,), (self.params,), stream=s)
+        self._launch_rebuild(s, self.frame, 1)
+        self._launch_force(stream=s)
 
     # -- driver ----------------------------------------------------------------------
     def _rebuild(self, ctl):
-        """The agreed list build at the current step (``ctl``: the control block read then), then the
-        step's forces: on the particles and ghosts held while every particle is within the margin of
-        where it was when the ghosts were chosen, else after wrapping, migrating and laying out again."""
+        """The agreed list build the device left to the host, some particle having moved past the ghost
+        margin, at the current step (``ctl``: the control block read then): wrap, migrate, lay out again,
+        finish the step's forces."""
         ctl = ctl.copy()
-        ctl[C_REQ], ctl[C_STATUS] = 0, ST_RUNNING
+        ctl[C_REQ], ctl[C_FAR], ctl[C_STATUS] = 0, 0, ST_RUNNING
         ctl[C_BUILDS] += 1
-        if self.margin > 0 and self._within_margin():
-            self._build_lists(ctl, recapture=False)
-        else:
-            self.migrations += 1
-            self._lay_out(self._migrate(), ctl)
+        self.migrations += 1
+        self._lay_out(self._migrate(), ctl)
         self._force_graph.launch(self.stream)
+        self._save()
 
-    def _within_margin(self):
-        """Whether no particle on any rank has moved farther than the margin since the ghosts were
-        chosen (collective; a NaN position counts as too far)."""
-        from mpi4py import MPI
-        cp = self._cp
-        moved = float(cp.max(cp.sum((self.frame[:self.n, :3] - self.planned) ** 2, axis=1))) if self.n else 0.0
-        moved = moved if np.isfinite(moved) else np.inf  # a Python max passes a NaN over
-        return bool(self.comm.allreduce(moved, op=MPI.MAX) <= self.margin ** 2)
+    def _save(self):
+        """A copy of the state to redo steps from after an overflow (the arrays' sizes hold until the next
+        migration, which saves again)."""
+        self._saved = [a.copy() for a in self._state()]
+
+    def _state(self):
+        return self.frame, self.v, self.f, self.img, self.hold, self.ctl
+
+    def _redo(self):
+        """Back to the saved state with this rank's lists grown where they did not fit (collective: every
+        rank redoes the steps since), the lists built again from the saved build positions."""
+        ctl = self.ctl.get()
+        if ctl[C_CELLMAX]:
+            self.cellcap = int(ctl[C_CELLMAX] * 1.25) + 4
+        if ctl[C_NBMAX]:
+            self.maxnb = int(ctl[C_NBMAX] * 1.2) + 8
+        self.regrows += bool(ctl[C_CELLMAX] or ctl[C_NBMAX])
+        for dst, src in zip(self._state(), self._saved):
+            dst[...] = src
+        self._allocate_lists()
+        self.params = md_params.pack(self._real_c, self._pair, self._param_values())
+        self._build_lists(self.ctl.get(), from_hold=True)
+        self.ctl[C_REBUILD] = 0  # the saved step's forces are done
 
     def _migrate(self):
         """Wrap the own particles into the box and send those that left my sub-box to their owners.
@@ -414,6 +440,13 @@ class DistGpuBackend(DeviceAccess):
                                    stream=self.stream)
         return mask
 
+    def _on_any_rank(self, flag):
+        """Whether ``flag`` holds on some rank (collective)."""
+        from mpi4py import MPI
+        both = np.array([int(flag)], np.int32)
+        self.comm.Allreduce(MPI.IN_PLACE, both, op=MPI.MAX)
+        return bool(both[0])
+
     def _reduced_sums(self):
         return tuple(float(v) for v in self.comm.allreduce(self.thermo.get()[:3]))
 
@@ -425,11 +458,15 @@ class DistGpuBackend(DeviceAccess):
         with self.stream:
             self.ctl[C_TARGET] = target
             self.ctl[C_STATUS] = ST_RUNNING
+            self._save()
             while True:
                 for _ in range(self.check_every):
                     self.driver.enqueue(self.iteration)
-                ctl = self.ctl.get()  # every rank reads the same decision (reduced flags)
+                ctl = self.ctl.get()  # the ranks' decisions agree (reduced flags); their lists' fit may not
                 status = int(ctl[C_STATUS])
+                if self._on_any_rank(status == ST_OVERFLOW):
+                    self._redo()
+                    continue
                 if status == ST_DONE:
                     break
                 if status == ST_UNSTABLE:
