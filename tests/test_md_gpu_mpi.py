@@ -27,7 +27,9 @@ def thermo_of(sim):
 
 
 @pytest.mark.parametrize("integ", [VelocityVerlet(0.005), Langevin(0.005, 1.0, 0.5, seed=9)], ids=["nve", "langevin"])
-def test_200_steps_reproduce_one_process(integ):
+def test_200_steps_reproduce_one_process(integ, monkeypatch):
+    from solvers.md import parallel_gpu
+    monkeypatch.setattr(parallel_gpu, "MARGIN_SKINS", 1.0)  # builds with and without migration in 200 steps
     state = lattice_state(cells=(10, 9, 11), seed=3)
     cpu = Simulation(state, LennardJones(), integ, device="cpu")
     cpu.run(200, thermo_every=20)
