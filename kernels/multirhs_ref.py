@@ -51,7 +51,7 @@ def update(A, dinv, x, r, p, states):
             r[1 - cur][:, c] = rc
             p[1 - cur][:, c] = p_new
         z = rc * dinv if dinv is not None else rc
-        rz, rnorm = float(np.dot(rc, z)), float(np.linalg.norm(rc))
+        rz, rnorm = float(np.dot(rc, z)), float(np.sqrt(np.dot(rc, rc)))
         it = state["iteration"] + 1
         status = stop_reason(rnorm, state["tol"], it, state["maxiter"], rz)
         if status == RUNNING:

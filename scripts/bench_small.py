@@ -7,6 +7,10 @@ Run on a GPU machine: ``python scripts/bench_small.py [--systems 10000] [--side 
   fixed number of iterations (rtol 0), loop time over iterations, best of a few.
 * Captured time step: ``examples/heat_implicit.py``'s backward Euler step, PCG.solve
   per step (while mode) against the whole step captured into one graph and replayed.
+* Right-hand sides of one matrix: 2-D Poisson (1024^2 by default), Jacobi to rtol 1e-8,
+  ``PCG.solve`` with ``b`` of shape ``(n, k)`` (while mode) against one right-hand
+  side (k = 1) and a Python loop over cupyx ``cg``, per iteration, with the memory
+  traffic floor of an iteration at k columns.
 * Batched: variable-coefficient 2-D diffusion systems (one sparsity pattern,
   lognormal coefficients), Jacobi to rtol 1e-8, ``b`` already on the device for
   every method: BatchedPCG, ``jax.vmap`` over ``jax.scipy.sparse.linalg.cg``
@@ -106,6 +110,81 @@ def heat_table(sizes, steps):
     return rows
 
 
+# -- right-hand sides of one matrix ------------------------------------------------------------------
+BANDWIDTH = 4.28e12  # bytes/s an H200 streams (the floor's unit)
+
+
+def floor_us(n, columns):
+    """The least memory traffic of an iteration at ``columns`` columns, in us at BANDWIDTH: x, r and p
+    of every column read and written once (48 bytes a row and column)."""
+    return 48 * n * columns / BANDWIDTH * 1e6
+
+
+def bench_columns(A, B, reps):
+    """Best us per iteration of PCG.solve on ``B``'s columns at once (one column: the single-RHS path)."""
+    import cupy
+    solver = solvers.PCG(A, device="gpu", mode="while", rtol=RTOL, reorder="none", maxiter=20000)
+    b = cupy.asarray(B[:, 0] if B.shape[1] == 1 else B)
+    solver.solve(b)  # warm-up: compile and capture
+    best, res = np.inf, None
+    for _ in range(reps):
+        res = solver.solve(b)
+        its = int(np.max(res.iterations))
+        best = min(best, res.loop_time / its)
+    converged = bool(np.all(res.converged))
+    return best * 1e6, its, converged, solver
+
+
+def bench_cupyx_columns(A, B):
+    """Seconds and iterations of a Python loop over cupyx cg (Jacobi) on ``B``'s columns."""
+    import cupy
+    import cupyx.scipy.sparse as csp
+    import cupyx.scipy.sparse.linalg as cla
+
+    Ad = csp.csr_matrix(A)
+    d = Ad.diagonal()
+    M = cla.LinearOperator(A.shape, matvec=lambda v: v / d)
+    iterations = []
+    cols = [cupy.asarray(B[:, j]) for j in range(B.shape[1])]
+    cla.cg(Ad, cols[0], rtol=RTOL, atol=0.0, maxiter=20000, M=M)  # warm-up
+    cupy.cuda.Device().synchronize()
+    t0 = time.perf_counter()
+    for b in cols:
+        count = [0]
+        cla.cg(Ad, b, rtol=RTOL, atol=0.0, maxiter=20000, M=M, callback=lambda xk: count.__setitem__(0, count[0] + 1))
+        iterations.append(count[0])
+    cupy.cuda.Device().synchronize()
+    return time.perf_counter() - t0, iterations
+
+
+def columns_table(side, counts, reps):
+    A = poisson((side, side))
+    n = A.shape[0]
+    rng = np.random.default_rng(0)
+    widest = rng.standard_normal((n, max(counts)))
+    rows = [f"2-D Poisson {side}^2 ({n:,} rows), Jacobi PCG to rtol {RTOL:g}, float64, while mode, b on the device; "
+            f"the floor is x, r and p of every column read and written once an iteration (48 bytes a row and "
+            f"column) at {BANDWIDTH / 1e12:.2f} TB/s.", "",
+            "| right-hand sides | method | us/iteration | x one right-hand side | floor us/it. | floor / measured "
+            "| iterations (max) | all converged |", "|---|---|---|---|---|---|---|---|"]
+    single = None
+    for k in counts:
+        t, its, ok, solver = bench_columns(A, widest[:, :k], reps)
+        single = t if k == 1 else single
+        what = f"PCG.solve, b ({n:,}, {k})" if k > 1 else f"PCG.solve, one vector ({solver.variant}, {solver.format})"
+        rows.append(f"| {k} | {what} | {t:.1f} | {t / single:.2f}x | {floor_us(n, k):.1f} | "
+                    f"{floor_us(n, k) / t:.0%} | {its} | {ok} |")
+        print(rows[-1], flush=True)
+    k = max(counts)
+    seconds, iterations = bench_cupyx_columns(A, widest[:, :k])
+    per_it = seconds / sum(iterations) * 1e6
+    rows.append(f"| {k} | Python loop over cupyx cg (Jacobi), column by column | {per_it * k:.1f} (all {k} columns "
+                f"an iteration) | {per_it * k / single:.2f}x | {floor_us(n, k):.1f} | {floor_us(n, k) / (per_it * k):.0%} "
+                f"| {max(iterations)} | - |")
+    print(rows[-1], flush=True)
+    return rows
+
+
 # -- batched --------------------------------------------------------------------------------------
 def problem(systems, side, seed=0):
     rng = np.random.default_rng(seed)
@@ -202,7 +281,8 @@ def main(argv=None):
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--iterations", type=int, default=2000, help="iterations a per-iteration timing runs")
     ap.add_argument("--sample", type=int, default=20, help="systems the cupyx loop is timed on")
-    ap.add_argument("--only", choices=("iterations", "heat", "batch"), help="run one part only")
+    ap.add_argument("--only", choices=("iterations", "heat", "columns", "batch"), help="run one part only")
+    ap.add_argument("--columns-side", type=int, default=1024, help="grid side of the right-hand sides' Poisson matrix")
     ap.add_argument("--out", default=str(pathlib.Path(__file__).resolve().parent / "results"))
     args = ap.parse_args(argv)
     import cupy
@@ -215,6 +295,8 @@ def main(argv=None):
     if args.only in (None, "heat"):
         sections += ["## Heat equation time step (examples/heat_implicit.py), 100 steps, rtol 1e-10", "",
                      *heat_table((64, 256), 100), ""]
+    if args.only in (None, "columns"):
+        sections += ["## Right-hand sides of one matrix", "", *columns_table(args.columns_side, (1, 4, 16), args.reps), ""]
     if args.only in (None, "batch"):
         sections += ["## Batched solves", "", *batch_table(args.systems, args.side, args.reps, args.sample), ""]
     text = "\n".join(sections)

@@ -11,8 +11,9 @@ def cg(A, b, x0=None, *, rtol=1e-5, atol=0.0, maxiter=None, M=None, callback=Non
     ----------
     A : sparse matrix, ndarray, LinearOperator or GPU array
     b : array
+        One right-hand side, or k as the columns of an ``(n, k)`` array.
     x0 : array, optional
-        Initial guess (default zeros); never modified.
+        Initial guess (default zeros), of ``b``'s shape; never modified.
     rtol, atol : float
         Stop when ``||r|| <= max(atol, rtol * ||b||)``.
     maxiter : int, optional
@@ -34,8 +35,8 @@ def cg(A, b, x0=None, *, rtol=1e-5, atol=0.0, maxiter=None, M=None, callback=Non
     Returns
     -------
     x : array
-        Same kind of array as ``b`` (NumPy or CuPy).
-    info : int
+        Same kind of array as ``b`` (NumPy or CuPy), of its shape.
+    info : int, or ndarray of k ints for k right-hand sides
         0 converged; > 0 iterations done without converging; < 0 breakdown
         (-1: not positive definite, -2: NaN or Inf).
     """

@@ -20,21 +20,21 @@ from ..errors import InputError
 from ..kernels.structs import STATE
 from .cpu import pcg_iterate
 from .preconditioners import jacobi_inverse_diagonal
-from .result import TRUE_RESIDUAL_SLACK, Reason
+from .result import Reason, confirmed_each
 
 PRECONDITIONERS = ("jacobi", "none")
-_REASONS = {int(r): r for r in Reason}
 
 
 @dataclasses.dataclass
 class BatchResult:
-    """Result of :meth:`BatchedPCG.solve`, one entry per system.
+    """Result of :meth:`BatchedPCG.solve`, one entry per system; also of
+    :meth:`solvers.PCG.solve` with k right-hand sides, one entry per column of ``b``.
 
     Attributes
     ----------
     x : array or list of arrays
         The solutions: a ``(B, n)`` array (NumPy or CuPy) when every system has ``n``
-        rows, else a list of B vectors.
+        rows, else a list of B vectors; for k right-hand sides an ``(n, k)`` array.
     reasons : list of Reason
     iterations : ndarray of int
     residual_norms, true_residual_norms, b_norms, tolerances : ndarray
@@ -43,6 +43,11 @@ class BatchResult:
     setup_time, solve_time : float
         Seconds for the set-up (once per solver) and for this solve (all systems).
     device : str
+    mode : str, optional
+        The driver of a solve of k right-hand sides (``numpy``, ``eager``, ``graph``, ``while``).
+    loop_time : float, optional
+        Seconds of that solve's iteration loop (every column; on the GPU, graph launch to
+        synchronisation, capture excluded).
     """
 
     x: object
@@ -55,6 +60,8 @@ class BatchResult:
     setup_time: float
     solve_time: float
     device: str
+    mode: str = None
+    loop_time: float = None
 
     @property
     def converged(self):
@@ -65,6 +72,12 @@ class BatchResult:
     def info(self):
         """SciPy's ``info`` of each system (0 converged, > 0 not converged, < 0 breakdown)."""
         return np.array([r.info(it) for r, it in zip(self.reasons, self.iterations)])
+
+    @property
+    def time_per_iteration(self):
+        """Loop time over the most iterations any system or column took (nan without a loop time)."""
+        most = int(np.max(self.iterations)) if len(self.iterations) else 0
+        return self.loop_time / most if self.loop_time is not None and most else float("nan")
 
     @property
     def relative_residuals(self):
@@ -215,12 +228,7 @@ class BatchedPCG:
         xs = None if x0 is None else self._right_hand_sides(x0, "x0", xp)
         solve = self._solve_cpu if self._gpu is None else self._gpu.solve
         x, status, its, rnorm, true_norms, b_norms, tol = solve(bs, xs, rtol, atol, maxiter)
-        # a convergence the true residual does not confirm is not reported as one (solvers.pcg.result.confirmed)
-        status = np.asarray(status, dtype=np.int64).copy()
-        converged = status == Reason.CONVERGED
-        status[converged & ~np.isfinite(true_norms)] = Reason.NOT_FINITE
-        status[converged & np.isfinite(true_norms) & (true_norms > TRUE_RESIDUAL_SLACK * tol)] = Reason.INACCURATE
-        reasons = [_REASONS[c] for c in status]
+        reasons = confirmed_each(status, true_norms, tol)
         return BatchResult(x=self._split(x), reasons=reasons, iterations=its,
                            residual_norms=rnorm, true_residual_norms=true_norms, b_norms=b_norms, tolerances=tol,
                            setup_time=self.setup_time, solve_time=time.perf_counter() - t0, device=self.device)

@@ -380,8 +380,9 @@ class GPUPCG:
         self.engine.invalidate()
 
     # -- solving --------------------------------------------------------------
-    def check_vector(self, v, name):
-        """``v`` as a device vector of the solver's dtype (device inputs are not copied to the host)."""
+    def check_vector(self, v, name, columns=None):
+        """``v`` as a device vector of the solver's dtype (device inputs are not copied to the host);
+        with ``columns``, as a C-contiguous ``(n, columns)`` array."""
         cupy = self.cupy
         if hasattr(v, "__cuda_array_interface__"):
             v = cupy.asarray(v)
@@ -394,6 +395,10 @@ class GPUPCG:
             v = np.asarray(v)
             if np.iscomplexobj(v) or not np.issubdtype(v.dtype, np.number):
                 raise InputError(f"{name} must be real, got dtype {v.dtype}")
+        if columns is not None:
+            if v.shape != (self.n, columns):
+                raise InputError(f"{name} has shape {v.shape}, expected ({self.n}, {columns})")
+            return cupy.ascontiguousarray(cupy.asarray(v, dtype=self.dtype))
         if v.ndim == 2 and 1 in v.shape:
             v = v.reshape(-1)
         if v.shape != (self.n,):

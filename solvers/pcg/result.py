@@ -61,6 +61,18 @@ def confirmed(reason, true_residual_norm, tolerance):
     return reason if true_residual_norm <= TRUE_RESIDUAL_SLACK * tolerance else Reason.INACCURATE
 
 
+def confirmed_each(status, true_residual_norms, tolerances):
+    """:func:`confirmed` of many solves at once: a list of Reason from their status codes (arrays)."""
+    status = np.asarray(status, dtype=np.int64).copy()
+    true_residual_norms = np.asarray(true_residual_norms, dtype=np.float64)
+    converged = status == Reason.CONVERGED
+    finite = np.isfinite(true_residual_norms)
+    status[converged & ~finite] = Reason.NOT_FINITE
+    status[converged & finite & (true_residual_norms > TRUE_RESIDUAL_SLACK * np.asarray(tolerances))] = \
+        Reason.INACCURATE
+    return [Reason(int(c)) for c in status]
+
+
 @dataclasses.dataclass
 class SolveResult:
     """Result of :meth:`solvers.PCG.solve`.

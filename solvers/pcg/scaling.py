@@ -78,6 +78,19 @@ def scaled(a, k):
     return np.ldexp(a if np.issubdtype(a.dtype, np.floating) else a.astype(np.float64), k)
 
 
+def scaled_columns(a, shifts):
+    """``a[:, j] * 2**shifts[j]`` exactly for every column of a 2-D array (``a`` itself when no shift)."""
+    shifts = np.asarray(shifts, dtype=np.int32)
+    if not shifts.any():
+        return a
+    if is_device_array(a):
+        import cupy
+        a = _device_array(a)
+        return cupy.ldexp(a if a.dtype.kind == "f" else a.astype(cupy.float64), cupy.asarray(shifts)[None, :])
+    a = np.asarray(a)
+    return np.ldexp(a if np.issubdtype(a.dtype, np.floating) else a.astype(np.float64), shifts[None, :])
+
+
 def _ldexp(v, k):
     if isinstance(v, np.ndarray):
         return np.ldexp(v, k)

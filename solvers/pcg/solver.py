@@ -17,9 +17,10 @@ from ..errors import DeviceError, InputError
 from ..reorder import choose_reordering
 from ..resources import require_device_memory, require_host_memory
 from . import scaling
+from .batched import BatchResult
 from .cpu import CPUPCG, resolve_variant
 from .preconditioners import Preconditioner, as_preconditioner, make_preconditioner, refuse_unsupported
-from .result import SolveResult, confirmed
+from .result import SolveResult, confirmed, confirmed_each
 
 DTYPES = ("float64", "float32")
 # Vectors a solve holds besides the matrix: x, b, r, z, p, q and the true residual on the CPU;
@@ -200,6 +201,8 @@ class PCG:
         if M is not None:
             refuse_complex(M, "M")
         self.record_history = record_history
+        self._requested_variant, self._requested_unroll = variant, unroll
+        self._column_solvers = {}  # GPU: the solver of each number of right-hand sides, set up on first use
         spec = None if M is not None else as_preconditioner(preconditioner)
         wants_gpu = device == "gpu" or (device == "auto" and mode not in ("auto", "eager"))
         if spec is not None and wants_gpu:  # the reason, before looking for a GPU
@@ -359,6 +362,7 @@ class PCG:
                 self._impl.M.shift = shift
         else:
             self._impl.update_values(A)
+            self._column_solvers.clear()  # they copied the old values
         self._a_shift = shift
 
     def solve(self, b, x0=None, *, rtol=None, atol=None, maxiter=None, callback=None, progress=None):
@@ -367,9 +371,11 @@ class PCG:
         Parameters
         ----------
         b : array
-            Right-hand side (host or device array).
+            Right-hand side (host or device array), or k of them as the columns of an
+            ``(n, k)`` array (:meth:`solve` then returns a :class:`BatchResult`, one entry a column;
+            an ``(n, 1)`` array is one right-hand side, as in SciPy).
         x0 : array, optional
-            Initial guess; never modified.
+            Initial guess (``(n, k)`` with k right-hand sides); never modified.
         rtol, atol, maxiter : optional
             Override the solver's defaults for this solve.
         callback : callable, optional
@@ -381,7 +387,13 @@ class PCG:
 
         Returns
         -------
-        SolveResult
+        SolveResult, or BatchResult for k right-hand sides
+            With k right-hand sides every column is solved as if alone, with its own
+            stop reason, iteration count and true residual: a column stops updating
+            once it has stopped, and one that breaks down or turns NaN is reported
+            alone. On the GPU the k columns run at once, classic PCG with Jacobi or
+            no preconditioner (each matrix entry read once an iteration for all of
+            them; :mod:`solvers.pcg.multirhs`); on the CPU one after the other.
         """
         n = self.shape[0]
         rtol, atol, maxiter = check_tolerances(self.rtol if rtol is None else rtol,
@@ -391,6 +403,16 @@ class PCG:
         refuse_complex(b, "b")
         if x0 is not None:
             refuse_complex(x0, "x0")
+        columns = _columns(b)
+        if columns is not None:
+            if callback is not None or progress is not None:
+                raise InputError("callback and progress follow one right-hand side; solve the columns one at a "
+                                 "time to watch them")
+            if self.record_history:
+                raise InputError("record_history keeps the residuals of one right-hand side; set the solver up "
+                                 "without it to solve k right-hand sides")
+            solve_columns = self._solve_columns_gpu if self.device == "gpu" else self._solve_columns_cpu
+            return solve_columns(b, x0, columns, rtol, atol, maxiter)
         t0 = time.perf_counter()
         with np.errstate(over="ignore", under="ignore"):  # a b out of range is scaled just below
             bv = self._impl.check_vector(b, "b")
@@ -433,6 +455,74 @@ class PCG:
                            capture_time=getattr(self._impl, "last_capture_time", 0.0),
                            device=self.device, mode=self._impl.mode,
                            mode_note=self._impl.mode_note or self.device_note, history=history)
+
+    def _solve_columns_cpu(self, b, x0, columns, rtol, atol, maxiter):
+        """k right-hand sides on the CPU: each column solved by :meth:`solve`, one after the other."""
+        t0 = time.perf_counter()
+        blocks = []
+        for name, v in (("b", b), ("x0", x0)):
+            if v is not None and is_device_array(v):
+                raise DeviceError(f"{name} is a GPU array but the solver runs on the CPU")
+            if v is not None and np.shape(v) != (self.shape[0], columns):
+                raise InputError(f"{name} has shape {np.shape(v)}, expected ({self.shape[0]}, {columns})")
+            blocks.append(None if v is None else np.asarray(v))
+        b, x0 = blocks
+        results = [self.solve(b[:, j], None if x0 is None else x0[:, j], rtol=rtol, atol=atol, maxiter=maxiter)
+                   for j in range(columns)]
+        each = lambda name: np.array([getattr(r, name) for r in results])  # noqa: E731
+        return BatchResult(x=np.column_stack([r.x for r in results]), reasons=[r.reason for r in results],
+                           iterations=each("iterations"), residual_norms=each("residual_norm"),
+                           true_residual_norms=each("true_residual_norm"), b_norms=each("b_norm"),
+                           tolerances=each("tolerance"), setup_time=self.setup_time,
+                           solve_time=time.perf_counter() - t0, device="cpu", mode=self._impl.mode,
+                           loop_time=float(sum(r.loop_time for r in results)))
+
+    def _solve_columns_gpu(self, b, x0, columns, rtol, atol, maxiter):
+        """k right-hand sides on the GPU, all at once (:class:`~.multirhs.GPUMultiRHS`)."""
+        from .gpu import GPUPCG
+        from .multirhs import GPUMultiRHS, refuse_columns
+        impl = self._impl
+        if impl.split:
+            raise InputError(f"k right-hand sides run on the GPU with Jacobi or no preconditioner, not "
+                             f"{self.preconditioner!r} (solve the columns one at a time)")
+        if self._requested_variant == "single-reduction":
+            raise InputError("k right-hand sides run classic PCG on the GPU, not 'single-reduction'")
+        refuse_columns(columns)
+        t0 = time.perf_counter()
+        cupy = impl.cupy
+        given = _as_array(b)
+        with np.errstate(over="ignore", under="ignore"):
+            bv = impl.check_vector(b, "b", columns)
+        b_norms = cupy.linalg.norm(bv, axis=0).get()
+        b_shift = np.array([scaling.rhs_shift(float(b_norms[j]), self.dtype,
+                                              lambda j=j: scaling.largest_entry(given[:, j]))
+                            for j in range(columns)], dtype=np.int32)
+        if b_shift.any():
+            bv = impl.check_vector(scaling.scaled_columns(given, b_shift), "b", columns)
+            b_norms = cupy.linalg.norm(bv, axis=0).get()
+        x_shift = b_shift - self._a_shift  # the scaled system's solutions are x[:, j] * 2**x_shift[j]
+        if x0 is not None:
+            x0 = impl.check_vector(scaling.scaled_columns(_as_array(x0), x_shift), "x0", columns)
+        order = self._order
+        if order is not None:
+            bv = order.forward(bv)
+            x0 = None if x0 is None else order.forward(x0)
+        tol = np.fmax(np.ldexp(atol, b_shift), rtol * b_norms)  # fmax: a NaN column keeps atol (it stops as NaN)
+        solver = self._column_solvers.get(columns)
+        if solver is None:
+            solver = GPUMultiRHS(impl, columns, impl.mode, self._requested_unroll or GPUPCG.default_unroll)
+            self._column_solvers[columns] = solver
+        x, states, true_norms, loop_time, capture_time = solver.solve(bv, x0, tol, maxiter)
+        reasons = confirmed_each(states["status"], true_norms, tol)
+        if order is not None:
+            x = order.backward(x)
+        x = scaling.scaled_columns(x, -x_shift)
+        unscale = lambda v: np.ldexp(np.asarray(v, dtype=np.float64), -b_shift)  # noqa: E731
+        return BatchResult(x=x, reasons=reasons, iterations=states["iteration"].astype(np.int64),
+                           residual_norms=unscale(states["rnorm"]), true_residual_norms=unscale(true_norms),
+                           b_norms=unscale(b_norms), tolerances=unscale(tol), setup_time=self.setup_time,
+                           solve_time=time.perf_counter() - t0, device="gpu", mode=solver.mode,
+                           loop_time=loop_time)
 
     def enqueue(self, b, out, x0=None, *, rtol=None, atol=None, maxiter=None):
         """Enqueue a whole solve of ``A x = b`` on the current CuPy stream, into ``out``.
@@ -494,6 +584,17 @@ class PCG:
         """
         return self._impl.enqueued_result()
 
+
+
+def _columns(b):
+    """k when ``b`` holds k > 1 right-hand sides as the columns of an ``(n, k)`` array, else None."""
+    shape = getattr(b, "shape", None)
+    if shape is None:
+        try:
+            shape = np.shape(b)
+        except (TypeError, ValueError):
+            return None
+    return int(shape[1]) if len(shape) == 2 and 1 not in shape else None
 
 
 def _capture_status(stream):
