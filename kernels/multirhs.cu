@@ -12,15 +12,17 @@
 // An iteration is two passes over the matrix, each ending in per-column sums reduced in one grid
 // pass (the last block to finish adds every block's partials in a fixed order, so the bits do not
 // depend on scheduling, and the eager, graph and WHILE drivers agree exactly):
-//   mr_direction: p_new = z + beta p_old (z = M^-1 r, formed from r), q = A p_new, pq = p_new . q;
-//                 alpha = rz / pq per column (or BREAKDOWN / NOT_FINITE). Nothing is written.
-//   mr_update:    p_new and q again, from the same loads by the same operations (the same bits);
-//                 x += alpha p_new; r_new = r - alpha q; z = M^-1 r_new; r.z, r.r; decide per column.
-// Forming p_new and q twice costs the matrix and two vectors read once more instead of storing p_new
-// and q and reading them back with z: 64 bytes a row and column an iteration instead of 88. r and p
-// are double-buffered (the gathers read the old ones while the update writes the new), `parity`
-// selecting the current buffer of each column. A column whose iteration is -1 takes the set-up pass
-// in mr_update: r.z and r.r of r = b - A x0, nothing written.
+//   mr_direction: p_new = z + beta p_old, formed from r and p_old where the product gathers it
+//                 (z = M^-1 r is never stored); q = A p_new; pq = p_new . q; p_new stored;
+//                 alpha = rz / pq per column (or BREAKDOWN / NOT_FINITE).
+//   mr_update:    q = A p_new again, gathering the stored p_new (the same bits); x += alpha p_new;
+//                 r -= alpha q; z = M^-1 r; r.z, r.r; decide per column.
+// Per row and column an iteration moves 64 bytes: r and p_old read and p_new written, then p_new,
+// x and r read and x and r written (storing q instead of forming it twice would add 16). p is
+// double-buffered (the direction pass gathers the old one while writing the new), `parity` selecting
+// the current buffer of each column; r is only read at other rows in the direction pass, so it is
+// updated in place. A column whose iteration is -1 takes the set-up pass in mr_update: r.z and r.r of
+// r = b - A x0, nothing written.
 //
 // Compiled after grid.cu and stopping.cu, with real_t, NRHS and the generated structs (State,
 // Progress, MultiRun) defined by the loader.
@@ -106,23 +108,25 @@ __device__ __forceinline__ real_t mr_precondition(const real_t* dinv, int i, rea
     return dinv ? __ldg(&dinv[i]) * r : r;
 }
 
-// The new direction at row j of column c, p_new = M^-1 r + beta p_old, and (A p_new)_i.
-struct Direction {
-    const MultiRun& a;
-    const real_t* r;
-    const real_t* p;
-    real_t beta;
-    int c;
-    __device__ __forceinline__ real_t at(int j) const {
-        return fma(beta, p[(size_t)j * NRHS + c], mr_precondition(a.dinv, j, r[(size_t)j * NRHS + c]));
+// (A v)_i over column c's entries v(j) of the row. The matrix is the solver's own ELL layout when it
+// has one (MR_ELL_WIDTH entries a row, column-major, padding of value 0 at the row's own column: the
+// unrolled loop keeps all of a row's loads in flight), else CSR (rowptr, col, val).
+template <typename V>
+__device__ __forceinline__ real_t row_product(const MultiRun& a, int i, V v) {
+    real_t q = 0;
+#ifdef MR_ELL_WIDTH
+#pragma unroll
+    for (int k = 0; k < MR_ELL_WIDTH; ++k) {
+        const size_t e = (size_t)k * a.n + i;
+        q += __ldg(&a.val[e]) * v(__ldg(&a.col[e]));
     }
-    __device__ __forceinline__ real_t product(int i) const {
-        real_t q = 0;
-        const int end = __ldg(&a.rowptr[i + 1]);
-        for (int e = __ldg(&a.rowptr[i]); e < end; ++e) q += __ldg(&a.val[e]) * at(__ldg(&a.col[e]));
-        return q;
-    }
-};
+#else
+    const int end = __ldg(&a.rowptr[i + 1]);
+#pragma unroll 4
+    for (int e = __ldg(&a.rowptr[i]); e < end; ++e) q += __ldg(&a.val[e]) * v(__ldg(&a.col[e]));
+#endif
+    return q;
+}
 
 extern "C" __global__ void __launch_bounds__(MR_BLOCK)
 mr_direction(const MultiRun a, unsigned long long handle) {
@@ -133,9 +137,18 @@ mr_direction(const MultiRun a, unsigned long long handle) {
     double pq[1] = {0.0};
     if (row < MR_ROWS && running(s[c]) && s[c].iteration >= 0) {
         const int parity = s[c].parity;
-        const Direction d{a, parity ? a.r1 : a.r0, parity ? a.p1 : a.p0, (real_t)s[c].beta, c};
-        for (int i = blockIdx.x * MR_ROWS + row; i < a.n; i += gridDim.x * MR_ROWS)
-            pq[0] += (double)d.at(i) * (double)d.product(i);
+        const real_t* p_old = parity ? a.p1 : a.p0;
+        real_t* p_new = parity ? a.p0 : a.p1;
+        const real_t beta = (real_t)s[c].beta;
+        const real_t* r = a.r;
+        auto direction = [&](int j) {
+            return fma(beta, p_old[(size_t)j * NRHS + c], mr_precondition(a.dinv, j, r[(size_t)j * NRHS + c]));
+        };
+        for (int i = blockIdx.x * MR_ROWS + row; i < a.n; i += gridDim.x * MR_ROWS) {
+            const real_t pi = direction(i), qi = row_product(a, i, direction);
+            p_new[(size_t)i * NRHS + c] = pi;
+            pq[0] += (double)pi * (double)qi;
+        }
     }
     if (!column_sums<1>(a, pq, total)) return;
     if (threadIdx.x < NRHS && running(s[c]) && s[c].iteration >= 0) {
@@ -158,32 +171,21 @@ mr_update(const MultiRun a, unsigned long long handle) {
     const int c = threadIdx.x % NRHS, row = threadIdx.x / NRHS;
     double sums[2] = {0.0, 0.0};  // r.z, r.r of the new r
     if (row < MR_ROWS && running(s[c])) {
-        const int parity = s[c].parity;
-        const real_t* r_old = parity ? a.r1 : a.r0;
-        const int stride = gridDim.x * MR_ROWS;
-        if (s[c].iteration < 0) {
-            for (int i = blockIdx.x * MR_ROWS + row; i < a.n; i += stride) {
-                const real_t ri = r_old[(size_t)i * NRHS + c];
-                const real_t zi = mr_precondition(a.dinv, i, ri);
-                sums[0] += (double)ri * (double)zi;
-                sums[1] += (double)ri * (double)ri;
+        const bool start = s[c].iteration < 0;
+        const real_t* p = s[c].parity ? a.p0 : a.p1;  // the direction pass's p_new
+        const real_t alpha = (real_t)s[c].alpha;
+        for (int i = blockIdx.x * MR_ROWS + row; i < a.n; i += gridDim.x * MR_ROWS) {
+            const size_t at = (size_t)i * NRHS + c;
+            real_t ri = a.r[at];
+            if (!start) {
+                const real_t qi = row_product(a, i, [&](int j) { return p[(size_t)j * NRHS + c]; });
+                a.x[at] = fma(alpha, p[at], a.x[at]);
+                ri = fma(-alpha, qi, ri);
+                a.r[at] = ri;
             }
-        } else {
-            const Direction d{a, r_old, parity ? a.p1 : a.p0, (real_t)s[c].beta, c};
-            real_t* r_new = parity ? a.r0 : a.r1;
-            real_t* p_new = parity ? a.p0 : a.p1;
-            const real_t alpha = (real_t)s[c].alpha;
-            for (int i = blockIdx.x * MR_ROWS + row; i < a.n; i += stride) {
-                const size_t at = (size_t)i * NRHS + c;
-                const real_t pi = d.at(i), qi = d.product(i);
-                a.x[at] = fma(alpha, pi, a.x[at]);
-                const real_t ri = fma(-alpha, qi, r_old[at]);
-                r_new[at] = ri;
-                p_new[at] = pi;
-                const real_t zi = mr_precondition(a.dinv, i, ri);
-                sums[0] += (double)ri * (double)zi;
-                sums[1] += (double)ri * (double)ri;
-            }
+            const real_t zi = mr_precondition(a.dinv, i, ri);
+            sums[0] += (double)ri * (double)zi;
+            sums[1] += (double)ri * (double)ri;
         }
     }
     if (!column_sums<2>(a, sums, total)) return;
@@ -211,10 +213,6 @@ extern "C" __global__ void __launch_bounds__(MR_BLOCK)
 mr_residual(const MultiRun a, const real_t* __restrict__ x, const real_t* __restrict__ b, real_t* __restrict__ out) {
     const int c = threadIdx.x % NRHS, row = threadIdx.x / NRHS;
     if (row >= MR_ROWS) return;
-    for (int i = blockIdx.x * MR_ROWS + row; i < a.n; i += gridDim.x * MR_ROWS) {
-        real_t ax = 0;
-        const int end = __ldg(&a.rowptr[i + 1]);
-        for (int e = __ldg(&a.rowptr[i]); e < end; ++e) ax += __ldg(&a.val[e]) * x[(size_t)__ldg(&a.col[e]) * NRHS + c];
-        out[(size_t)i * NRHS + c] = b[(size_t)i * NRHS + c] - ax;
-    }
+    for (int i = blockIdx.x * MR_ROWS + row; i < a.n; i += gridDim.x * MR_ROWS)
+        out[(size_t)i * NRHS + c] = b[(size_t)i * NRHS + c] - row_product(a, i, [&](int j) { return x[(size_t)j * NRHS + c]; });
 }

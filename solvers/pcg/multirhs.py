@@ -21,7 +21,7 @@ from ..resources import require_device_memory
 
 MR_BLOCK = 512  # threads a block of the kernels (MR_BLOCK in kernels/multirhs.cu)
 MAX_COLUMNS = MR_BLOCK // 2  # a block reduces two sums of every column at once
-_VECTORS = ("x", "r0", "r1", "p0", "p1")
+_VECTORS = ("x", "r", "p0", "p1")
 
 MULTI_RUN = Struct("MultiRun", [
     ("rowptr", "const int*"), ("col", "const int*"), ("val", "const real_t*"), ("dinv", "const real_t*"),
@@ -29,9 +29,11 @@ MULTI_RUN = Struct("MultiRun", [
     ("n", "int"), ("pad", "int")])
 
 
-def kernel_program(real, columns):
-    """Arguments of :func:`kernels.module` for the kernels over ``columns`` right-hand sides."""
-    return dict(name="multirhs", real=real, defines=(("NRHS", str(columns)),), before=("stopping",),
+def kernel_program(real, columns, ell_width=None):
+    """Arguments of :func:`kernels.module` for the kernels over ``columns`` right-hand sides, reading
+    the matrix as ELL of ``ell_width`` entries a row, or as CSR (None)."""
+    defines = (("NRHS", str(columns)),) + ((("MR_ELL_WIDTH", str(ell_width)),) if ell_width else ())
+    return dict(name="multirhs", real=real, defines=defines, before=("stopping",),
                 structs=(STATE, PROGRESS, MULTI_RUN))
 
 
@@ -74,12 +76,19 @@ class GPUMultiRHS:
         self.n, self.columns, self.dtype = solver.n, int(columns), solver.dtype
         indptr, indices = solver._pattern
         itemsize = self.dtype.itemsize
-        require_device_memory((len(_VECTORS) + 3) * self.n * self.columns * itemsize + indices.size * (itemsize + 4),
+        ell = solver.format.name == "ell"
+        require_device_memory((len(_VECTORS) + 2) * self.n * self.columns * itemsize
+                              + (0 if ell else indices.size * itemsize),
                               f"a PCG solve of {self.n:,} rows and {self.columns} right-hand sides")
-        position = solver.format._pos  # where each CSR entry sits in the format's values
-        self.val = solver.val[position] if position is not None else solver.val.copy()
-        self.rowptr, self.col, self.dinv = indptr, indices, solver.dinv
-        mod = kernels.module(**kernel_program(kernels.ctype(self.dtype), self.columns))
+        if ell:  # the solver's own arrays
+            self.rowptr, self.col, self.val = None, solver.format.col, solver.val
+        else:  # CSR: the pattern, and the values back in its order from the format's
+            position = solver.format._pos  # where each CSR entry sits in the format's values
+            self.rowptr, self.col = indptr, indices
+            self.val = solver.val[position] if position is not None else solver.val.copy()
+        self.dinv = solver.dinv
+        mod = kernels.module(**kernel_program(kernels.ctype(self.dtype), self.columns,
+                                              solver.format.width if ell else None))
         self._direction, self._update, self._residual = (mod.get_function(k) for k in
                                                          ("mr_direction", "mr_update", "mr_residual"))
         rows_per_block = MR_BLOCK // self.columns
@@ -141,7 +150,7 @@ class GPUMultiRHS:
         if maxiter >= 2**31 - 1:
             raise InputError("maxiter must be below 2^31")
         self.b[...] = b
-        r = self.vectors["r0"]
+        r = self.vectors["r"]
         if x0 is None:
             self.x.fill(0)
             r[...] = self.b
