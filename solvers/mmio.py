@@ -406,6 +406,24 @@ def read_vectors(path, n=None, dtype=np.float64):
     return _as_finite(v, dtype, "vectors", path)
 
 
+def read_columns(path, n, dtype=np.float64):
+    """Read right-hand sides: one vector of ``n`` entries as ``(n,)``, or k > 1 as an ``(n, k)`` array.
+
+    ``.npy``, a Matrix Market array of n rows and k columns, or text of n lines of k numbers;
+    one row or one column of numbers is one vector, as :func:`read_vector` reads it.
+    """
+    v = _read_array(path, None, block=True)
+    if v.ndim == 2 and 1 in v.shape:
+        v = v.reshape(-1)
+    if v.ndim == 1:
+        if v.size != n:
+            raise InputError(f"vector has {v.size} entries but the matrix has {n} rows", path)
+        return _as_finite(v, dtype, "vector", path)
+    if v.ndim != 2 or v.shape[0] != n:
+        raise InputError(f"expected a vector or an (n, k) array of n = {n} rows, got shape {v.shape}", path)
+    return _as_finite(v, dtype, "vectors", path)
+
+
 def vector_format(path):
     """The format :func:`write_vector` uses for ``path``, from its suffix; InputError for others."""
     name = os.fspath(path).lower()
@@ -426,17 +444,21 @@ def write_vector(path, x, what="solution"):
     """Write ``x`` to exactly ``path``, in the format its suffix names, atomically.
 
     ``.npy`` (NumPy), ``.mtx`` (Matrix Market ``array``), ``.mtx.gz`` (the
-    same, gzipped) or ``.txt`` (one value per line). The previous file at
+    same, gzipped) or ``.txt`` (one value per line; for an ``(n, k)`` array of k
+    vectors, one row of k values per line). The previous file at
     ``path`` is replaced only once the new one is complete.
     """
     fmt = vector_format(path)
-    x = np.asarray(x).reshape(-1)
+    x = np.asarray(x)
+    x = x if x.ndim == 2 and 1 not in x.shape else x.reshape(-1)  # k columns stay an (n, k) array
     if fmt == ".npy":
         with AtomicFile(path, what) as f:
             np.save(f, x, allow_pickle=False)
         return
     digits = "%.9g" if x.dtype.itemsize <= 4 else "%.17g"  # enough to read back the same value
+    rows, cols = x.shape if x.ndim == 2 else (x.size, 1)
     with AtomicFile(path, what, text=True, compress=fmt == ".mtx.gz") as f:
         if fmt != ".txt":
-            f.write(f"%%MatrixMarket matrix array real general\n% {what} written by graphsolve-cuda\n{x.size} 1\n")
-        np.savetxt(f, x, fmt=digits)
+            f.write(f"%%MatrixMarket matrix array real general\n% {what} written by graphsolve-cuda\n{rows} {cols}\n")
+            x = x.reshape(-1, order="F")  # an array's entries column after column
+        np.savetxt(f, x, fmt=digits)  # text: a line a row

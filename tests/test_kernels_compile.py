@@ -93,3 +93,10 @@ def test_split_pcg_kernels_compile(fmt, real, tmp_path):
 def test_preconditioner_kernels_compile(real, outer, tmp_path):
     from solvers.pcg.preconditioners.device import CSR_MATRIX
     compile_ok(kernels.program("precond", real, defines=(("outer_t", outer),), structs=(CSR_MATRIX,)), tmp_path)
+
+
+@pytest.mark.parametrize("real", ["double", "float"])
+@pytest.mark.parametrize("columns, ell_width", [(16, 5), (3, None), (1, 7), (256, None)])
+def test_multiple_right_hand_side_kernels_compile(real, columns, ell_width, tmp_path):
+    from solvers.pcg.multirhs import kernel_program
+    compile_ok(kernels.program(**kernel_program(real, columns, ell_width)), tmp_path)

@@ -100,6 +100,50 @@ def test_unsupported_requests_are_refused_with_a_reason():
         solvers.PCG(A, device="cpu", record_history=True).solve(B)
 
 
+def write_system(tmp_path, A, B):
+    import scipy.io
+    scipy.io.mmwrite(str(tmp_path / "A.mtx"), A)
+    np.save(tmp_path / "B.npy", B)
+    return tmp_path / "A.mtx", tmp_path / "B.npy"
+
+
+def test_command_line_takes_an_array_of_right_hand_sides(capsys, tmp_path):
+    import json
+
+    from solvers.mmio import read_columns
+    from solvers.pcg.__main__ import main
+    A = poisson((9, 9))
+    B = columns(81, 3)
+    matrix, rhs = write_system(tmp_path, A, B)
+    for suffix in (".mtx", ".txt", ".npy"):
+        out = tmp_path / f"X{suffix}"
+        code = main(["--matrix", str(matrix), "--rhs", str(rhs), "--device", "cpu", "--rtol", "1e-10",
+                     "--output", str(out), "--json", str(tmp_path / "r.json"), "-v"])
+        printed = capsys.readouterr().out
+        assert code == 0 and "3 of 3 right-hand sides converged" in printed and "column 2 " in printed
+        X = read_columns(str(out), 81)
+        assert X.shape == (81, 3)
+        np.testing.assert_allclose(A @ X, B, atol=1e-8)
+    rep = json.loads((tmp_path / "r.json").read_text())
+    assert rep["right_hand_sides"] == 3 and len(rep["iterations"]) == 3 and max(rep["true_relative_residuals"]) < 2e-10
+    np.save(tmp_path / "x0.npy", np.zeros((81, 2)))
+    code = main(["--matrix", str(matrix), "--rhs", str(rhs), "--x0", str(tmp_path / "x0.npy"), "--device", "cpu"])
+    assert code == 2 and "initial guess has shape (81, 2) but the right-hand side has (81, 3)" in capsys.readouterr().err
+    code = main(["--matrix", str(matrix), "--rhs", str(rhs), "--device", "cpu", "--plot", str(tmp_path / "p.png")])
+    assert code == 2 and "--plot: follows one right-hand side" in capsys.readouterr().err
+    np.save(tmp_path / "bad.npy", np.ones((80, 3)))
+    code = main(["--matrix", str(matrix), "--rhs", str(tmp_path / "bad.npy"), "--device", "cpu"])
+    assert code == 2 and "got shape (80, 3)" in capsys.readouterr().err
+
+
+def test_the_distributed_reader_refuses_several_right_hand_sides(tmp_path):
+    MPI = pytest.importorskip("mpi4py.MPI")
+    from solvers.distributed.problem import read_distributed
+    matrix, rhs = write_system(tmp_path, poisson((5, 5)), columns(25, 2))
+    with pytest.raises(InputError, match="holds 2 right-hand sides; across ranks one is solved at a time"):
+        read_distributed(MPI.COMM_SELF, str(matrix), str(rhs))
+
+
 def run_reference(A, dinv, B, tol, maxiter):
     """The kernels' NumPy meaning run to the stop: x and the columns' states."""
     n, k = B.shape

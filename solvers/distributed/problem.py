@@ -9,6 +9,7 @@ import dataclasses
 import numpy as np
 import scipy.sparse as sp
 
+from ..errors import InputError
 from .comm import agree
 from .partition import nnz_bounds
 
@@ -91,6 +92,9 @@ def read_distributed(comm, matrix, rhs=None, x0=None):
         if comm.Get_rank() != 0:
             return None, None
         p = load_problem(matrix, rhs, x0)
+        if p.columns is not None:
+            raise InputError(f"holds {p.columns} right-hand sides; across ranks one is solved at a time "
+                             "(several are solved together on one GPU or the CPU)", rhs)
         return p, nnz_bounds(np.diff(p.A.indptr), 0, p.n, size)
 
     problem, bounds = agree(comm, read_and_split)

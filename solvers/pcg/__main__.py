@@ -7,6 +7,8 @@ import json
 import os
 import sys
 
+import numpy as np
+
 from ..bundled import EXAMPLE_MATRICES, example_matrix
 from ..cli_common import add_timeout_option, add_version_option, check_finite, option_name
 from ..distributed.launch import several_ranks
@@ -60,9 +62,10 @@ def build_parser():
     src.add_argument("--example", dest="matrix", type=_example_path, metavar="{" + ",".join(EXAMPLE_MATRICES) + "}",
                      help="a matrix shipped with the package instead of --matrix: "
                           + "; ".join(f"{k}: {v}" for k, v in EXAMPLE_MATRICES.items()))
-    p.add_argument("--rhs", help="right-hand side b (.mtx, .npy or .txt); default b = A @ ones, "
+    p.add_argument("--rhs", help="right-hand side b (.mtx, .npy or .txt), or k of them as an (n, k) array, "
+                                 "solved together; default b = A @ ones, "
                                  "so the report can give the error against the known solution x = ones")
-    p.add_argument("--x0", help="initial guess (.mtx, .npy or .txt); default zeros")
+    p.add_argument("--x0", help="initial guess (.mtx, .npy or .txt), of the right-hand side's shape; default zeros")
     p.add_argument("--rtol", type=float, default=1e-8,
                    help="relative tolerance: stop when ||r|| <= max(atol, rtol ||b||) "
                         "(default 1e-8; the library's default is SciPy's 1e-5)")
@@ -143,15 +146,11 @@ def build_parser():
 
 def _report(problem, solver, result, error):
     return {
-        "matrix": problem.name, "n": problem.n, "nnz": problem.nnz,
-        "device": result.device, "device_name": getattr(solver, "device_name", None),
-        "mode": result.mode, "mode_note": result.mode_note,
-        "preconditioner": solver.preconditioner,
+        **_setup_report(problem, solver),
+        "device": result.device, "mode": result.mode, "mode_note": result.mode_note,
         "preconditioner_details": getattr(solver, "preconditioner_details", {}),
         "preconditioner_setup_time_s": getattr(solver, "preconditioner_setup_time", None),
-        "variant": solver.variant, "dtype": str(solver.dtype),
-        "path": getattr(solver, "path", None), "path_note": getattr(solver, "path_note", None),
-        "format": getattr(solver, "format", None), "reordering": getattr(solver, "reordering", None),
+        "variant": solver.variant, "path_note": getattr(solver, "path_note", None),
         "reorder_time_s": getattr(solver, "reorder_time", 0.0),
         "converged": result.converged, "reason": result.reason.label, "info": result.info,
         "iterations": result.iterations,
@@ -163,6 +162,64 @@ def _report(problem, solver, result, error):
         "time_per_iteration_s": result.time_per_iteration if result.iterations else None,
         "history": None if result.history is None else [float(v) for v in result.history],
     }
+
+
+def _report_columns(problem, solver, result):
+    """The report of k right-hand sides solved together: the set-up once, the outcome a column."""
+    rep = _setup_report(problem, solver)
+    rep.update({
+        "device": result.device, "mode": result.mode, "right_hand_sides": problem.columns,
+        "converged": bool(result.converged.all()), "converged_columns": int(result.converged.sum()),
+        "reasons": [r.label for r in result.reasons], "info": [int(v) for v in result.info],
+        "iterations": [int(v) for v in result.iterations],
+        "residual_norms": [float(v) for v in result.residual_norms],
+        "true_residual_norms": [float(v) for v in result.true_residual_norms],
+        "true_relative_residuals": [float(v) for v in result.relative_residuals],
+        "b_norms": [float(v) for v in result.b_norms], "tolerances": [float(v) for v in result.tolerances],
+        "setup_time_s": result.setup_time, "solve_time_s": result.solve_time, "loop_time_s": result.loop_time,
+        "time_per_iteration_s": result.time_per_iteration if result.iterations.max() else None,
+    })
+    return rep
+
+
+def _setup_report(problem, solver):
+    """What the set-up chose, shared by the reports of one and of k right-hand sides."""
+    return {
+        "matrix": problem.name, "n": problem.n, "nnz": problem.nnz,
+        "device_name": getattr(solver, "device_name", None),
+        "preconditioner": solver.preconditioner, "dtype": str(solver.dtype),
+        "path": getattr(solver, "path", None), "format": getattr(solver, "format", None),
+        "reordering": getattr(solver, "reordering", None),
+    }
+
+
+def _print_columns(rep, args):
+    """Print the human-readable report of k right-hand sides (a line a column with ``--verbose``)."""
+    out = _human_stream(args)
+    k, done = rep["right_hand_sides"], rep["converged_columns"]
+    status = f"{done} of {k} right-hand sides converged"
+    its, rel = rep["iterations"], rep["true_relative_residuals"]
+    worst = max(range(k), key=lambda j: rel[j] if rel[j] == rel[j] else float("inf"))  # NaN counts as worst
+    if args.quiet:
+        print(f"{rep['matrix']}: {status}, {min(its)} to {max(its)} iterations, worst true relative residual "
+              f"{rel[worst]:.3e}", file=out)
+        return
+    where = rep["device"] + (f" ({rep['device_name']})" if rep["device_name"] else "")
+    lines = [f"matrix                  {rep['matrix']}  (n = {rep['n']:,}, nnz = {rep['nnz']:,})",
+             f"device                  {where}, mode {rep['mode']}",
+             f"preconditioner          {rep['preconditioner']}, {rep['dtype']}"]
+    if rep["format"]:
+        lines.append(f"matrix format           {rep['format']}")
+    lines += [f"result                  {status}, {min(its)} to {max(its)} iterations",
+              f"true relative residual  {rel[worst]:.3e} at most (column {worst})"]
+    per_it = rep["time_per_iteration_s"]
+    per_it_text = f"  ({per_it * 1e6:.2f} us per iteration, all columns)" if per_it else ""
+    lines += [f"setup time              {rep['setup_time_s'] * 1e3:.3f} ms",
+              f"solve time              {rep['solve_time_s'] * 1e3:.3f} ms{per_it_text}"]
+    if args.verbose:
+        lines += [f"column {j:<16} {rep['reasons'][j]}, {its[j]} iterations, true relative residual {rel[j]:.3e}"
+                  for j in range(k)]
+    print("\n".join(lines), file=out)
 
 
 def _human_stream(args):
@@ -358,17 +415,25 @@ def main(argv=None):
             raise InputError("applies to runs under an MPI launcher (mpiexec, srun), where a rank can stop",
                              "--timeout")
         problem = load_problem(args.matrix, args.rhs, args.x0)
+        columns = problem.columns is not None
+        for name, given in (("--plot", args.plot), ("--progress", args.progress)):
+            if columns and given:
+                raise InputError(f"follows one right-hand side; {args.rhs} holds {problem.columns}", name)
         preconditioner = _preconditioner(args, problem.n)
         try:
             solver = PCG(problem.A, preconditioner=preconditioner, rtol=args.rtol, atol=args.atol,
                          maxiter=args.maxiter, device=args.device, mode=args.mode, dtype=args.dtype,
-                         unroll=args.unroll, record_history=bool(args.plot or args.json), variant=args.variant,
-                         matrix_format=args.format, reorder=args.reorder, path=args.path)
+                         unroll=args.unroll, record_history=bool(args.plot or args.json) and not columns,
+                         variant=args.variant, matrix_format=args.format, reorder=args.reorder, path=args.path)
         except InputError as exc:  # what is wrong with the matrix (a zero diagonal, ...) names its file
             raise exc.naming(args.matrix) from None
         result = _solve(solver, problem, args.progress)
-        rep = _report(problem, solver, result, problem.solution_error(result.x))
-        _print_report(rep, args, solver.preconditioner_lines)
+        if columns:
+            rep = _report_columns(problem, solver, result)
+            _print_columns(rep, args)
+        else:
+            rep = _report(problem, solver, result, problem.solution_error(result.x))
+            _print_report(rep, args, solver.preconditioner_lines)
         if args.output:
             _write_output(args.output, result.x)
         if args.json:
@@ -378,7 +443,7 @@ def main(argv=None):
     except (InputError, DeviceError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    return EXIT_CONVERGED if result.converged else EXIT_FAILED
+    return EXIT_CONVERGED if bool(np.all(result.converged)) else EXIT_FAILED
 
 
 if __name__ == "__main__":

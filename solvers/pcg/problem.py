@@ -4,7 +4,8 @@ import os
 
 import numpy as np
 
-from ..mmio import read_header, read_matrix, read_vector
+from ..errors import InputError
+from ..mmio import read_columns, read_header, read_matrix
 from ..resources import require_host_memory
 
 
@@ -20,13 +21,18 @@ class Problem:
 
     name: str
     A: object
-    b: np.ndarray
+    b: np.ndarray  # (n,), or (n, k) for k right-hand sides
     x0: np.ndarray = None
     x_exact: np.ndarray = None
 
     @property
     def n(self):
         return self.A.shape[0]
+
+    @property
+    def columns(self):
+        """How many right-hand sides ``b`` holds as columns (None for one vector)."""
+        return self.b.shape[1] if self.b.ndim == 2 else None
 
     @property
     def nnz(self):
@@ -44,7 +50,8 @@ def load_problem(matrix, rhs=None, x0=None):
     """Read and validate matrix, right-hand side and initial guess.
 
     Without ``rhs``, ``b = A @ ones`` so that the error against the exact
-    solution can be reported. Everything is kept in float64, whatever
+    solution can be reported. ``rhs`` may hold k right-hand sides (an ``(n, k)``
+    array, solved together); ``x0`` then holds k initial guesses. Everything is kept in float64, whatever
     precision the solve runs in: the solver rounds it to its precision,
     after scaling a system whose entries lie outside that precision's range.
     Before anything is read, the memory the matrix and vectors take is
@@ -60,6 +67,8 @@ def load_problem(matrix, rhs=None, x0=None):
         x_exact = np.ones(n)
         b = A @ x_exact
     else:
-        b = read_vector(rhs, n=n)
-    x0v = read_vector(x0, n=n) if x0 is not None else None
+        b = read_columns(rhs, n)
+    x0v = read_columns(x0, n) if x0 is not None else None
+    if x0v is not None and x0v.shape != b.shape:
+        raise InputError(f"initial guess has shape {x0v.shape} but the right-hand side has {b.shape}", x0)
     return Problem(os.path.basename(matrix), A, b, x0v, x_exact)
