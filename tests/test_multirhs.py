@@ -96,6 +96,8 @@ def test_unsupported_requests_are_refused_with_a_reason():
         solver.solve(np.ones((35, 2)))
     with pytest.raises(InputError, match=r"x0 has shape \(36, 3\), expected \(36, 2\)"):
         solver.solve(B, np.ones((36, 3)))
+    with pytest.raises(InputError, match=r"b has shape \(36, 0\), expected \(36,\)"):
+        solver.solve(np.ones((36, 0)))
     with pytest.raises(InputError, match="record_history keeps the residuals of one right-hand side"):
         solvers.PCG(A, device="cpu", record_history=True).solve(B)
 

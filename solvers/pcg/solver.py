@@ -594,7 +594,7 @@ def _columns(b):
             shape = np.shape(b)
         except (TypeError, ValueError):
             return None
-    return int(shape[1]) if len(shape) == 2 and 1 not in shape else None
+    return int(shape[1]) if len(shape) == 2 and shape[0] > 1 and shape[1] > 1 else None
 
 
 def _capture_status(stream):
