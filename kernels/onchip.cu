@@ -4,14 +4,23 @@
 //
 // A system is split over ONCHIP_TEAM blocks (a cluster when > 1) of ONCHIP_BLOCK threads; block c of
 // a team owns the system's rows [c * CHUNK, (c + 1) * CHUNK) and thread t of it the rows
-// c * CHUNK + t + k * ONCHIP_BLOCK, k < ONCHIP_ROWS. A thread keeps its rows' x, r, q and inverse
-// diagonal in registers; z and the two direction buffers live in the block's shared memory, where
-// the team's other blocks read them through distributed shared memory. With a matrix capacity the
-// block's rows of the matrix are copied into shared memory first, else they are read from global
-// memory. The iteration is pcg_ref's (direction_product, then pcg_update): the product forms the new
-// direction on the fly from z and the old one, so an iteration has two reductions and two barriers.
-// Reductions add warp partials, then block partials, in a fixed order: results depend on nothing but
-// the compile-time shape.
+// c * CHUNK + t + k * ONCHIP_BLOCK, k < ONCHIP_ROWS. A thread keeps its rows' x, r and q in registers; z and the two direction buffers live in the block's shared memory, where
+// the team's other blocks read them through distributed shared memory.
+//
+// The matrix: a block's rows are laid out as slices of 32 rows (a warp's rows for one k), each slice
+// as many columns wide as its longest row, entry w of a slice's lane-th row at slice start + 32 w +
+// lane (conflict-free reads, a warp's loop the same length in every lane; short rows are padded with
+// zeros on their own column). The block builds its slices from the CSR arrays into shared memory at
+// every launch when a matrix capacity in shared memory is given, else once per solve into a global
+// workspace (a.sell_val, a.sell_col: matrix_capacity entries a block).
+//
+// The iteration is pcg_ref's (direction_product, then pcg_update). The new direction p = beta p_old
+// + z is stored for the block's own rows behind a block barrier, and the product reads it there; at
+// rows of other blocks it forms it from their z and p_old, which the last team barrier published: an
+// iteration has two reductions and two team barriers. A reduction adds lanes by a butterfly (every
+// lane ends with the same bits), then the block's warp totals the same way in every warp, then each
+// block writes its total into every team member's shared memory before the team barrier, and every
+// thread adds the team's totals in rank order: results depend on nothing but the compile-time shape.
 //
 // A launch runs up to `count` iterations of every system and keeps the state of a system still
 // running in global memory (x, r, z, p and its State), so the next launch resumes it exactly: eager,
@@ -22,10 +31,13 @@
 //
 // Compiled after grid.cu and stopping.cu, with ONCHIP_BLOCK, ONCHIP_ROWS, ONCHIP_TEAM and
 // ONCHIP_MIN_BLOCKS (blocks an SM should hold: the registers a thread may use follow) defined and the
-// structs State, Progress, OnchipRun generated (solvers/pcg/onchip.py).
+// structs State, Progress, OnchipRun generated (solvers/pcg/onchip.py). A team of more than 8 blocks
+// needs the non-portable cluster size allowed on the function.
 
 #define CHUNK (ONCHIP_BLOCK * ONCHIP_ROWS)
 #define ONCHIP_WARPS (ONCHIP_BLOCK / 32)
+#define ONCHIP_SLICES (CHUNK / 32)
+#define FULL_WARP 0xffffffffu
 
 __device__ __forceinline__ unsigned team_rank() {
 #if ONCHIP_TEAM > 1
@@ -37,7 +49,8 @@ __device__ __forceinline__ unsigned team_rank() {
 #endif
 }
 
-// Barrier of the team; orders every thread's earlier shared-memory writes before the team's later reads.
+// Barrier of the team; orders every thread's earlier shared-memory accesses (its own block's and,
+// through distributed shared memory, the others') before the team's later ones.
 __device__ __forceinline__ void team_barrier() {
 #if ONCHIP_TEAM > 1
     asm volatile("barrier.cluster.arrive.release;\n\tbarrier.cluster.wait.acquire;" ::: "memory");
@@ -48,81 +61,125 @@ __device__ __forceinline__ void team_barrier() {
 
 // The address of `p` (this block's shared memory) in the shared memory of the team's block `rank`.
 template <typename T>
-__device__ __forceinline__ const T* team_peer(const T* p, unsigned rank) {
+__device__ __forceinline__ T* team_peer(T* p, unsigned rank) {
 #if ONCHIP_TEAM > 1
     unsigned long long out;
     asm volatile("mapa.u64 %0, %1, %2;" : "=l"(out) : "l"((unsigned long long)p), "r"(rank));
-    return (const T*)out;
+    return (T*)out;
 #else
     return p;
 #endif
 }
 
-// Entry j (a row of the system) of a vector spread over the team's shared memory as `own` is here.
-__device__ __forceinline__ real_t team_load(const real_t* own, int j, unsigned rank) {
-#if ONCHIP_TEAM > 1
-    const unsigned c = (unsigned)j / CHUNK;
-    const int off = j - (int)c * CHUNK;
-    return c == rank ? own[off] : *team_peer(own + off, c);
-#else
-    return own[j];
-#endif
+// Sum over the warp by a butterfly: IEEE addition commutes, so every lane ends with the same bits.
+__device__ __forceinline__ double warp_total(double v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_WARP, v, o);
+    return v;
 }
 
-// Reduction scratch: two buffers used alternately, so that a reduction never overwrites partials
-// a thread may still be reading from the previous one (the barrier between them orders the rest).
+// Reduction scratch: two buffers used alternately, so that a reduction never overwrites totals a
+// thread may still be reading from the previous one (the barrier between them orders the rest).
 struct TeamScratch {
     double warp[2][3][ONCHIP_WARPS];
-    double block[2][3];
+    double team[2][3][ONCHIP_TEAM];  // written by every team member, each into its rank's place
+    int slice_width[ONCHIP_SLICES];
 };
 
-// Sums of K <= 3 values over the team, in every thread; `round` counts the reductions.
+// Sums of K <= 3 values over the team, the same bits in every thread; `round` counts the reductions.
+// Ends with a team barrier, which also publishes the shared memory written before the call.
 template <int K>
 __device__ void team_sums(double (&v)[K], TeamScratch& sc, int& round) {
     const int buf = round & 1;
     ++round;
+    const int lane = threadIdx.x & 31;
 #pragma unroll
-    for (int k = 0; k < K; ++k) v[k] = warp_sum(v[k]);
-    if ((threadIdx.x & 31) == 0) {
+    for (int k = 0; k < K; ++k) v[k] = warp_total(v[k]);
+    if (lane == 0) {
 #pragma unroll
         for (int k = 0; k < K; ++k) sc.warp[buf][k][threadIdx.x >> 5] = v[k];
     }
     __syncthreads();
 #pragma unroll
-    for (int k = 0; k < K; ++k) {
-        double t = 0.0;
-        for (int w = 0; w < ONCHIP_WARPS; ++w) t += sc.warp[buf][k][w];
-        v[k] = t;
-    }
+    for (int k = 0; k < K; ++k) v[k] = warp_total(lane < ONCHIP_WARPS ? sc.warp[buf][k][lane] : 0.0);
 #if ONCHIP_TEAM > 1
-    if (threadIdx.x == 0) {
+    if (threadIdx.x < ONCHIP_TEAM) {  // thread c writes the block's totals into block c
+        const unsigned me = team_rank();
 #pragma unroll
-        for (int k = 0; k < K; ++k) sc.block[buf][k] = v[k];
+        for (int k = 0; k < K; ++k) *team_peer(&sc.team[buf][k][me], threadIdx.x) = v[k];
     }
     team_barrier();
 #pragma unroll
     for (int k = 0; k < K; ++k) {
         double t = 0.0;
-        for (unsigned c = 0; c < ONCHIP_TEAM; ++c) t += *team_peer(&sc.block[buf][k], c);
+#pragma unroll
+        for (int c = 0; c < ONCHIP_TEAM; ++c) t += sc.team[buf][k][c];
         v[k] = t;
     }
 #endif
 }
 
-// This block's rows of system s: where their entries are and how to read them.
-struct TeamRows {
-    const real_t* val;  // values, shared or global
-    const int* col;     // columns; minus `shift`, the row within the system
-    int shift;
-    int begin[ONCHIP_ROWS], end[ONCHIP_ROWS];  // entry ranges of the thread's rows (empty past the end)
+// z = M^-1 r at row i of the stacked systems (Jacobi when dinv is set, else the identity); the inverse
+// diagonal is read where needed (cached) rather than held in registers.
+__device__ __forceinline__ real_t precondition(const real_t* dinv, int i, real_t r) {
+    return dinv ? __ldg(&dinv[i]) * r : r;
+}
+
+// This thread's slices of the block's rows of a system: where their entries are.
+struct ThreadRows {
+    const real_t* val;  // the block's slices, shared or global
+    const int* col;     // columns within the system
+    int at[ONCHIP_ROWS];     // entry 0 of the thread's k-th row (slice start + lane)
+    int width[ONCHIP_ROWS];  // entries of its slice's rows (padded)
 };
 
 // (A v)_i for the thread's k-th row, v(j) giving entry j of the system's vector.
 template <typename V>
-__device__ __forceinline__ real_t row_product(const TeamRows& m, int k, V v) {
+__device__ __forceinline__ real_t row_product(const ThreadRows& m, int k, V v) {
     real_t sum = 0;
-    for (int e = m.begin[k]; e < m.end[k]; ++e) sum += m.val[e] * v(m.col[e] - m.shift);
+#pragma unroll 4
+    for (int w = 0; w < m.width[k]; ++w) {
+        const int e = m.at[k] + 32 * w;
+        sum = fma(m.val[e], v(m.col[e]), sum);
+    }
     return sum;
+}
+
+// Lay out the block's rows of the system (rows lo.. of the stacked CSR, n of them) as slices: their
+// widths and this thread's places always, the entries themselves when `build` (into val, col).
+__device__ void slice_rows(const OnchipRun& a, int lo, int n, int first, real_t* val, int* col, bool build,
+                           TeamScratch& sc, ThreadRows& m) {
+    const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
+    int begin[ONCHIP_ROWS], length[ONCHIP_ROWS];
+#pragma unroll
+    for (int k = 0; k < ONCHIP_ROWS; ++k) {
+        const int i = first + t + k * ONCHIP_BLOCK;
+        begin[k] = i < n ? a.rowptr[lo + i] : 0;
+        length[k] = i < n ? a.rowptr[lo + i + 1] - begin[k] : 0;
+        m.width[k] = __reduce_max_sync(FULL_WARP, length[k]);
+        if (lane == 0) sc.slice_width[k * ONCHIP_WARPS + warp] = m.width[k];
+    }
+    __syncthreads();
+#pragma unroll
+    for (int k = 0; k < ONCHIP_ROWS; ++k) {  // slices before this one, in (k, warp) order
+        const int slice = k * ONCHIP_WARPS + warp;
+        int before = 0;
+        for (int s = lane; s < slice; s += 32) before += sc.slice_width[s];
+        m.at[k] = 32 * __reduce_add_sync(FULL_WARP, before) + lane;
+    }
+    __syncthreads();  // slice_width is free for the next system
+    m.val = val, m.col = col;
+    if (!build) return;
+#pragma unroll
+    for (int k = 0; k < ONCHIP_ROWS; ++k) {
+        const int i = first + t + k * ONCHIP_BLOCK;
+        for (int w = 0; w < m.width[k]; ++w) {
+            const int e = m.at[k] + 32 * w;
+            val[e] = w < length[k] ? a.val[begin[k] + w] : real_t(0);
+            col[e] = w < length[k] ? a.col[begin[k] + w] - lo : (i < n ? i : 0);
+        }
+    }
+    // Each thread reads back only the entries it wrote: no barrier needed.
 }
 
 extern "C" __global__ void
@@ -132,10 +189,8 @@ __cluster_dims__(ONCHIP_TEAM, 1, 1)
 __launch_bounds__(ONCHIP_BLOCK, ONCHIP_MIN_BLOCKS) onchip_pcg(const OnchipRun a, unsigned long long handle) {
     extern __shared__ __align__(16) unsigned char smem[];
     __shared__ TeamScratch sc;
-    real_t* z_s = (real_t*)smem;
-    real_t* pbuf[2] = {z_s + CHUNK, z_s + 2 * CHUNK};
-    real_t* val_s = z_s + 3 * CHUNK;
-    int* col_s = (int*)(val_s + a.matrix_capacity);
+    real_t* z_s = (real_t*)smem;  // then the two direction buffers: direction(parity)
+    auto direction = [&](int which) { return z_s + CHUNK * (1 + which); };
     const unsigned rank = team_rank();
     const int t = threadIdx.x;
     int round = 0;
@@ -152,32 +207,16 @@ __launch_bounds__(ONCHIP_BLOCK, ONCHIP_MIN_BLOCKS) onchip_pcg(const OnchipRun a,
         }
         const int lo = a.start[s], n = a.start[s + 1] - lo;
         const int first = (int)rank * CHUNK;  // this block's first row of the system
-        TeamRows m;
-        if (a.matrix_capacity) {
-            const int e0 = a.rowptr[lo + min(first, n)], e1 = a.rowptr[lo + min(first + CHUNK, n)];
-            for (int e = t; e < e1 - e0; e += ONCHIP_BLOCK) {
-                val_s[e] = a.val[e0 + e];
-                col_s[e] = a.col[e0 + e] - lo;
-            }
-            __syncthreads();  // the copy is read by every thread of the block
-            m.val = val_s, m.col = col_s, m.shift = 0;
-#pragma unroll
-            for (int k = 0; k < ONCHIP_ROWS; ++k) {
-                const int i = first + t + k * ONCHIP_BLOCK;
-                m.begin[k] = i < n ? a.rowptr[lo + i] - e0 : 0;
-                m.end[k] = i < n ? a.rowptr[lo + i + 1] - e0 : 0;
-            }
+        ThreadRows m;
+        if (a.matrix_in_shared) {
+            real_t* val_s = z_s + 3 * CHUNK;
+            slice_rows(a, lo, n, first, val_s, (int*)(val_s + a.matrix_capacity), true, sc, m);
         } else {
-            m.val = a.val, m.col = a.col, m.shift = lo;
-#pragma unroll
-            for (int k = 0; k < ONCHIP_ROWS; ++k) {
-                const int i = first + t + k * ONCHIP_BLOCK;
-                m.begin[k] = i < n ? a.rowptr[lo + i] : 0;
-                m.end[k] = i < n ? a.rowptr[lo + i + 1] : 0;
-            }
+            const long long base = ((long long)s * ONCHIP_TEAM + rank) * a.matrix_capacity;
+            slice_rows(a, lo, n, first, a.sell_val + base, a.sell_col + base, start, sc, m);
         }
-        real_t x[ONCHIP_ROWS], r[ONCHIP_ROWS], q[ONCHIP_ROWS], d[ONCHIP_ROWS];
-        int parity = 0;  // p_old is pbuf[parity], the new direction goes to pbuf[parity ^ 1]
+        real_t x[ONCHIP_ROWS], r[ONCHIP_ROWS], q[ONCHIP_ROWS];
+        int parity = 0;  // p_old is direction(parity), the new direction goes to direction(parity ^ 1)
         double tol, rz, beta, rnorm, b_norm = 0.0;
         int it, maxiter;
         if (start) {  // r = b - A x0, z = M^-1 r, p_old = 0: the set-up pass
@@ -186,15 +225,14 @@ __launch_bounds__(ONCHIP_BLOCK, ONCHIP_MIN_BLOCKS) onchip_pcg(const OnchipRun a,
 #pragma unroll
             for (int k = 0; k < ONCHIP_ROWS; ++k) {
                 const int i = first + t + k * ONCHIP_BLOCK, own = t + k * ONCHIP_BLOCK;
-                x[k] = r[k] = q[k] = d[k] = 0;
+                x[k] = r[k] = q[k] = 0;
                 if (i >= n) continue;
                 const real_t bi = a.b[lo + i];
                 x[k] = x0[i];
                 r[k] = bi - row_product(m, k, [&](int j) { return x0[j]; });
-                d[k] = a.dinv ? a.dinv[lo + i] : real_t(1);
-                const real_t zi = a.dinv ? d[k] * r[k] : r[k];
+                const real_t zi = precondition(a.dinv, lo + i, r[k]);
                 z_s[own] = zi;
-                pbuf[0][own] = 0;
+                direction(0)[own] = 0;
                 sums[0] += (double)bi * (double)bi;
                 sums[1] += (double)r[k] * (double)zi;
                 sums[2] += (double)r[k] * (double)r[k];
@@ -212,13 +250,12 @@ __launch_bounds__(ONCHIP_BLOCK, ONCHIP_MIN_BLOCKS) onchip_pcg(const OnchipRun a,
 #pragma unroll
             for (int k = 0; k < ONCHIP_ROWS; ++k) {
                 const int i = first + t + k * ONCHIP_BLOCK, own = t + k * ONCHIP_BLOCK;
-                x[k] = r[k] = q[k] = d[k] = 0;
+                x[k] = r[k] = q[k] = 0;
                 if (i >= n) continue;
                 x[k] = a.x[lo + i];
                 r[k] = a.r[lo + i];
-                d[k] = a.dinv ? a.dinv[lo + i] : real_t(1);
                 z_s[own] = a.z[lo + i];
-                pbuf[0][own] = a.p[lo + i];
+                direction(0)[own] = a.p[lo + i];
             }
             tol = st->tol, maxiter = st->maxiter, rz = st->rz, beta = st->beta, rnorm = st->rnorm;
             it = st->iteration;
@@ -231,21 +268,36 @@ __launch_bounds__(ONCHIP_BLOCK, ONCHIP_MIN_BLOCKS) onchip_pcg(const OnchipRun a,
             st->maxiter = maxiter;
             if (start) record_decision(st, it, rnorm, status, a.history, a.progress, handle);
         }
+        // Every thread of the team takes the same decisions from the same bits: the loop's trip count,
+        // and so its barriers, are the same in every thread.
         for (int c = 0; c < a.count && status == RUNNING; ++c) {
-            // direction_product: p_new = beta p_old + z (formed where read), q = A p_new, p_new . q
-            const real_t* z_c = z_s;
-            const real_t* po = pbuf[parity];
-            real_t* pn = pbuf[parity ^ 1];
+            // direction_product: p_new = beta p_old + z (stored for own rows, formed where read at
+            // other blocks' rows), q = A p_new, p_new . q
+            const real_t* po = direction(parity);
+            real_t* pn = direction(parity ^ 1);
             const real_t b_ = (real_t)beta;
+#pragma unroll
+            for (int k = 0; k < ONCHIP_ROWS; ++k) {
+                const int own = t + k * ONCHIP_BLOCK;
+                if (first + own < n) pn[own] = fma(b_, po[own], z_s[own]);
+            }
+            __syncthreads();  // the block's new direction, read by its threads
             double pq[1] = {0.0};
 #pragma unroll
             for (int k = 0; k < ONCHIP_ROWS; ++k) {
                 const int own = t + k * ONCHIP_BLOCK;
                 if (first + own >= n) continue;
-                q[k] = row_product(m, k, [&](int j) { return fma(b_, team_load(po, j, rank), team_load(z_c, j, rank)); });
-                const real_t p_i = fma(b_, po[own], z_s[own]);
-                pn[own] = p_i;
-                pq[0] += (double)p_i * (double)q[k];
+                q[k] = row_product(m, k, [&](int j) {
+#if ONCHIP_TEAM > 1
+                    const unsigned owner = (unsigned)j / CHUNK;
+                    const int at = j - (int)owner * CHUNK;
+                    if (owner != rank) return fma(b_, *team_peer(po + at, owner), *team_peer(z_s + at, owner));
+                    return (real_t)pn[at];
+#else
+                    return (real_t)pn[j];
+#endif
+                });
+                pq[0] += (double)pn[own] * (double)q[k];
             }
             team_sums(pq, sc, round);
             if (!isfinite(pq[0]) || pq[0] <= 0.0) {  // no step along this direction
@@ -265,7 +317,7 @@ __launch_bounds__(ONCHIP_BLOCK, ONCHIP_MIN_BLOCKS) onchip_pcg(const OnchipRun a,
                 if (first + own >= n) continue;
                 x[k] = fma(alpha, pn[own], x[k]);
                 r[k] = fma(-alpha, q[k], r[k]);
-                const real_t zi = a.dinv ? d[k] * r[k] : r[k];
+                const real_t zi = precondition(a.dinv, lo + first + own, r[k]);
                 z_s[own] = zi;
                 sums[0] += (double)r[k] * (double)zi;
                 sums[1] += (double)r[k] * (double)r[k];
@@ -290,7 +342,7 @@ __launch_bounds__(ONCHIP_BLOCK, ONCHIP_MIN_BLOCKS) onchip_pcg(const OnchipRun a,
             if (status == RUNNING) {
                 a.r[lo + i] = r[k];
                 a.z[lo + i] = z_s[own];
-                a.p[lo + i] = pbuf[parity][own];
+                a.p[lo + i] = direction(parity)[own];
             }
         }
         if (status == RUNNING) {
@@ -314,7 +366,11 @@ __launch_bounds__(ONCHIP_BLOCK, ONCHIP_MIN_BLOCKS) onchip_pcg(const OnchipRun a,
         for (int k = 0; k < ONCHIP_ROWS; ++k) {
             const int i = first + t + k * ONCHIP_BLOCK;
             if (i >= n) continue;
-            const double ri = (double)(a.b[lo + i] - row_product(m, k, [&](int j) { return team_load(z_s, j, rank); }));
+            const double ri = (double)(a.b[lo + i] - row_product(m, k, [&](int j) {
+                const unsigned owner = (unsigned)j / CHUNK;
+                const real_t* at = z_s + (j - (int)owner * CHUNK);
+                return owner == rank ? *at : *team_peer(at, owner);
+            }));
             rr[0] += ri * ri;
         }
         team_sums(rr, sc, round);

@@ -32,7 +32,7 @@ import numpy as np  # noqa: E402
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 import provenance  # noqa: E402
 import solvers  # noqa: E402
-from solvers.gallery import poisson, variable_diffusion  # noqa: E402
+from solvers.gallery import poisson, random_geometric_laplacian, variable_diffusion  # noqa: E402
 from solvers.mmio import read_matrix  # noqa: E402
 
 RTOL = 1e-8
@@ -50,17 +50,20 @@ def best_of(fn, reps):
 
 # -- per iteration --------------------------------------------------------------------------------
 def small_matrices():
-    out = [("2D Poisson 64^2", poisson((64, 64)))]
+    """``(name, matrix, reorder)``: the small systems, as numbered (and the geometric graph also reordered)."""
+    out = [("2D Poisson 64^2", poisson((64, 64)), "none")]
     for name in ("1138_bus", "gr_900_900_crg", "lap2D_5pt_n100"):
-        out.append((name, read_matrix(str(DATA / f"{name}.mtx"))))
-    out += [("2D Poisson 128^2", poisson((128, 128))), ("2D Poisson 256^2", poisson((256, 256)))]
+        out.append((name, read_matrix(str(DATA / f"{name}.mtx")), "none"))
+    out += [("2D Poisson 128^2", poisson((128, 128)), "none"), ("2D Poisson 256^2", poisson((256, 256)), "none")]
+    geometric = random_geometric_laplacian(50_000)  # scripts/bench_pcg.py's "geometric 50k"
+    out += [("3D geometric graph 50k", geometric, "none"), ("3D geometric graph 50k, rcm", geometric, "rcm")]
     return out
 
 
-def per_iteration(A, path, unroll, iterations, reps):
+def per_iteration(A, path, unroll, iterations, reps, reorder="none"):
     """Best us per iteration over ``reps`` solves of exactly ``iterations`` iterations, and the solver."""
     solver = solvers.PCG(A, device="gpu", mode="while", path=path, unroll=unroll, rtol=0.0, maxiter=iterations,
-                         reorder="none")
+                         reorder=reorder)
     b = np.random.default_rng(0).standard_normal(A.shape[0])
     solver.solve(b)  # warm-up: capture
     best = np.inf
@@ -73,17 +76,17 @@ def per_iteration(A, path, unroll, iterations, reps):
 def iteration_table(iterations, reps):
     rows = ["| matrix | n | nnz | on-chip layout | on-chip us/it (32 it. a launch) | on-chip us/it (whole solve a launch) "
             "| grid us/it | auto takes |", "|---|---|---|---|---|---|---|---|"]
-    for name, A in small_matrices():
+    for name, A, reorder in small_matrices():
         n, nnz = A.shape[0], A.nnz
         try:
-            t32, solver, _ = per_iteration(A, "on-chip", 32, iterations, reps)
-            tall, _, _ = per_iteration(A, "on-chip", iterations + 1, iterations, reps)
+            t32, solver, _ = per_iteration(A, "on-chip", 32, iterations, reps, reorder)
+            tall, _, _ = per_iteration(A, "on-chip", iterations + 1, iterations, reps, reorder)
             layout = solver.format
         except solvers.InputError as exc:
             t32 = tall = float("nan")
             layout = f"refused: {exc}"
-        tgrid, _, _ = per_iteration(A, "grid", 32, iterations, reps)
-        auto = solvers.PCG(A, device="gpu", reorder="none").path
+        tgrid, _, _ = per_iteration(A, "grid", 32, iterations, reps, reorder)
+        auto = solvers.PCG(A, device="gpu", reorder=reorder).path
         rows.append(f"| {name} | {n:,} | {nnz:,} | {layout} | {t32:.2f} | {tall:.2f} | {tgrid:.2f} | {auto} |")
         print(rows[-1], flush=True)
     return rows

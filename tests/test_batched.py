@@ -153,16 +153,28 @@ def test_on_chip_layouts_follow_size_and_shared_memory():
     def layout(A, latency=True, count=1):
         start = np.arange(count + 1) * A.shape[0]
         rowptr = sp.block_diag([A] * count, format="csr").indptr
-        shape, entries = choose_shape(rowptr, start, 8, latency)
-        return shape.block, shape.rows, shape.team, entries > 0
+        shape, entries, in_shared = choose_shape(rowptr, start, 8, latency)
+        return shape.block, shape.rows, shape.team, in_shared
 
-    assert layout(read_matrix(str(data / "gr_900_900_crg.mtx"))) == (512, 2, 1, True)
-    assert layout(poisson((64, 64))) == (512, 2, 4, True)
-    assert layout(poisson((128, 128))) == (1024, 2, 8, True)
-    assert layout(poisson((256, 256))) == (1024, 8, 8, False)   # the matrix stays in global memory
+    assert layout(read_matrix(str(data / "gr_900_900_crg.mtx"))) == (928, 1, 1, True)
+    assert layout(read_matrix(str(data / "1138_bus.mtx"))) == (1024, 2, 1, True)
+    assert layout(poisson((64, 64))) == (1024, 1, 4, True)
+    assert layout(poisson((128, 128))) == (1024, 1, 16, True)
+    assert layout(poisson((256, 256))) == (1024, 4, 16, False)   # the matrix stays in global memory
     assert layout(variable_diffusion(np.ones((32, 32))), latency=False, count=3) == (256, 4, 1, True)
     with pytest.raises(InputError, match="too large to solve on chip"):
-        layout(poisson((300, 300)))
+        layout(poisson((400, 400)))
+
+
+def test_slice_capacity_counts_each_block_s_slices_at_their_longest_row():
+    from solvers.pcg.onchip import Shape, slice_capacity
+    lengths = np.r_[np.full(31, 2), 5, np.full(32, 3), np.full(10, 1)]  # 74 rows: slices of 32, 32, 10
+    rowptr = np.r_[0, np.cumsum(lengths)]
+    assert slice_capacity(rowptr, [0, 74], Shape(64, 1, 2)) == 32 * (5 + 3)  # block 0: two slices
+    assert slice_capacity(rowptr, [0, 74], Shape(32, 1, 3)) == 32 * 5
+    # two systems: each starts its own slices and blocks
+    twice = np.r_[0, np.cumsum(np.r_[lengths, lengths[:40]])]
+    assert slice_capacity(twice, [0, 74, 114], Shape(128, 1, 1)) == 32 * (5 + 3 + 1)
 
 
 def test_auto_kernel_path_follows_size_variant_and_preconditioner():

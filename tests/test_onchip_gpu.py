@@ -13,7 +13,7 @@ MODES = ("eager", "graph", "while")
 
 
 def small_cases(matrices_dir):
-    out = {"poisson_64": poisson((64, 64)), "poisson_20": poisson((20, 20))}
+    out = {"poisson_64": poisson((64, 64)), "poisson_20": poisson((20, 20)), "poisson_128": poisson((128, 128))}
     for name in ("1138_bus.mtx", "gr_900_900_crg.mtx", "lap2D_5pt_n100.mtx", "ginkgo_simple_A.mtx"):
         out[name] = read_matrix(str(matrices_dir / name))
     return out
@@ -51,14 +51,17 @@ def test_on_chip_modes_and_launch_sizes_give_the_same_bits_and_agree_with_cpu(cu
 
 
 def test_on_chip_cluster_with_the_matrix_in_global_memory(cupy):
-    A = poisson((150, 150))  # 22,500 rows: a cluster of 8 blocks, the matrix too large for shared memory
+    A = poisson((200, 200))  # 40,000 rows: a cluster of 14 blocks (non-portable), the matrix too large for shared memory
     solver = solvers.PCG(A, device="gpu", path="on-chip", rtol=1e-9)
-    assert "cluster of 8" in solver.format and "global" in solver.format
+    assert "cluster of 14" in solver.format and "global" in solver.format
     b = np.random.default_rng(4).standard_normal(A.shape[0])
     res = solver.solve(b)
     cpu = solvers.PCG(A, device="cpu", rtol=1e-9).solve(b)
     assert res.converged and abs(res.iterations - cpu.iterations) <= 3
     np.testing.assert_allclose(res.x.get(), cpu.x, rtol=1e-6, atol=1e-9 * np.abs(cpu.x).max())
+    for mode in ("eager", "graph"):  # the workspace built once a solve, resumed from between launches
+        again = solvers.PCG(A, device="gpu", path="on-chip", rtol=1e-9, mode=mode, unroll=64).solve(b)
+        assert again.iterations == res.iterations and cupy.array_equal(again.x, res.x), mode
 
 
 def test_on_chip_failures_history_and_callback(cupy):

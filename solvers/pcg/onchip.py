@@ -18,14 +18,17 @@ ONCHIP_RUN = Struct("OnchipRun", [
     ("rowptr", "const int*"), ("col", "const int*"), ("val", "const real_t*"), ("dinv", "const real_t*"),
     ("start", "const int*"), ("b", "const real_t*"), ("x", "real_t*"), ("r", "real_t*"), ("z", "real_t*"),
     ("p", "real_t*"), ("st", "State*"), ("norms", "double*"), ("history", "double*"), ("progress", "Progress*"),
+    ("sell_val", "real_t*"), ("sell_col", "int*"),
     ("rtol", "double"), ("atol", "double"), ("maxiter", "int"), ("systems", "int"), ("count", "int"),
-    ("fresh", "int"), ("matrix_capacity", "int"), ("pad", "int")])
+    ("fresh", "int"), ("matrix_capacity", "int"), ("matrix_in_shared", "int")])
 
-MAX_TEAM = 8           # blocks a system: the largest portable cluster
+MAX_TEAM = 16          # blocks a system: the largest cluster (above 8 a non-portable size)
+PORTABLE_TEAM = 8
 MAX_ROWS = 8           # rows a thread keeps in registers
 # Shared memory a block may use (H200: 227 KiB), less the kernel's static reduction scratch.
-SHARED_LIMIT = 227 * 1024 - 2048
+SHARED_LIMIT = 227 * 1024 - 4096
 SM_SHARED = 228 * 1024  # shared memory of an SM
+NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 14  # CUfunction_attribute
 
 
 PATHS = ("auto", "grid", "on-chip")
@@ -73,18 +76,30 @@ class Shape:
         return f"{where} of {self.block} threads, {self.rows} row{'s' if self.rows > 1 else ''} a thread"
 
 
-def block_entries(rowptr, start, chunk):
-    """The most matrix entries any block holds: rows [c * chunk, (c + 1) * chunk) of each system."""
+def slice_capacity(rowptr, start, shape):
+    """The most matrix entries the slices of any block hold (``kernels/onchip.cu``'s layout).
+
+    A block's rows fall into slices of 32 consecutive rows of a system, each as wide as
+    its longest row; a block holds ``32 * (sum of its slices' widths)`` entries.
+    """
     rowptr = np.asarray(rowptr, dtype=np.int64)
     start = np.asarray(start, dtype=np.int64)
     sizes = np.diff(start)
-    teams = -(-sizes // chunk)
-    # each block's first and last row, stacked: system s, block c -> start[s] + min(c * chunk, n_s)
-    system = np.repeat(np.arange(sizes.size), teams)
-    offset = np.arange(system.size) - np.repeat(np.cumsum(teams) - teams, teams)
-    lo = start[system] + np.minimum(offset * chunk, sizes[system])
-    hi = start[system] + np.minimum((offset + 1) * chunk, sizes[system])
-    return int((rowptr[hi] - rowptr[lo]).max()) if system.size else 0
+    if not sizes.size or not sizes.sum():
+        return 0
+    lengths = np.diff(rowptr)[start[0]:start[-1]]
+    per_system = -(-sizes // 32)  # slices a system
+    first_slice = np.concatenate(([0], np.cumsum(per_system)))
+    system = np.repeat(np.arange(sizes.size), sizes)
+    slice_of_row = first_slice[system] + (np.arange(lengths.size) - (start[system] - start[0])) // 32
+    widths = np.maximum.reduceat(lengths, np.flatnonzero(np.r_[True, np.diff(slice_of_row) != 0]))
+    slice_system = np.repeat(np.arange(sizes.size), per_system)
+    blocks = -(-sizes // shape.chunk)
+    first_block = np.concatenate(([0], np.cumsum(blocks)))
+    block_of_slice = first_block[slice_system] + (np.arange(widths.size) - first_slice[slice_system]) // (
+        shape.chunk // 32)
+    block_sums = np.add.reduceat(widths, np.flatnonzero(np.r_[True, np.diff(block_of_slice) != 0]))
+    return 32 * int(block_sums.max())
 
 
 def shared_bytes(shape, entries, itemsize):
@@ -92,45 +107,51 @@ def shared_bytes(shape, entries, itemsize):
     return 3 * shape.chunk * itemsize + entries * (itemsize + 4)
 
 
+def latency_shape(rows):
+    """The layout that solves one system of ``rows`` rows fastest: blocks of up to 1,024 threads, one
+    block up to 2,048 rows, else a cluster of as many blocks (up to 16) as give each thread one row,
+    and above 16,384 rows 16 blocks (or fewer, when the rows a thread hold them all) of several rows."""
+    if rows <= 1024:
+        return Shape(max(32, -(-rows // 32) * 32), 1, 1)
+    if rows <= 2048:
+        return Shape(1024, 2, 1)
+    per_thread = -(-rows // (MAX_TEAM * 1024))
+    return Shape(1024, per_thread, -(-rows // (1024 * per_thread)))
+
+
 def candidate_shapes(rows, latency):
     """Layouts for systems of up to ``rows`` rows, in order of preference.
 
     A batch (throughput) wants one block of up to 256 threads a system, so that
-    several systems share an SM. One system (latency), and systems of more than
-    2,048 rows, take blocks of 512 threads (1,024 above 8,192 rows) and as many of
-    them, up to a cluster of 8, as give each thread at most two rows
-    (:func:`choose_shape` takes the first that fits).
+    several systems share an SM; one system (latency), and systems of more than
+    2,048 rows, take :func:`latency_shape` (:func:`choose_shape` takes the first that fits).
     """
     shapes = []
     if not latency and rows <= 256 * MAX_ROWS:
         block = min(256, max(32, -(-rows // 32) * 32))
         shapes.append(Shape(block, -(-rows // block), 1))
-    block = 1024 if rows > 8192 else 512 if rows > 256 else max(32, -(-rows // 32) * 32)
-    team = 1
-    while team < MAX_TEAM and team * block * 2 < rows:
-        team *= 2
-    per_thread = -(-rows // (team * block))
-    if per_thread <= MAX_ROWS:
-        shapes.append(Shape(block, per_thread, team))
+    shape = latency_shape(rows)
+    if shape.rows <= MAX_ROWS:
+        shapes.append(shape)
     return shapes
 
 
 def choose_shape(rowptr, start, itemsize, latency):
-    """``(shape, entries)``: the first candidate layout whose vectors and matrix fit in a block's
-    shared memory, else the first whose vectors do; ``entries`` is the matrix capacity of a
-    block's shared memory (0: the matrix is read from global memory)."""
+    """``(shape, entries, in_shared)``: the first candidate layout whose vectors and matrix fit in a
+    block's shared memory, else the first whose vectors do (its matrix in a global workspace);
+    ``entries`` is the matrix capacity of a block."""
     rows = int(np.diff(np.asarray(start)).max())
     shapes = candidate_shapes(rows, latency)
     if not shapes:
         raise InputError(f"a system of {rows:,} rows is too large to solve on chip "
                          f"(at most {MAX_TEAM * 1024 * MAX_ROWS:,})")
-    for shape in shapes:
-        entries = block_entries(rowptr, start, shape.chunk)
+    capacities = [slice_capacity(rowptr, start, shape) for shape in shapes]
+    for shape, entries in zip(shapes, capacities):
         if shared_bytes(shape, entries, itemsize) <= SHARED_LIMIT:
-            return shape, entries
-    for shape in shapes:
+            return shape, entries, True
+    for shape, entries in zip(shapes, capacities):
         if shared_bytes(shape, 0, itemsize) <= SHARED_LIMIT:
-            return shape, 0
+            return shape, entries, False
     raise InputError(f"systems of {rows:,} rows need more shared memory than a block has")
 
 
@@ -144,15 +165,16 @@ class OnChipKernel:
     real : {"double", "float"}
     latency : bool
         Lay out for one system's latency rather than a batch's throughput (:func:`candidate_shapes`).
-        Each block's rows of the matrix are copied into shared memory when they fit.
+        Each block's rows of the matrix are laid out in shared memory when they fit, else in a
+        global workspace this object holds.
     """
 
     def __init__(self, rowptr, start, real="double", latency=False):
         import cupy
         itemsize = 8 if real == "double" else 4
-        self.shape, self.capacity = choose_shape(rowptr, start, itemsize, latency)
-        self.matrix_in_shared = self.capacity > 0
-        self.shared_bytes = shared_bytes(self.shape, self.capacity, itemsize)
+        self.shape, self.capacity, self.matrix_in_shared = choose_shape(rowptr, start, itemsize, latency)
+        self.shared_bytes = shared_bytes(self.shape, self.capacity if self.matrix_in_shared else 0, itemsize)
+        self.systems = int(np.asarray(start).size - 1)
         # A batch wants as many blocks an SM as shared memory allows (registers are capped to match);
         # one system wants each block fast.
         self.min_blocks = 1 if latency else max(1, min(2048 // self.shape.block,
@@ -165,20 +187,28 @@ class OnChipKernel:
         kernel = mod.get_function("onchip_pcg")
         kernel.max_dynamic_shared_size_bytes = self.shared_bytes
         self._function = kernel.kernel
-        self.systems = int(np.asarray(start).size - 1)
+        if self.shape.team > PORTABLE_TEAM:
+            cupy.cuda.driver.funcSetAttribute(self._function.ptr, NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1)
         per_sm = cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(self._function.ptr, self.shape.block,
                                                                              self.shared_bytes)
         sms = int(cupy.cuda.Device().attributes["MultiProcessorCount"])
         # One wave: a team a system up to what the GPU holds at once; teams then take the next systems.
         teams = max(1, min(self.systems, int(per_sm) * sms // self.shape.team))
         self.grid = teams * self.shape.team
+        self.workspace = None  # the matrix laid out a block at a time, when shared memory cannot hold it
+        if not self.matrix_in_shared:
+            entries = self.systems * self.shape.team * self.capacity
+            self.workspace = (cupy.empty(entries, dtype=np.float64 if real == "double" else np.float32),
+                              cupy.empty(entries, dtype=np.int32))
 
     def describe(self):
         return f"on chip: {self.shape.describe()}, matrix in {'shared' if self.matrix_in_shared else 'global'} memory"
 
     def pack(self, **fields):
-        """The argument struct (``ONCHIP_RUN``'s fields; the matrix capacity is filled in)."""
-        return ONCHIP_RUN.pack(matrix_capacity=self.capacity, **fields)
+        """The argument struct (``ONCHIP_RUN``'s fields; the matrix layout is filled in)."""
+        val, col = self.workspace or (None, None)
+        return ONCHIP_RUN.pack(matrix_capacity=self.capacity, matrix_in_shared=int(self.matrix_in_shared),
+                               sell_val=val, sell_col=col, **fields)
 
     def launch(self, args, handle=0, stream=None):
         self._function((self.grid,), (self.shape.block,), (args, np.uint64(handle)), shared_mem=self.shared_bytes,
