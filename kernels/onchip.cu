@@ -10,9 +10,10 @@
 // The matrix: a block's rows are laid out as slices of 32 rows (a warp's rows for one k), each slice
 // as many columns wide as its longest row, entry w of a slice's lane-th row at slice start + 32 w +
 // lane (conflict-free reads, a warp's loop the same length in every lane; short rows are padded with
-// zeros on their own column). The block builds its slices from the CSR arrays into shared memory at
-// every launch when a matrix capacity in shared memory is given, else once per solve into a global
-// workspace (a.sell_val, a.sell_col: matrix_capacity entries a block).
+// zeros on their own column). A block's slices hold matrix_capacity entries; the first matrix_shared
+// of them (a multiple of 32) live in shared memory, built from the CSR arrays at every launch, the
+// rest in a global workspace (a.sell_val, a.sell_col: matrix_capacity - matrix_shared entries a
+// block), built once per solve.
 //
 // The iteration is pcg_ref's (direction_product, then pcg_update). The new direction p = beta p_old
 // + z is stored for the block's own rows behind a block barrier, and the product reads it there; at
@@ -125,30 +126,38 @@ __device__ __forceinline__ real_t precondition(const real_t* dinv, int i, real_t
     return dinv ? __ldg(&dinv[i]) * r : r;
 }
 
-// This thread's slices of the block's rows of a system: where their entries are.
+// This thread's slices of the block's rows of a system: where their entries are. Entry e of the
+// block's slices is val_s[e] below `split` (shared memory), else val_g[e] (global; the pointers are
+// offset by -split), and likewise for the columns (within the system).
 struct ThreadRows {
-    const real_t* val;  // the block's slices, shared or global
-    const int* col;     // columns within the system
+    real_t* val_s;
+    int* col_s;
+    real_t* val_g;
+    int* col_g;
+    int split;
     int at[ONCHIP_ROWS];     // entry 0 of the thread's k-th row (slice start + lane)
     int width[ONCHIP_ROWS];  // entries of its slice's rows (padded)
 };
 
-// (A v)_i for the thread's k-th row, v(j) giving entry j of the system's vector.
+// (A v)_i for the thread's k-th row, v(j) giving entry j of the system's vector. `split` is a
+// multiple of 32 and slices start at multiples of 32: a warp's entries are on one side together.
 template <typename V>
 __device__ __forceinline__ real_t row_product(const ThreadRows& m, int k, V v) {
     real_t sum = 0;
 #pragma unroll 4
     for (int w = 0; w < m.width[k]; ++w) {
         const int e = m.at[k] + 32 * w;
-        sum = fma(m.val[e], v(m.col[e]), sum);
+        const bool shared = e < m.split;
+        sum = fma(shared ? m.val_s[e] : m.val_g[e], v(shared ? m.col_s[e] : m.col_g[e]), sum);
     }
     return sum;
 }
 
 // Lay out the block's rows of the system (rows lo.. of the stacked CSR, n of them) as slices: their
-// widths and this thread's places always, the entries themselves when `build` (into val, col).
-__device__ void slice_rows(const OnchipRun& a, int lo, int n, int first, real_t* val, int* col, bool build,
-                           TeamScratch& sc, ThreadRows& m) {
+// widths and this thread's places always; the entries themselves in shared memory, and in the
+// global workspace when `build_global`.
+__device__ void slice_rows(const OnchipRun& a, int lo, int n, int first, bool build_global, TeamScratch& sc,
+                           ThreadRows& m) {
     const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
     int begin[ONCHIP_ROWS], length[ONCHIP_ROWS];
 #pragma unroll
@@ -168,15 +177,23 @@ __device__ void slice_rows(const OnchipRun& a, int lo, int n, int first, real_t*
         m.at[k] = 32 * __reduce_add_sync(FULL_WARP, before) + lane;
     }
     __syncthreads();  // slice_width is free for the next system
-    m.val = val, m.col = col;
-    if (!build) return;
+    extern __shared__ __align__(16) unsigned char smem[];
+    m.val_s = (real_t*)smem + 3 * CHUNK;
+    m.col_s = (int*)(m.val_s + a.matrix_shared);
+    m.split = a.matrix_shared;
 #pragma unroll
     for (int k = 0; k < ONCHIP_ROWS; ++k) {
         const int i = first + t + k * ONCHIP_BLOCK;
         for (int w = 0; w < m.width[k]; ++w) {
             const int e = m.at[k] + 32 * w;
-            val[e] = w < length[k] ? a.val[begin[k] + w] : real_t(0);
-            col[e] = w < length[k] ? a.col[begin[k] + w] - lo : (i < n ? i : 0);
+            if (e >= m.split && !build_global) break;
+            const real_t v = w < length[k] ? a.val[begin[k] + w] : real_t(0);
+            const int j = w < length[k] ? a.col[begin[k] + w] - lo : (i < n ? i : 0);
+            if (e < m.split) {
+                m.val_s[e] = v, m.col_s[e] = j;
+            } else {
+                m.val_g[e] = v, m.col_g[e] = j;
+            }
         }
     }
     // Each thread reads back only the entries it wrote: no barrier needed.
@@ -208,13 +225,12 @@ __launch_bounds__(ONCHIP_BLOCK, ONCHIP_MIN_BLOCKS) onchip_pcg(const OnchipRun a,
         const int lo = a.start[s], n = a.start[s + 1] - lo;
         const int first = (int)rank * CHUNK;  // this block's first row of the system
         ThreadRows m;
-        if (a.matrix_in_shared) {
-            real_t* val_s = z_s + 3 * CHUNK;
-            slice_rows(a, lo, n, first, val_s, (int*)(val_s + a.matrix_capacity), true, sc, m);
-        } else {
-            const long long base = ((long long)s * ONCHIP_TEAM + rank) * a.matrix_capacity;
-            slice_rows(a, lo, n, first, a.sell_val + base, a.sell_col + base, start, sc, m);
+        {  // the block's part of the workspace, addressed as entries split.. of its slices
+            const long long base = ((long long)s * ONCHIP_TEAM + rank) * (a.matrix_capacity - a.matrix_shared);
+            m.val_g = a.sell_val + base - a.matrix_shared;
+            m.col_g = a.sell_col + base - a.matrix_shared;
         }
+        slice_rows(a, lo, n, first, start, sc, m);
         real_t x[ONCHIP_ROWS], r[ONCHIP_ROWS], q[ONCHIP_ROWS];
         int parity = 0;  // p_old is direction(parity), the new direction goes to direction(parity ^ 1)
         double tol, rz, beta, rnorm, b_norm = 0.0;

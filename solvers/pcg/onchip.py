@@ -20,7 +20,7 @@ ONCHIP_RUN = Struct("OnchipRun", [
     ("p", "real_t*"), ("st", "State*"), ("norms", "double*"), ("history", "double*"), ("progress", "Progress*"),
     ("sell_val", "real_t*"), ("sell_col", "int*"),
     ("rtol", "double"), ("atol", "double"), ("maxiter", "int"), ("systems", "int"), ("count", "int"),
-    ("fresh", "int"), ("matrix_capacity", "int"), ("matrix_in_shared", "int")])
+    ("fresh", "int"), ("matrix_capacity", "int"), ("matrix_shared", "int")])
 
 MAX_TEAM = 16          # blocks a system: the largest cluster (above 8 a non-portable size)
 PORTABLE_TEAM = 8
@@ -138,8 +138,8 @@ def candidate_shapes(rows, latency):
 
 def choose_shape(rowptr, start, itemsize, latency):
     """``(shape, entries, in_shared)``: the first candidate layout whose vectors and matrix fit in a
-    block's shared memory, else the first whose vectors do (its matrix in a global workspace);
-    ``entries`` is the matrix capacity of a block."""
+    block's shared memory, else the first whose vectors do; ``entries`` is the matrix capacity of a
+    block, ``in_shared`` how many of them shared memory holds (the rest: a global workspace)."""
     rows = int(np.diff(np.asarray(start)).max())
     shapes = candidate_shapes(rows, latency)
     if not shapes:
@@ -148,10 +148,11 @@ def choose_shape(rowptr, start, itemsize, latency):
     capacities = [slice_capacity(rowptr, start, shape) for shape in shapes]
     for shape, entries in zip(shapes, capacities):
         if shared_bytes(shape, entries, itemsize) <= SHARED_LIMIT:
-            return shape, entries, True
+            return shape, entries, entries
     for shape, entries in zip(shapes, capacities):
-        if shared_bytes(shape, 0, itemsize) <= SHARED_LIMIT:
-            return shape, entries, False
+        room = SHARED_LIMIT - shared_bytes(shape, 0, itemsize)
+        if room >= 0:  # whole warps' entries (32 at a time) in shared memory, the rest global
+            return shape, entries, min(entries, room // (itemsize + 4) // 32 * 32)
     raise InputError(f"systems of {rows:,} rows need more shared memory than a block has")
 
 
@@ -165,15 +166,15 @@ class OnChipKernel:
     real : {"double", "float"}
     latency : bool
         Lay out for one system's latency rather than a batch's throughput (:func:`candidate_shapes`).
-        Each block's rows of the matrix are laid out in shared memory when they fit, else in a
-        global workspace this object holds.
+        Each block's rows of the matrix are laid out in shared memory, and what does not fit
+        there in a global workspace this object holds.
     """
 
     def __init__(self, rowptr, start, real="double", latency=False):
         import cupy
         itemsize = 8 if real == "double" else 4
-        self.shape, self.capacity, self.matrix_in_shared = choose_shape(rowptr, start, itemsize, latency)
-        self.shared_bytes = shared_bytes(self.shape, self.capacity if self.matrix_in_shared else 0, itemsize)
+        self.shape, self.capacity, self.in_shared = choose_shape(rowptr, start, itemsize, latency)
+        self.shared_bytes = shared_bytes(self.shape, self.in_shared, itemsize)
         self.systems = int(np.asarray(start).size - 1)
         # A batch wants as many blocks an SM as shared memory allows (registers are capped to match);
         # one system wants each block fast.
@@ -195,19 +196,25 @@ class OnChipKernel:
         # One wave: a team a system up to what the GPU holds at once; teams then take the next systems.
         teams = max(1, min(self.systems, int(per_sm) * sms // self.shape.team))
         self.grid = teams * self.shape.team
-        self.workspace = None  # the matrix laid out a block at a time, when shared memory cannot hold it
-        if not self.matrix_in_shared:
-            entries = self.systems * self.shape.team * self.capacity
+        self.workspace = None  # the entries of each block that shared memory cannot hold
+        if self.in_shared < self.capacity:
+            entries = self.systems * self.shape.team * (self.capacity - self.in_shared)
             self.workspace = (cupy.empty(entries, dtype=np.float64 if real == "double" else np.float32),
                               cupy.empty(entries, dtype=np.int32))
 
     def describe(self):
-        return f"on chip: {self.shape.describe()}, matrix in {'shared' if self.matrix_in_shared else 'global'} memory"
+        if self.in_shared == self.capacity:
+            where = "shared memory"
+        elif self.in_shared:
+            where = f"{self.in_shared / self.capacity:.0%} in shared memory, the rest in global memory"
+        else:
+            where = "global memory"
+        return f"on chip: {self.shape.describe()}, matrix in {where}"
 
     def pack(self, **fields):
         """The argument struct (``ONCHIP_RUN``'s fields; the matrix layout is filled in)."""
         val, col = self.workspace or (None, None)
-        return ONCHIP_RUN.pack(matrix_capacity=self.capacity, matrix_in_shared=int(self.matrix_in_shared),
+        return ONCHIP_RUN.pack(matrix_capacity=self.capacity, matrix_shared=self.in_shared,
                                sell_val=val, sell_col=col, **fields)
 
     def launch(self, args, handle=0, stream=None):
