@@ -156,11 +156,12 @@ def test_on_chip_layouts_follow_size_and_shared_memory():
         shape, entries, in_shared = choose_shape(rowptr, start, 8, latency)
         return shape.block, shape.rows, shape.team, in_shared == entries
 
-    assert layout(read_matrix(str(data / "gr_900_900_crg.mtx"))) == (928, 1, 1, True)
-    assert layout(read_matrix(str(data / "1138_bus.mtx"))) == (1024, 2, 1, True)
-    assert layout(poisson((64, 64))) == (1024, 1, 4, True)
-    assert layout(poisson((128, 128))) == (1024, 1, 16, True)
-    assert layout(poisson((256, 256))) == (1024, 4, 16, False)   # part of the matrix in global memory
+    assert layout(read_matrix(str(data / "gr_900_900_crg.mtx"))) == (480, 2, 1, True)
+    assert layout(read_matrix(str(data / "1138_bus.mtx"))) == (384, 3, 1, True)
+    assert layout(poisson((64, 64))) == (512, 1, 8, True)
+    assert layout(poisson((100, 100))) == (512, 2, 10, True)
+    assert layout(poisson((128, 128))) == (512, 2, 16, True)
+    assert layout(poisson((256, 256))) == (512, 8, 16, False)   # part of the matrix in global memory
     assert layout(variable_diffusion(np.ones((32, 32))), latency=False, count=3) == (256, 4, 1, True)
     with pytest.raises(InputError, match="too large to solve on chip"):
         layout(poisson((400, 400)))

@@ -25,8 +25,8 @@ ONCHIP_RUN = Struct("OnchipRun", [
 MAX_TEAM = 16          # blocks a system: the largest cluster (above 8 a non-portable size)
 PORTABLE_TEAM = 8
 MAX_ROWS = 8           # rows a thread keeps in registers
-# Shared memory a block may use (H200: 227 KiB), less the kernel's static reduction scratch.
-SHARED_LIMIT = 227 * 1024 - 4096
+# Shared memory a block may use (H200: 227 KiB), less a margin for alignment.
+SHARED_LIMIT = 227 * 1024 - 256
 SM_SHARED = 228 * 1024  # shared memory of an SM
 NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 14  # CUfunction_attribute
 
@@ -103,20 +103,27 @@ def slice_capacity(rowptr, start, shape):
 
 
 def shared_bytes(shape, entries, itemsize):
-    """Shared memory of a block: z and two directions for its rows, plus ``entries`` of the matrix."""
+    """Dynamic shared memory of a block: z and two directions for its rows, plus ``entries`` of the matrix."""
     return 3 * shape.chunk * itemsize + entries * (itemsize + 4)
 
 
+def scratch_bytes(shape):
+    """The kernel's static shared memory (``TeamScratch``): three partials a thread, the team's totals
+    twice, a slice width per 32 rows, the decision."""
+    return 24 * shape.block + 48 * shape.team + 4 * (shape.chunk // 32) + 24
+
+
 def latency_shape(rows):
-    """The layout that solves one system of ``rows`` rows fastest: blocks of up to 1,024 threads, one
-    block up to 2,048 rows, else a cluster of as many blocks (up to 16) as give each thread one row,
-    and above 16,384 rows 16 blocks (or fewer, when the rows a thread hold them all) of several rows."""
-    if rows <= 1024:
-        return Shape(max(32, -(-rows // 32) * 32), 1, 1)
-    if rows <= 2048:
-        return Shape(1024, 2, 1)
-    per_thread = -(-rows // (MAX_TEAM * 1024))
-    return Shape(1024, per_thread, -(-rows // (1024 * per_thread)))
+    """The layout that solves one system of ``rows`` rows fastest: blocks of up to 512 threads; one
+    block up to 2,048 rows; above, a cluster of as many blocks as give each thread one row, up to 16
+    blocks, and then the fewest blocks for the rows a thread must hold."""
+    block = 512
+    if rows <= 4 * block:
+        per_thread = -(-rows // block)
+        return Shape(max(32, -(-rows // (32 * per_thread)) * 32), per_thread, 1)
+    team = min(MAX_TEAM, -(-rows // block))
+    per_thread = -(-rows // (team * block))
+    return Shape(block, per_thread, -(-rows // (block * per_thread)))
 
 
 def candidate_shapes(rows, latency):
@@ -147,10 +154,10 @@ def choose_shape(rowptr, start, itemsize, latency):
                          f"(at most {MAX_TEAM * 1024 * MAX_ROWS:,})")
     capacities = [slice_capacity(rowptr, start, shape) for shape in shapes]
     for shape, entries in zip(shapes, capacities):
-        if shared_bytes(shape, entries, itemsize) <= SHARED_LIMIT:
+        if shared_bytes(shape, entries, itemsize) + scratch_bytes(shape) <= SHARED_LIMIT:
             return shape, entries, entries
     for shape, entries in zip(shapes, capacities):
-        room = SHARED_LIMIT - shared_bytes(shape, 0, itemsize)
+        room = SHARED_LIMIT - scratch_bytes(shape) - shared_bytes(shape, 0, itemsize)
         if room >= 0:  # whole warps' entries (32 at a time) in shared memory, the rest global
             return shape, entries, min(entries, room // (itemsize + 4) // 32 * 32)
     raise InputError(f"systems of {rows:,} rows need more shared memory than a block has")
@@ -179,7 +186,7 @@ class OnChipKernel:
         # A batch wants as many blocks an SM as shared memory allows (registers are capped to match);
         # one system wants each block fast.
         self.min_blocks = 1 if latency else max(1, min(2048 // self.shape.block,
-                                                       SM_SHARED // (self.shared_bytes + 4096)))
+                                                       SM_SHARED // (self.shared_bytes + scratch_bytes(self.shape) + 1024)))
         mod = kernels.module("onchip", real, defines=(("ONCHIP_BLOCK", str(self.shape.block)),
                                                       ("ONCHIP_ROWS", str(self.shape.rows)),
                                                       ("ONCHIP_TEAM", str(self.shape.team)),
