@@ -18,13 +18,10 @@
 // The iteration is pcg_ref's (direction_product, then pcg_update). The new direction p = beta p_old
 // + z is stored for the block's own rows behind a block barrier, and the product reads it there; at
 // rows of other blocks it forms it from their z and p_old, which the last team barrier published: an
-// iteration has two reductions and two team barriers. A reduction: every thread's partials into
-// shared memory; warp 0 adds them in a fixed order (lane l the partials l, l + 32, ..., then a
-// butterfly over the lanes, which leaves the same bits in every lane); in a cluster, each block
-// writes its total into every member's shared memory before the team barrier, and thread 0 adds
-// the team's totals in rank order. Thread 0 of each block then takes the iteration's decision
-// (alpha; or the stop test and beta) and hands it to its block through shared memory: the scalar
-// work is done once a block, not once a warp. Results depend on nothing but the compile-time shape.
+// iteration has two reductions and two team barriers. A reduction adds lanes by a butterfly (every
+// lane ends with the same bits), then the block's warp totals the same way in every warp, then each
+// block writes its total into every team member's shared memory before the team barrier, and every
+// thread adds the team's totals in rank order: results depend on nothing but the compile-time shape.
 //
 // A launch runs up to `count` iterations of every system and keeps the state of a system still
 // running in global memory (x, r, z, p and its State), so the next launch resumes it exactly: eager,
@@ -82,53 +79,43 @@ __device__ __forceinline__ double warp_total(double v) {
     return v;
 }
 
-// Reduction scratch and the decision thread 0 hands to its block. The team totals use two buffers
-// alternately: a member may write the next reduction's total while this block still reads the last.
+// Reduction scratch: two buffers used alternately, so that a reduction never overwrites totals a
+// thread may still be reading from the previous one (the barrier between them orders the rest).
 struct TeamScratch {
-    double part[3][ONCHIP_BLOCK];    // every thread's partials
+    double warp[2][3][ONCHIP_WARPS];
     double team[2][3][ONCHIP_TEAM];  // written by every team member, each into its rank's place
     int slice_width[ONCHIP_SLICES];
-    double alpha, beta;
-    int status;
 };
 
-// Sums of K <= 3 values over the team, valid in thread 0 of every block (the same bits in each);
-// `round` counts the reductions. Contains a team barrier, which also publishes the shared memory
-// written before the call; the caller's next block barrier frees `part` again.
+// Sums of K <= 3 values over the team, the same bits in every thread; `round` counts the reductions.
+// Ends with a team barrier, which also publishes the shared memory written before the call.
 template <int K>
 __device__ void team_sums(double (&v)[K], TeamScratch& sc, int& round) {
     const int buf = round & 1;
     ++round;
-    const int t = threadIdx.x;
+    const int lane = threadIdx.x & 31;
 #pragma unroll
-    for (int k = 0; k < K; ++k) sc.part[k][t] = v[k];
-    __syncthreads();
-    if (t < 32) {
+    for (int k = 0; k < K; ++k) v[k] = warp_total(v[k]);
+    if (lane == 0) {
 #pragma unroll
-        for (int k = 0; k < K; ++k) {
-            double sum = 0.0;
-#pragma unroll 8
-            for (int i = t; i < ONCHIP_BLOCK; i += 32) sum += sc.part[k][i];
-            v[k] = warp_total(sum);
-        }
-#if ONCHIP_TEAM > 1
-        if (t < ONCHIP_TEAM) {  // thread c writes the block's totals into block c
-            const unsigned me = team_rank();
-#pragma unroll
-            for (int k = 0; k < K; ++k) *team_peer(&sc.team[buf][k][me], t) = v[k];
-        }
-#endif
+        for (int k = 0; k < K; ++k) sc.warp[buf][k][threadIdx.x >> 5] = v[k];
     }
+    __syncthreads();
+#pragma unroll
+    for (int k = 0; k < K; ++k) v[k] = warp_total(lane < ONCHIP_WARPS ? sc.warp[buf][k][lane] : 0.0);
 #if ONCHIP_TEAM > 1
+    if (threadIdx.x < ONCHIP_TEAM) {  // thread c writes the block's totals into block c
+        const unsigned me = team_rank();
+#pragma unroll
+        for (int k = 0; k < K; ++k) *team_peer(&sc.team[buf][k][me], threadIdx.x) = v[k];
+    }
     team_barrier();
-    if (t == 0) {
 #pragma unroll
-        for (int k = 0; k < K; ++k) {
-            double sum = 0.0;
+    for (int k = 0; k < K; ++k) {
+        double t = 0.0;
 #pragma unroll
-            for (int c = 0; c < ONCHIP_TEAM; ++c) sum += sc.team[buf][k][c];
-            v[k] = sum;
-        }
+        for (int c = 0; c < ONCHIP_TEAM; ++c) t += sc.team[buf][k][c];
+        v[k] = t;
     }
 #endif
 }
@@ -152,35 +139,25 @@ struct ThreadRows {
     int width[ONCHIP_ROWS];  // entries of its slice's rows (padded)
 };
 
-// (A v)_i for each of the thread's rows, v(j) giving entry j of the system's vector; the rows are
-// advanced together (independent loads in flight), each summed in its entries' order. `split` is a
+// (A v)_i for the thread's k-th row, v(j) giving entry j of the system's vector. `split` is a
 // multiple of 32 and slices start at multiples of 32: a warp's entries are on one side together.
-// Rows past the system's end come out 0 (their slices' padding).
 template <typename V>
-__device__ __forceinline__ void rows_product(const ThreadRows& m, real_t (&out)[ONCHIP_ROWS], V v) {
-    int widest = 0;
-#pragma unroll
-    for (int k = 0; k < ONCHIP_ROWS; ++k) {
-        out[k] = 0;
-        widest = max(widest, m.width[k]);
+__device__ __forceinline__ real_t row_product(const ThreadRows& m, int k, V v) {
+    real_t sum = 0;
+#pragma unroll 4
+    for (int w = 0; w < m.width[k]; ++w) {
+        const int e = m.at[k] + 32 * w;
+        const bool shared = e < m.split;
+        sum = fma(shared ? m.val_s[e] : m.val_g[e], v(shared ? m.col_s[e] : m.col_g[e]), sum);
     }
-#pragma unroll 2
-    for (int w = 0; w < widest; ++w) {
-#pragma unroll
-        for (int k = 0; k < ONCHIP_ROWS; ++k) {
-            if (w >= m.width[k]) continue;
-            const int e = m.at[k] + 32 * w;
-            const bool shared = e < m.split;
-            out[k] = fma(shared ? m.val_s[e] : m.val_g[e], v(shared ? m.col_s[e] : m.col_g[e]), out[k]);
-        }
-    }
+    return sum;
 }
 
 // Lay out the block's rows of the system (rows lo.. of the stacked CSR, n of them) as slices: their
 // widths and this thread's places always; the entries themselves in shared memory, and in the
-// global workspace when `build_global`.
-__device__ void slice_rows(const OnchipRun& a, int lo, int n, int first, bool build_global, TeamScratch& sc,
-                           ThreadRows& m) {
+// global workspace when `build_global`. The block's shared slices start at `shared`.
+__device__ void slice_rows(const OnchipRun& a, int lo, int n, int first, real_t* shared, bool build_global,
+                           TeamScratch& sc, ThreadRows& m) {
     const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
     int begin[ONCHIP_ROWS], length[ONCHIP_ROWS];
 #pragma unroll
@@ -200,8 +177,7 @@ __device__ void slice_rows(const OnchipRun& a, int lo, int n, int first, bool bu
         m.at[k] = 32 * __reduce_add_sync(FULL_WARP, before) + lane;
     }
     __syncthreads();  // slice_width is free for the next system
-    extern __shared__ __align__(16) unsigned char smem[];
-    m.val_s = (real_t*)smem + 3 * CHUNK;
+    m.val_s = shared;
     m.col_s = (int*)(m.val_s + a.matrix_shared);
     m.split = a.matrix_shared;
 #pragma unroll
@@ -233,19 +209,16 @@ __launch_bounds__(ONCHIP_BLOCK, ONCHIP_MIN_BLOCKS) onchip_pcg(const OnchipRun a,
     auto direction = [&](int which) { return z_s + CHUNK * (1 + which); };
     const unsigned rank = team_rank();
     const int t = threadIdx.x;
-    const bool decider = t == 0;                // takes its block's decisions
-    const bool recorder = rank == 0 && t == 0;  // and writes the system's State
     int round = 0;
 
     for (int s = blockIdx.x / ONCHIP_TEAM; s < a.systems; s += gridDim.x / ONCHIP_TEAM) {
         State* st = a.st + s;
-        // The State as the previous launch left it, read before any thread of the team may write it.
-        const State prior = *st;
-        const bool start = a.fresh || prior.iteration < 0;
-        int status = start ? RUNNING : prior.status;
+        // Team-uniform decisions read the State before any thread of the team may write it.
+        const bool start = a.fresh || st->iteration < 0;
+        int status = start ? RUNNING : st->status;
         team_barrier();
         if (status != RUNNING) {
-            if (handle && recorder) cudaGraphSetConditional(handle, 0);
+            if (handle && rank == 0 && t == 0) cudaGraphSetConditional(handle, 0);
             continue;
         }
         const int lo = a.start[s], n = a.start[s + 1] - lo;
@@ -256,24 +229,22 @@ __launch_bounds__(ONCHIP_BLOCK, ONCHIP_MIN_BLOCKS) onchip_pcg(const OnchipRun a,
             m.val_g = a.sell_val + base - a.matrix_shared;
             m.col_g = a.sell_col + base - a.matrix_shared;
         }
-        slice_rows(a, lo, n, first, start, sc, m);
+        slice_rows(a, lo, n, first, z_s + 3 * CHUNK, start, sc, m);
         real_t x[ONCHIP_ROWS], r[ONCHIP_ROWS], q[ONCHIP_ROWS];
         int parity = 0;  // p_old is direction(parity), the new direction goes to direction(parity ^ 1)
-        // The decider's scalars; beta, like alpha and the status, is handed to every thread.
-        double tol = prior.tol, rz = prior.rz, rnorm = prior.rnorm, b_norm = 0.0, beta = prior.beta;
-        int it = prior.iteration, maxiter = prior.maxiter;
+        double tol, rz, beta, rnorm, b_norm = 0.0;
+        int it, maxiter;
         if (start) {  // r = b - A x0, z = M^-1 r, p_old = 0: the set-up pass
-            const real_t* x0 = a.x + lo;
-            rows_product(m, q, [&](int j) { return x0[j]; });
             double sums[3] = {0.0, 0.0, 0.0};  // b.b, r.z, r.r
+            const real_t* x0 = a.x + lo;
 #pragma unroll
             for (int k = 0; k < ONCHIP_ROWS; ++k) {
                 const int i = first + t + k * ONCHIP_BLOCK, own = t + k * ONCHIP_BLOCK;
-                x[k] = r[k] = 0;
+                x[k] = r[k] = q[k] = 0;
                 if (i >= n) continue;
                 const real_t bi = a.b[lo + i];
                 x[k] = x0[i];
-                r[k] = bi - q[k];
+                r[k] = bi - row_product(m, k, [&](int j) { return x0[j]; });
                 const real_t zi = precondition(a.dinv, lo + i, r[k]);
                 z_s[own] = zi;
                 direction(0)[own] = 0;
@@ -282,36 +253,35 @@ __launch_bounds__(ONCHIP_BLOCK, ONCHIP_MIN_BLOCKS) onchip_pcg(const OnchipRun a,
                 sums[2] += (double)r[k] * (double)r[k];
             }
             team_sums(sums, sc, round);
-            if (decider) {
-                b_norm = sqrt(sums[0]);
-                if (a.fresh) tol = fmax(a.atol, a.rtol * b_norm), maxiter = a.maxiter;
-                rz = sums[1];
-                rnorm = sqrt(sums[2]);
-                beta = 0.0;
-                it = 0;
-                sc.status = stop_reason(rnorm, tol, it, maxiter, rz, true);
-                if (recorder) {
-                    st->tol = tol;
-                    st->maxiter = maxiter;
-                    record_decision(st, it, rnorm, sc.status, a.history, a.progress, handle);
-                }
-            }
-            __syncthreads();  // the decision
-            status = sc.status;
+            b_norm = sqrt(sums[0]);
+            tol = a.fresh ? fmax(a.atol, a.rtol * b_norm) : st->tol;
+            maxiter = a.fresh ? a.maxiter : st->maxiter;
+            rz = sums[1];
+            rnorm = sqrt(sums[2]);
             beta = 0.0;
+            it = 0;
+            status = stop_reason(rnorm, tol, it, maxiter, rz, true);
         } else {  // resume: the vectors and scalars the previous launch left
 #pragma unroll
             for (int k = 0; k < ONCHIP_ROWS; ++k) {
                 const int i = first + t + k * ONCHIP_BLOCK, own = t + k * ONCHIP_BLOCK;
-                x[k] = r[k] = 0;
+                x[k] = r[k] = q[k] = 0;
                 if (i >= n) continue;
                 x[k] = a.x[lo + i];
                 r[k] = a.r[lo + i];
                 z_s[own] = a.z[lo + i];
                 direction(0)[own] = a.p[lo + i];
             }
-            if (decider) b_norm = a.norms[2 * s + 1];
+            tol = st->tol, maxiter = st->maxiter, rz = st->rz, beta = st->beta, rnorm = st->rnorm;
+            it = st->iteration;
+            b_norm = a.norms[2 * s + 1];
             team_barrier();
+        }
+        const bool recorder = rank == 0 && t == 0;
+        if (recorder) {
+            st->tol = tol;
+            st->maxiter = maxiter;
+            if (start) record_decision(st, it, rnorm, status, a.history, a.progress, handle);
         }
         // Every thread of the team takes the same decisions from the same bits: the loop's trip count,
         // and so its barriers, are the same in every thread.
@@ -327,42 +297,34 @@ __launch_bounds__(ONCHIP_BLOCK, ONCHIP_MIN_BLOCKS) onchip_pcg(const OnchipRun a,
                 if (first + own < n) pn[own] = fma(b_, po[own], z_s[own]);
             }
             __syncthreads();  // the block's new direction, read by its threads
-            rows_product(m, q, [&](int j) {
-#if ONCHIP_TEAM > 1
-                const unsigned owner = (unsigned)j / CHUNK;
-                const int at = j - (int)owner * CHUNK;
-                if (owner != rank) return fma(b_, *team_peer(po + at, owner), *team_peer(z_s + at, owner));
-                return pn[at];
-#else
-                return pn[j];
-#endif
-            });
             double pq[1] = {0.0};
 #pragma unroll
             for (int k = 0; k < ONCHIP_ROWS; ++k) {
                 const int own = t + k * ONCHIP_BLOCK;
-                if (first + own < n) pq[0] += (double)pn[own] * (double)q[k];
+                if (first + own >= n) continue;
+                q[k] = row_product(m, k, [&](int j) {
+#if ONCHIP_TEAM > 1
+                    const unsigned owner = (unsigned)j / CHUNK;
+                    const int at = j - (int)owner * CHUNK;
+                    if (owner != rank) return fma(b_, *team_peer(po + at, owner), *team_peer(z_s + at, owner));
+                    return (real_t)pn[at];
+#else
+                    return (real_t)pn[j];
+#endif
+                });
+                pq[0] += (double)pn[own] * (double)q[k];
             }
             team_sums(pq, sc, round);
-            if (decider) {
-                int decided = RUNNING;
-                if (!isfinite(pq[0]) || pq[0] <= 0.0) {  // no step along this direction
-                    decided = isfinite(pq[0]) ? BREAKDOWN : NOT_FINITE;
-                    if (recorder) {
-                        st->pq = pq[0];
-                        record_decision(st, it, rnorm, decided, a.history, a.progress, handle);
-                    }
+            if (!isfinite(pq[0]) || pq[0] <= 0.0) {  // no step along this direction
+                status = isfinite(pq[0]) ? BREAKDOWN : NOT_FINITE;
+                if (recorder) {
+                    st->pq = pq[0];
+                    record_decision(st, it, rnorm, status, a.history, a.progress, handle);
                 }
-                sc.status = decided;
-                sc.alpha = rz / pq[0];
-            }
-            __syncthreads();  // the decision
-            if (sc.status != RUNNING) {
-                status = sc.status;
                 break;
             }
             // pcg_update: x += alpha p_new, r -= alpha q, z = M^-1 r, then decide
-            const real_t alpha = (real_t)sc.alpha;
+            const real_t alpha = (real_t)(rz / pq[0]);
             double sums[2] = {0.0, 0.0};  // r.z, r.r
 #pragma unroll
             for (int k = 0; k < ONCHIP_ROWS; ++k) {
@@ -376,23 +338,15 @@ __launch_bounds__(ONCHIP_BLOCK, ONCHIP_MIN_BLOCKS) onchip_pcg(const OnchipRun a,
                 sums[1] += (double)r[k] * (double)r[k];
             }
             team_sums(sums, sc, round);
-            if (decider) {
-                ++it;
-                rnorm = sqrt(sums[1]);
-                const int decided = stop_reason(rnorm, tol, it, maxiter, sums[0], true);
-                if (decided == RUNNING) {
-                    sc.beta = sums[0] / rz;
-                    rz = sums[0];
-                }
-                sc.status = decided;
-                if (recorder) record_decision(st, it, rnorm, decided, a.history, a.progress, handle);
-            }
-            __syncthreads();  // the decision
-            status = sc.status;
+            ++it;
+            rnorm = sqrt(sums[1]);
+            status = stop_reason(rnorm, tol, it, maxiter, sums[0], true);
             if (status == RUNNING) {
-                beta = sc.beta;
+                beta = sums[0] / rz;
+                rz = sums[0];
                 parity ^= 1;
             }
+            if (recorder) record_decision(st, it, rnorm, status, a.history, a.progress, handle);
         }
         // Keep what the next launch needs, or finish: the true residual from x gathered over the team.
 #pragma unroll
@@ -422,17 +376,16 @@ __launch_bounds__(ONCHIP_BLOCK, ONCHIP_MIN_BLOCKS) onchip_pcg(const OnchipRun a,
             if (first + own < n) z_s[own] = x[k];
         }
         team_barrier();
-        rows_product(m, q, [&](int j) {
-            const unsigned owner = (unsigned)j / CHUNK;
-            const real_t* at = z_s + (j - (int)owner * CHUNK);
-            return owner == rank ? *at : *team_peer(at, owner);
-        });
         double rr[1] = {0.0};
 #pragma unroll
         for (int k = 0; k < ONCHIP_ROWS; ++k) {
             const int i = first + t + k * ONCHIP_BLOCK;
             if (i >= n) continue;
-            const double ri = (double)(a.b[lo + i] - q[k]);
+            const double ri = (double)(a.b[lo + i] - row_product(m, k, [&](int j) {
+                const unsigned owner = (unsigned)j / CHUNK;
+                const real_t* at = z_s + (j - (int)owner * CHUNK);
+                return owner == rank ? *at : *team_peer(at, owner);
+            }));
             rr[0] += ri * ri;
         }
         team_sums(rr, sc, round);

@@ -161,7 +161,7 @@ def test_on_chip_layouts_follow_size_and_shared_memory():
     assert layout(poisson((64, 64))) == (512, 1, 8, True)
     assert layout(poisson((100, 100))) == (512, 2, 10, True)
     assert layout(poisson((128, 128))) == (512, 2, 16, True)
-    assert layout(poisson((256, 256))) == (512, 8, 16, False)   # part of the matrix in global memory
+    assert layout(poisson((256, 256))) == (1024, 4, 16, False)   # part of the matrix in global memory
     assert layout(variable_diffusion(np.ones((32, 32))), latency=False, count=3) == (256, 4, 1, True)
     with pytest.raises(InputError, match="too large to solve on chip"):
         layout(poisson((400, 400)))
@@ -181,6 +181,11 @@ def test_slice_capacity_counts_each_block_s_slices_at_their_longest_row():
 def test_auto_kernel_path_follows_size_variant_and_preconditioner():
     from solvers.pcg.onchip import ONCHIP_MAX_ROWS, choose_path
     assert choose_path("auto", ONCHIP_MAX_ROWS)[0] == "on-chip"
+    stencil = poisson((100, 100))  # a cluster of 10 blocks: 4% of the entries in another block
+    assert choose_path("auto", 10_000, A=stencil)[0] == "on-chip"
+    shuffled = np.random.default_rng(0).permutation(10_000)
+    path, note = choose_path("auto", 10_000, A=stencil[shuffled][:, shuffled].tocsr())
+    assert path == "grid" and "read from another block" in note
     assert choose_path("auto", ONCHIP_MAX_ROWS + 1)[0] == "grid"
     assert choose_path("auto", 100, "single-reduction")[0] == "grid"
     assert choose_path("auto", 100, "auto", "chebyshev") == (

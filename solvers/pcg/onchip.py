@@ -33,16 +33,33 @@ NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 14  # CUfunction_attribute
 
 PATHS = ("auto", "grid", "on-chip")
 # auto takes the on-chip path up to this many rows. H200, float64, Jacobi, us per iteration on chip /
-# on the grid (scripts/results/small_2026-11-30_1542_*): gr_900 3.08 / 6.71, 1138_bus 4.73 / 6.32,
-# Poisson 64^2 3.62 / 5.59; lap2D_5pt_n100 (10,000 rows) 7.59 / 5.68, Poisson 128^2 7.60 / 5.71.
-ONCHIP_MAX_ROWS = 4096
+# on the grid (scripts/results/small_2026-11-30_1722_*, layouts of latency_shape): gr_900 2.76 / 6.62,
+# 1138_bus 3.07 / 6.37, Poisson 64^2 3.39 / 5.61, Poisson 128^2 4.70 / 5.83; Poisson 256^2 12.2 / 6.63.
+ONCHIP_MAX_ROWS = 16384
+# ... and only while most of a cluster's product reads stay in the reading block: Poisson 128^2 (5% of
+# its entries in another block of the cluster) runs 1.2x faster on chip than on the grid, a randomly
+# numbered 3-D geometric graph (94%) 18x slower (each such read crosses to another SM, twice).
+ONCHIP_MAX_REMOTE = 0.2
 
 
 ONCHIP_PRECONDITIONERS = ("jacobi", "none")  # what the kernel applies (an inverse diagonal or nothing)
 
 
-def choose_path(path, n, variant="auto", preconditioner="jacobi"):
-    """``(path, note)``: the GPU kernel for ``n`` rows, ``grid`` or ``on-chip`` (``path`` "auto" or one of them)."""
+def remote_fraction(A):
+    """The fraction of ``A``'s entries (CSR, host or device) whose column another block of the cluster
+    holds, in :func:`latency_shape`'s layout (0 for one block)."""
+    n = A.shape[0]
+    chunk = latency_shape(n).chunk
+    if n <= chunk or not A.nnz:
+        return 0.0
+    indptr, indices = (np.asarray(v.get() if hasattr(v, "get") else v) for v in (A.indptr, A.indices))
+    rows = np.repeat(np.arange(n), np.diff(indptr))
+    return float(np.mean(rows // chunk != indices // chunk))
+
+
+def choose_path(path, n, variant="auto", preconditioner="jacobi", A=None):
+    """``(path, note)``: the GPU kernel for ``n`` rows, ``grid`` or ``on-chip`` (``path`` "auto" or one of
+    them); with the matrix ``A`` (CSR), auto also weighs where its product reads fall (:func:`remote_fraction`)."""
     if path not in PATHS:
         raise InputError(f"path must be one of {', '.join(PATHS)}, not {path!r}")
     if path == "on-chip" and preconditioner not in ONCHIP_PRECONDITIONERS:
@@ -53,9 +70,13 @@ def choose_path(path, n, variant="auto", preconditioner="jacobi"):
         return "grid", f"auto: the on-chip path applies Jacobi or no preconditioner, not {preconditioner!r}"
     if variant not in ("auto", "classic"):
         return "grid", f"auto: the on-chip path runs classic PCG, {variant!r} was asked for"
-    if n <= ONCHIP_MAX_ROWS:
-        return "on-chip", f"auto: {n:,} rows <= {ONCHIP_MAX_ROWS:,}, solved inside one block or cluster"
-    return "grid", f"auto: {n:,} rows > {ONCHIP_MAX_ROWS:,}, the whole GPU"
+    if n > ONCHIP_MAX_ROWS:
+        return "grid", f"auto: {n:,} rows > {ONCHIP_MAX_ROWS:,}, the whole GPU"
+    remote = remote_fraction(A) if A is not None and hasattr(A, "indptr") else 0.0
+    if remote > ONCHIP_MAX_REMOTE:
+        return "grid", (f"auto: {remote:.0%} of the entries would be read from another block of a cluster "
+                        f"(> {ONCHIP_MAX_REMOTE:.0%}), the whole GPU")
+    return "on-chip", f"auto: {n:,} rows <= {ONCHIP_MAX_ROWS:,}, solved inside one block or cluster"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,19 +129,20 @@ def shared_bytes(shape, entries, itemsize):
 
 
 def scratch_bytes(shape):
-    """The kernel's static shared memory (``TeamScratch``): three partials a thread, the team's totals
-    twice, a slice width per 32 rows, the decision."""
-    return 24 * shape.block + 48 * shape.team + 4 * (shape.chunk // 32) + 24
+    """The kernel's static shared memory (``TeamScratch``): the warps' and the team's totals of three
+    values twice, a slice width per 32 rows."""
+    return 48 * (shape.block // 32) + 48 * shape.team + 4 * (shape.chunk // 32)
 
 
 def latency_shape(rows):
-    """The layout that solves one system of ``rows`` rows fastest: blocks of up to 512 threads; one
-    block up to 2,048 rows; above, a cluster of as many blocks as give each thread one row, up to 16
-    blocks, and then the fewest blocks for the rows a thread must hold."""
-    block = 512
-    if rows <= 4 * block:
-        per_thread = -(-rows // block)
+    """The layout that solves one system of ``rows`` rows fastest (measured on the H200, see
+    MEASUREMENTS.md): one block of up to 512 threads up to 2,048 rows; above, a cluster of blocks
+    of 512 threads (1,024 above 16,384 rows), as many as give each thread one row, up to 16, and
+    then the fewest blocks for the rows a thread must hold."""
+    if rows <= 2048:
+        per_thread = -(-rows // 512)
         return Shape(max(32, -(-rows // (32 * per_thread)) * 32), per_thread, 1)
+    block = 512 if rows <= 2 * 512 * MAX_TEAM else 1024
     team = min(MAX_TEAM, -(-rows // block))
     per_thread = -(-rows // (team * block))
     return Shape(block, per_thread, -(-rows // (block * per_thread)))

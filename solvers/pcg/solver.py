@@ -239,7 +239,7 @@ class PCG:
             from .onchip import OnChipPCG, choose_path
             refuse_unsupported(spec, "gpu", variant, self.dtype)
             require_device_memory(device_bytes(n, nnz, self.dtype), f"a PCG solve of {n:,} rows")
-            self.path, self.path_note = choose_path(path, n, variant, spec.name)
+            self.path, self.path_note = choose_path(path, n, variant, spec.name, A)
             impl = OnChipPCG if self.path == "on-chip" else GPUPCG
             if unroll is None:
                 unroll = impl.default_unroll
