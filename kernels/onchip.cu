@@ -4,8 +4,9 @@
 //
 // A system is split over ONCHIP_TEAM blocks (a cluster when > 1) of ONCHIP_BLOCK threads; block c of
 // a team owns the system's rows [c * CHUNK, (c + 1) * CHUNK) and thread t of it the rows
-// c * CHUNK + t + k * ONCHIP_BLOCK, k < ONCHIP_ROWS. A thread keeps its rows' x, r and q in registers; z and the two direction buffers live in the block's shared memory, where
-// the team's other blocks read them through distributed shared memory.
+// c * CHUNK + t + k * ONCHIP_BLOCK, k < ONCHIP_ROWS. A thread keeps its rows' x, r and q in
+// registers; z and the two direction buffers live in the block's shared memory, where the team's
+// other blocks read them through distributed shared memory.
 //
 // The matrix: a block's rows are laid out as slices of 32 rows (a warp's rows for one k), each slice
 // as many columns wide as its longest row, entry w of a slice's lane-th row at slice start + 32 w +

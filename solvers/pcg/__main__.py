@@ -131,7 +131,7 @@ def build_parser():
     p.add_argument("--path", choices=("auto", "grid", "on-chip"), default="auto",
                    help="GPU kernel: the whole GPU with grid-wide barriers, or the iteration inside one "
                         "thread block or cluster (classic PCG, small systems); auto: on chip up to "
-                        "4,096 rows (the report says which ran)")
+                        "16,384 rows unless most product reads cross blocks (the report says which ran)")
     p.add_argument("--reorder", choices=("auto", "none", "rcm"), default="auto",
                    help="reverse Cuthill-McKee reordering at set-up, undone on the solution; "
                         "auto: on the GPU for a matrix whose product reads are scattered and for "

@@ -233,12 +233,12 @@ class OnChipKernel:
 
     def describe(self):
         if self.in_shared == self.capacity:
-            where = "shared memory"
+            where = "in shared memory"
         elif self.in_shared:
             where = f"{self.in_shared / self.capacity:.0%} in shared memory, the rest in global memory"
         else:
-            where = "global memory"
-        return f"on chip: {self.shape.describe()}, matrix in {where}"
+            where = "in global memory"
+        return f"on chip: {self.shape.describe()}, matrix {where}"
 
     def pack(self, **fields):
         """The argument struct (``ONCHIP_RUN``'s fields; the matrix layout is filled in)."""
