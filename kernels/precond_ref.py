@@ -1,32 +1,43 @@
-"""NumPy meaning of the kernels in ``precond.cu`` (used by the GPU tests).
+"""NumPy meaning of the kernels in ``precond.cu`` and ``precond_pointwise.cu`` (used by the tests).
 
 ``M`` is a SciPy CSR matrix; vectors are NumPy arrays, updated in place where the
 kernel writes them.
 """
 
 
-def csr_axpby(M, v, y, a, c):
+def axpby(M, v, y, a, c):
     """a M v + c y (y None: a M v)."""
     return a * (M @ v) + (c * y if y is not None else 0)
 
 
-def chebyshev_begin(b, dinv, first, x, accumulate):
-    """rs = D^-1 b, d = first rs, x = d (x += d with accumulate); returns (d, rs)."""
+def chebyshev_begin(b, dinv, first, x):
+    """rs = D^-1 b, d = first rs, x = d; returns (d, rs)."""
     rs = dinv * b
     d = first * rs
-    if accumulate:
-        x += d
-    else:
-        x[:] = d
+    x[:] = d
     return d, rs
 
 
-def chebyshev_step(A, dinv, d_old, rs, x, c1, c2):
-    """rs -= D^-1 A d_old, d_new = c1 d_old + c2 rs, x += d_new; returns d_new."""
+def chebyshev_residual(A, x, b, dinv, first, x_out=None):
+    """rs = D^-1 (b - A x), d = first rs (and x_out = x + d when given); returns (d, rs)."""
+    rs = dinv * (b - A @ x)
+    d = first * rs
+    if x_out is not None:
+        x_out[:] = x + d
+    return d, rs
+
+
+def chebyshev_step(A, dinv, d_old, rs, x_in, x_out, c1, c2, add_old):
+    """rs -= D^-1 A d_old, d_new = c1 d_old + c2 rs, x_out = x_in (+ d_old) + d_new; returns d_new."""
     rs -= dinv * (A @ d_old)
     d_new = c1 * d_old + c2 * rs
-    x += d_new
+    x_out[:] = (x_in + d_old if add_old else x_in) + d_new
     return d_new
+
+
+def jacobi_sweep(A, y, b, s):
+    """y + s (b - A y)."""
+    return y + s * (b - A @ y)
 
 
 def scaled_add(s, v, x, accumulate):

@@ -91,8 +91,12 @@ def test_split_pcg_kernels_compile(fmt, real, tmp_path):
 
 @pytest.mark.parametrize("real, outer", [("double", "double"), ("float", "double"), ("float", "float")])
 def test_preconditioner_kernels_compile(real, outer, tmp_path):
-    from solvers.pcg.preconditioners.device import CSR_MATRIX
-    compile_ok(kernels.program("precond", real, defines=(("outer_t", outer),), structs=(CSR_MATRIX,)), tmp_path)
+    compile_ok(kernels.program("precond_pointwise", real, defines=(("outer_t", outer),)), tmp_path)
+    for fmt in ("ell", "sell", "csr"):
+        matrix_format = layout(fmt)
+        compile_ok(kernels.program("precond", real, defines=matrix_format.defines, before=("matrix", fmt),
+                                   structs=(matrix_format.struct,)), tmp_path)
+
 
 
 @pytest.mark.parametrize("real", ["double", "float"])

@@ -55,17 +55,33 @@ class HostProgram:
         self.kernels.append(name)
         self._steps.append(step)
 
-    def axpby(self, M, v, y, out, a=1.0, c=1.0):
-        self._add("csr_axpby", lambda: out.__setitem__(slice(None), precond_ref.csr_axpby(M, v, y, a, c)))
+    def section(self, label):
+        import contextlib
+        return contextlib.nullcontext()
 
-    def chebyshev_begin(self, b, dinv, first, x, d, rs, accumulate):
+    def axpby(self, M, v, y, out, a=1.0, c=1.0):
+        self._add("axpby", lambda: out.__setitem__(slice(None), precond_ref.axpby(M, v, y, a, c)))
+
+    def chebyshev_begin(self, b, dinv, first, x, d, rs):
         def step():
-            d[:], rs[:] = precond_ref.chebyshev_begin(b, dinv, first, x, accumulate)
+            d[:], rs[:] = precond_ref.chebyshev_begin(b, dinv, first, x)
         self._add("chebyshev_begin", step)
 
-    def chebyshev_step(self, A, dinv, d_old, d_new, rs, x, c1, c2):
-        self._add("chebyshev_step",
-                  lambda: d_new.__setitem__(slice(None), precond_ref.chebyshev_step(A, dinv, d_old, rs, x, c1, c2)))
+    def chebyshev_residual(self, A, x, b, dinv, first, d, rs, x_out=None):
+        assert x_out is not x  # the kernel's product reads x at neighbouring rows
+
+        def step():
+            d[:], rs[:] = precond_ref.chebyshev_residual(A, x, b, dinv, first, x_out)
+        self._add("chebyshev_residual", step)
+
+    def chebyshev_step(self, A, dinv, d_old, d_new, rs, x_in, x_out, c1, c2, add_old=False):
+        assert d_new is not d_old
+        self._add("chebyshev_step", lambda: d_new.__setitem__(
+            slice(None), precond_ref.chebyshev_step(A, dinv, d_old, rs, x_in, x_out, c1, c2, add_old)))
+
+    def jacobi_sweep(self, A, y, b, s, out):
+        assert out is not y
+        self._add("jacobi_sweep", lambda: out.__setitem__(slice(None), precond_ref.jacobi_sweep(A, y, b, s)))
 
     def scaled_add(self, s, v, x, accumulate):
         self._add("scaled_add", lambda: precond_ref.scaled_add(s, v, x, accumulate))
@@ -106,8 +122,8 @@ def test_the_launch_sequence_does_what_the_cpu_apply_does(problems, problem, nam
     expected = M.apply(r)
     tolerance = 1e-5 if M.storage_dtype == np.float32 else 1e-12
     assert np.linalg.norm(z - expected) <= tolerance * np.linalg.norm(expected)
-    if isinstance(M, AMG):  # per level: 2 smoothings, residual, restriction, prolongation; the coarse product
-        assert program.kernels.count("csr_axpby") >= 3 * len(M.levels) + 1
+    if isinstance(M, AMG):  # per level: residual, restriction, prolongation; the coarse product
+        assert program.kernels.count("axpby") == 3 * len(M.levels) + 1
         assert M.details()["hierarchy_dtype"] == str(M.storage_dtype)
 
 
@@ -192,36 +208,56 @@ def test_kernels_match_their_numpy_reference(dtype):
 
     rng = np.random.default_rng(5)
     tolerance = 1e-12 if dtype == "float64" else 1e-5
-    # rows of 1 to ~80 entries (1 to 32 lanes), a rectangular transfer, and a dense block
+    # rows of 1 to ~80 entries (SELL of 1 to 8 lanes and long rows in pieces), a stencil (ELL, the
+    # solver's size), a prolongation (more rows than columns: CSR), a restriction and a dense block
     matrices = [sp.random(500, 500, density=d, random_state=k, format="csr") + sp.eye(500) for k, d in
                 enumerate((0.0, 0.004, 0.02, 0.16))]
-    matrices += [sp.random(500, 120, density=0.05, random_state=9, format="csr"), rng.standard_normal((40, 500))]
+    matrices += [rotated_anisotropic_diffusion((40, 40)), sp.random(500, 120, density=0.05, random_state=9,
+                                                                    format="csr"),
+                 sp.random(120, 500, density=0.05, random_state=8, format="csr"), rng.standard_normal((40, 500))]
+    formats = set()
     for M in matrices:
         rows, cols = M.shape
         v, y, out = (rng.standard_normal(k) for k in (cols, rows, rows))
-        r = cupy.zeros(rows)
-        program = DeviceProgram(r, cupy.zeros(rows), dtype)
+        program = DeviceProgram(cupy.zeros(rows), cupy.zeros(rows), dtype)
         dv, dy, dout = (cupy.asarray(a, dtype=dtype) for a in (v, y, out))
-        program.axpby(program.matrix(M), dv, dy, dout, -1.0, 1.0)
+        held = program.matrix(M)
+        formats.add(held.format.name)
+        program.axpby(held, dv, dy, dout, -1.0, 1.0)
         program.launch()
-        expected = precond_ref.csr_axpby(M, v.astype(dtype), y.astype(dtype), -1.0, 1.0)
+        expected = precond_ref.axpby(M, v.astype(dtype), y.astype(dtype), -1.0, 1.0)
         assert np.linalg.norm(dout.get() - expected) <= tolerance * np.linalg.norm(expected) * 10
-    A = matrices[2]
-    n = A.shape[0]
-    b, dinv, x, d_old, rs = (rng.standard_normal(n) for _ in range(5))
-    dev = {k: cupy.asarray(a, dtype=dtype) for k, a in dict(b=b, dinv=dinv, x=x, d_old=d_old, rs=rs).items()}
-    d_new, d0 = cupy.zeros(n, dtype=dtype), cupy.zeros(n, dtype=dtype)
-    program = DeviceProgram(cupy.zeros(n), cupy.zeros(n), dtype)
-    program.chebyshev_step(program.matrix(A), dev["dinv"], dev["d_old"], d_new, dev["rs"], dev["x"], 0.3, 0.7)
-    program.scaled_add(dev["dinv"], dev["b"], dev["x"], accumulate=True)
-    program.chebyshev_begin(dev["b"], dev["dinv"], 0.25, dev["x"], d0, dev["rs"], accumulate=True)
-    program.launch()
-    host = {k: a.astype(dtype) for k, a in dict(b=b, dinv=dinv, x=x, d_old=d_old, rs=rs).items()}
-    expected_d_new = precond_ref.chebyshev_step(A, host["dinv"], host["d_old"], host["rs"], host["x"], 0.3, 0.7)
-    precond_ref.scaled_add(host["dinv"], host["b"], host["x"], accumulate=True)
-    expected_d0, expected_rs = precond_ref.chebyshev_begin(host["b"], host["dinv"], 0.25, host["x"], accumulate=True)
-    for got, want in ((d_new, expected_d_new), (dev["x"], host["x"]), (d0, expected_d0), (dev["rs"], expected_rs)):
-        assert np.linalg.norm(got.get() - want) <= tolerance * 10 * np.linalg.norm(want)
+    assert formats == {"ell", "sell", "csr"}
+    for A in (matrices[2], matrices[4]):
+        n = A.shape[0]
+        b, dinv, x, d_old, rs, s = (rng.standard_normal(n) for _ in range(6))
+        host = {k: a.astype(dtype) for k, a in dict(b=b, dinv=dinv, x=x, d_old=d_old, rs=rs, s=s).items()}
+        dev = {k: cupy.asarray(a) for k, a in host.items()}
+        d_new, d0, rs0, x_new, swept, begun = (cupy.zeros(n, dtype=dtype) for _ in range(6))
+        program = DeviceProgram(cupy.zeros(n), cupy.zeros(n), dtype)
+        held = program.matrix(A)
+        program.chebyshev_step(held, dev["dinv"], dev["d_old"], d_new, dev["rs"], dev["x"], x_new, 0.3, 0.7,
+                               add_old=True)
+        program.chebyshev_residual(held, dev["x"], dev["b"], dev["dinv"], 0.25, d0, rs0, swept)
+        program.jacobi_sweep(held, swept, dev["b"], dev["s"], begun)
+        program.scaled_add(dev["dinv"], dev["b"], dev["x"], accumulate=True)
+        program.chebyshev_begin(dev["b"], dev["dinv"], 0.5, dev["s"], dev["d_old"], dev["rs"])
+        program.launch()
+        want = {"x_new": np.zeros(n, dtype), "swept": np.zeros(n, dtype)}
+        want["d_new"] = precond_ref.chebyshev_step(A, host["dinv"], host["d_old"], host["rs"], host["x"],
+                                                   want["x_new"], 0.3, 0.7, True)
+        want["rs1"] = host["rs"].copy()
+        want["d0"], want["rs0"] = precond_ref.chebyshev_residual(A, host["x"], host["b"], host["dinv"], 0.25,
+                                                                 want["swept"])
+        want["begun"] = precond_ref.jacobi_sweep(A, want["swept"], host["b"], host["s"])
+        precond_ref.scaled_add(host["dinv"], host["b"], host["x"], accumulate=True)
+        want["d_begin"], want["rs_begin"] = precond_ref.chebyshev_begin(host["b"], host["dinv"], 0.5, host["s"])
+        got = dict(x_new=x_new, swept=swept, d_new=d_new, d0=d0, rs0=rs0, begun=begun, x=dev["x"],
+                   d_begin=dev["d_old"], rs_begin=dev["rs"], s=dev["s"])
+        want.update(x=host["x"], d_begin=want["d_begin"], rs_begin=want["rs_begin"], s=host["s"])
+        del want["rs1"]
+        for key, value in want.items():
+            assert np.linalg.norm(got[key].get() - value) <= tolerance * 10 * np.linalg.norm(value), key
 
 
 @pytest.mark.gpu
@@ -247,7 +283,7 @@ def test_gpu_apply_matches_the_cpu_apply(problems, name):
 
 @pytest.mark.gpu
 def test_levels_already_on_the_device_are_used_where_they_are(problems):
-    """A hierarchy set up on the GPU hands over cupyx matrices and CuPy vectors: nothing is copied."""
+    """A hierarchy set up on the GPU hands over cupyx matrices and CuPy vectors: they are laid out on the device."""
     import cupy
     import cupyx.scipy.sparse as csp
     from solvers.pcg.preconditioners.device import DeviceProgram
@@ -267,8 +303,8 @@ def test_levels_already_on_the_device_are_used_where_they_are(problems):
     assert np.linalg.norm(z.get() - expected) <= 1e-11 * np.linalg.norm(expected)
     for level in M.levels:
         for given in (level.A, level.P, level.R):
-            held = program.matrix(given)
-            assert held.data.data.ptr == given.data.data.ptr and held.indices.data.ptr == given.indices.data.ptr
+            held = program.matrix(given)  # laid out from the device arrays, on the device
+            assert held.source is given and held.format.xp is cupy
 
 
 SAME_SMOOTHER = {  # our AMG options -> PyAMG's smoothers doing the same (as in test_preconditioners.py)
@@ -324,7 +360,8 @@ def test_a_hierarchy_built_on_the_gpu_is_cycled_where_it_is(problems, problem):
     assert M.built_by == "GPU set-up" and res.converged
     assert res.true_residual_norm <= 2 * RTOL * np.linalg.norm(b)
     for level in M.levels[1:]:  # the levels the set-up left on the device are not copied
-        assert solver._impl.program.matrix(level.A).data.data.ptr == level.A.data.data.ptr
+        held = solver._impl.program.matrix(level.A)
+        assert held.source is level.A and held.format.xp.__name__ == "cupy"
     cpu = PCG(A, preconditioner=AMG(near_nullspace=B, setup="gpu"), rtol=RTOL, device="cpu", variant="classic",
               reorder="none").solve(b)  # the same hierarchy, copied back for the CPU cycle
     assert abs(res.iterations - cpu.iterations) <= 2, (res.iterations, cpu.iterations)

@@ -295,18 +295,25 @@ class AMG(Preconditioner):
     def _device_cycle(self, program, k, b, x):
         """Append :meth:`_cycle` from level ``k`` (device vectors ``b`` in, ``x`` out) to ``program``."""
         if k == len(self.levels):
-            program.axpby(program.matrix(self.coarse_inverse), b, None, x, 1.0, 0.0)
+            with program.section(f"coarsest ({self.coarse_inverse.shape[0]} rows)"):
+                program.axpby(program.matrix(self.coarse_inverse), b, None, x, 1.0, 0.0)
             return
         level = self.levels[k]
         rows = level.P.shape[1]
-        residual = program.scratch(level, "residual", x.size)
+        # the residual is restricted before the coarse correction; its buffer then takes x + P e
+        residual = corrected = program.scratch(level, "residual, then corrected", x.size)
         coarse_b, coarse_x = program.scratch(level, "coarse b", rows), program.scratch(level, "coarse x", rows)
-        level.smoother.device_from_zero(program, b, x)
-        program.axpby(program.matrix(level.A), x, b, residual, -1.0, 1.0)
-        program.axpby(program.matrix(level.R), residual, None, coarse_b, 1.0, 0.0)
+        with program.section(f"level {k} pre-smoothing"):
+            level.smoother.device_from_zero(program, b, x)
+        with program.section(f"level {k} residual"):
+            program.axpby(program.matrix(level.A), x, b, residual, -1.0, 1.0)
+        with program.section(f"level {k} restriction"):
+            program.axpby(program.matrix(level.R), residual, None, coarse_b, 1.0, 0.0)
         self._device_cycle(program, k + 1, coarse_b, coarse_x)
-        program.axpby(program.matrix(level.P), coarse_x, x, x, 1.0, 1.0)
-        level.smoother.device_improve(program, b, x)
+        with program.section(f"level {k} prolongation"):
+            program.axpby(program.matrix(level.P), coarse_x, x, corrected, 1.0, 1.0)
+        with program.section(f"level {k} post-smoothing"):
+            level.smoother.device_improve(program, b, corrected, x)
 
     # -- reports --------------------------------------------------------------
     def level_sizes(self):

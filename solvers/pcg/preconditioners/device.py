@@ -9,33 +9,63 @@ its iteration body (:meth:`DeviceProgram.launch`): nothing is allocated and
 nothing waits for the host there, so the body can be captured into a graph, and
 every launch of the same sequence gives the same bits.
 
-The kernels are ``kernels/precond.cu``; matrices (SciPy or cupyx CSR, or a dense
-array) are held as CSR with a few threads a row, uploaded once whatever their
-origin. The program stores everything in one precision (``dtype``), which may
+The kernels are ``kernels/precond.cu`` (those with a product) and
+``kernels/precond_pointwise.cu``. Matrices (SciPy or cupyx CSR, or a dense
+array) are laid out once, on the device, in the formats the PCG kernels use
+(:mod:`solvers.formats`), and ``precond.cu`` is compiled once for each layout's
+format. The program stores everything in one precision (``dtype``), which may
 be lower than the solver's: ``r`` is then converted on the way in and ``z`` on
 the way out.
 """
+import contextlib
+
 import numpy as np
 
 from ... import kernels
 from ...backend import require_cupy
-from ...formats.csr import row_lanes
-from ...kernels.structs import Struct
+from ...formats import choose_format
 
-BLOCK = 256  # threads a block of every kernel in precond.cu
+BLOCK = 256  # threads a block of every kernel in precond.cu and precond_pointwise.cu
 
-CSR_MATRIX = Struct("CsrMatrix", [("rowptr", "const int*"), ("col", "const int*"), ("val", "const real_t*"),
-                                  ("rows", "int"), ("lanes", "int")])
+
+def layout_for(shape, finest_rows):
+    """The matrix format a preconditioner matrix of ``shape`` is laid out in.
+
+    The finest level's operator (square, the solver's ``finest_rows``) takes the
+    format the PCG kernels would (ELL for a stencil); every other square matrix
+    and every one with fewer rows than columns (a restriction) takes SELL, whose
+    few variants (1 to 8 lanes a row) keep the modules compiled for a hierarchy
+    few. A matrix with more rows than columns (a prolongation) takes CSR: the
+    padding of ELL and SELL reads the vector at the entry's own row, which lies
+    beyond such a matrix's columns.
+    """
+    rows, cols = shape
+    if rows > cols:
+        return "csr"
+    return "auto" if rows == cols == finest_rows else "sell"
 
 
 class DeviceMatrix:
-    """A matrix on the device as CSR with int32 indices, its kernel struct and its product's work items."""
+    """A matrix laid out on the device in a :mod:`solvers.formats` format, its kernel struct and work items.
 
-    def __init__(self, M, dtype):
+    Attributes
+    ----------
+    source : object
+        The matrix it was laid out from.
+    format : solvers.formats.base.MatrixFormat
+        The layout (its ``defines`` and struct select the compiled ``precond.cu``).
+    struct : numpy structured scalar
+        The kernels' ``Matrix`` argument.
+    work : int
+        Threads a product can keep busy.
+    """
+
+    def __init__(self, M, dtype, finest_rows):
         cupy = require_cupy()
         import cupyx.scipy.sparse as csp
         import scipy.sparse as sp
 
+        self.source = M
         if csp.issparse(M):
             M = M.tocsr()
         elif sp.issparse(M):
@@ -43,13 +73,12 @@ class DeviceMatrix:
         else:  # a dense array (the coarsest level's inverse): every entry stored
             M = csp.csr_matrix(cupy.asarray(M))
         self.shape = M.shape
-        self.indptr = cupy.ascontiguousarray(M.indptr, dtype=cupy.int32)
-        self.indices = cupy.ascontiguousarray(M.indices, dtype=cupy.int32)
-        self.data = cupy.ascontiguousarray(M.data, dtype=dtype)
-        lanes = row_lanes(self.data.size, self.shape[0])
-        self.struct = CSR_MATRIX.pack(rowptr=self.indptr, col=self.indices, val=self.data, rows=self.shape[0],
-                                      lanes=lanes)
-        self.work = self.shape[0] * lanes  # threads a product can keep busy
+        indptr = cupy.ascontiguousarray(M.indptr, dtype=cupy.int32)
+        indices = cupy.ascontiguousarray(M.indices, dtype=cupy.int32)
+        self.format = choose_format(indptr, indices, cupy, layout_for(self.shape, finest_rows))
+        self.values = self.format.values(cupy.ascontiguousarray(M.data, dtype=dtype))
+        self.struct = self.format.pack(self.values)
+        self.work = int(self.format.threads())
 
 
 class DeviceProgram:
@@ -69,6 +98,8 @@ class DeviceProgram:
     ----------
     input, output : cupy.ndarray
         ``r`` and ``z`` in ``dtype`` (the solver's own buffers when the precisions agree).
+    labels : list of str
+        What each launch is part of (the :meth:`section` it was appended in), for timings.
     """
 
     def __init__(self, r, z, dtype, stop=0):
@@ -77,13 +108,11 @@ class DeviceProgram:
         self.dtype = np.dtype(dtype)
         self.n = int(r.size)
         self._stop = np.uint64(stop)
-        mod = kernels.module("precond", real=kernels.ctype(self.dtype),
-                             defines=(("outer_t", kernels.ctype(r.dtype)),), structs=(CSR_MATRIX,))
-        self._kernels = {name: mod.get_function(name) for name in (
-            "csr_axpby", "chebyshev_begin", "chebyshev_step", "scaled_add", "to_inner", "to_outer")}
-        # grid-stride kernels: at most the blocks the GPU holds at once, so none waits for a second wave
-        self._capacity = {name: kernels.resident_blocks(k, BLOCK) for name, k in self._kernels.items()}
-        self._launches = []
+        self._real = kernels.ctype(self.dtype)
+        self._pointwise = kernels.module("precond_pointwise", real=self._real,
+                                         defines=(("outer_t", kernels.ctype(r.dtype)),))
+        self._capacity = {}
+        self._launches, self.labels, self._label = [], [], ""
         self._uploads = {}   # id of a host or device object -> (the object, its device copy)
         self._scratch = {}
         same = r.dtype == self.dtype
@@ -91,7 +120,7 @@ class DeviceProgram:
         self.output = z if same else cupy.zeros(self.n, dtype=self.dtype)
         self._z = None if same else z
         if not same:
-            self._add("to_inner", self.n, np.int32(self.n), r, self.input)
+            self._add(self._pointwise, "to_inner", self.n, np.int32(self.n), r, self.input)
 
     # -- what the sequence works on -------------------------------------------
 
@@ -102,8 +131,8 @@ class DeviceProgram:
         return self._uploads[key][1]
 
     def matrix(self, M):
-        """``M`` (SciPy or cupyx sparse, or dense) on the device, uploaded on first use."""
-        return self._upload(M, lambda m: DeviceMatrix(m, self.dtype))
+        """``M`` (SciPy or cupyx sparse, or dense) laid out on the device, on first use (:func:`layout_for`)."""
+        return self._upload(M, lambda m: DeviceMatrix(m, self.dtype, self.n))
 
     def vector(self, v):
         """``v`` (NumPy or CuPy) on the device in the program's precision, uploaded on first use."""
@@ -116,41 +145,72 @@ class DeviceProgram:
             self._scratch[key] = (owner, self.cupy.zeros(n, dtype=self.dtype))
         return self._scratch[key][1]
 
+    @contextlib.contextmanager
+    def section(self, label):
+        """Label the launches appended inside the ``with`` block (what :attr:`labels` records)."""
+        outer, self._label = self._label, label
+        try:
+            yield
+        finally:
+            self._label = outer
+
     # -- the launches -----------------------------------------------------------
-    def _add(self, name, work, *args):
+    def _products(self, M):
+        """``precond.cu`` compiled for the format of ``M`` (a :class:`DeviceMatrix`)."""
+        fmt = M.format
+        return kernels.module("precond", real=self._real, defines=fmt.defines, before=("matrix", fmt.name),
+                              structs=(fmt.struct,))
+
+    def _add(self, module, name, work, *args):
         """Append a launch of ``name`` over ``work`` items (threads): enough blocks to fill the GPU, no more."""
-        grid = int(max(1, min(-(-work // BLOCK), self._capacity[name])))
-        self._launches.append((self._kernels[name], grid, args + (self._stop,)))
+        kernel = module.get_function(name)
+        key = (id(module), name)
+        if key not in self._capacity:  # grid-stride kernels: no second wave
+            self._capacity[key] = (module, kernels.resident_blocks(kernel, BLOCK))
+        grid = int(max(1, min(-(-work // BLOCK), self._capacity[key][1])))
+        self._launches.append((kernel, grid, args + (self._stop,)))
+        self.labels.append(self._label)
 
     def axpby(self, M, v, y, out, a=1.0, c=1.0):
         """``out = a M v + c y`` (``y`` None: ``a M v``); ``M`` from :meth:`matrix`. ``out`` may be ``y``."""
         real = self.dtype.type
-        self._add("csr_axpby", M.work, M.struct, v, np.uint64(0) if y is None else y, out, real(a), real(c))
+        self._add(self._products(M), "axpby", M.work, M.struct, v, np.uint64(0) if y is None else y, out, real(a),
+                  real(c))
 
-    def chebyshev_begin(self, b, dinv, first, x, d, rs, accumulate):
-        """``rs = D^-1 b``, ``d = first rs``, ``x = d`` (``x += d`` when ``accumulate``)."""
-        self._add("chebyshev_begin", x.size, np.int32(x.size), b, dinv, self.dtype.type(first), x, d,
-                  rs, np.int32(accumulate))
+    def chebyshev_begin(self, b, dinv, first, x, d, rs):
+        """``rs = D^-1 b``, ``d = first rs``, ``x = d``."""
+        self._add(self._pointwise, "chebyshev_begin", x.size, np.int32(x.size), b, dinv, self.dtype.type(first), x,
+                  d, rs)
 
-    def chebyshev_step(self, A, dinv, d_old, d_new, rs, x, c1, c2):
-        """``rs -= D^-1 A d_old``, ``d_new = c1 d_old + c2 rs``, ``x += d_new``."""
+    def chebyshev_residual(self, A, x, b, dinv, first, d, rs, x_out=None):
+        """``rs = D^-1 (b - A x)``, ``d = first rs`` (and ``x_out = x + d``; ``x_out`` is not ``x``)."""
+        self._add(self._products(A), "chebyshev_residual", A.work, A.struct, x, b, dinv, self.dtype.type(first), d,
+                  rs, np.uint64(0) if x_out is None else x_out)
+
+    def chebyshev_step(self, A, dinv, d_old, d_new, rs, x_in, x_out, c1, c2, add_old=False):
+        """``rs -= D^-1 A d_old``, ``d_new = c1 d_old + c2 rs``, ``x_out = x_in (+ d_old) + d_new``."""
         real = self.dtype.type
-        self._add("chebyshev_step", A.work, A.struct, dinv, d_old, d_new, rs, x, real(c1), real(c2))
+        self._add(self._products(A), "chebyshev_step", A.work, A.struct, dinv, d_old, d_new, rs, x_in, x_out,
+                  real(c1), real(c2), np.int32(add_old))
+
+    def jacobi_sweep(self, A, y, b, s, out):
+        """``out = y + s (b - A y)`` (``out`` is not ``y``)."""
+        self._add(self._products(A), "jacobi_sweep", A.work, A.struct, y, b, s, out)
 
     def scaled_add(self, s, v, x, accumulate):
         """``x = s v`` (``x += s v`` when ``accumulate``), entry by entry."""
-        self._add("scaled_add", x.size, np.int32(x.size), s, v, x, np.int32(accumulate))
+        self._add(self._pointwise, "scaled_add", x.size, np.int32(x.size), s, v, x, np.int32(accumulate))
 
     def close(self):
         """End the sequence: ``z`` from :attr:`output` when the precisions differ."""
         if self._z is not None:
-            self._add("to_outer", self.n, np.int32(self.n), self.output, self._z)
+            self._add(self._pointwise, "to_outer", self.n, np.int32(self.n), self.output, self._z)
             self._z = None
         return self
 
-    def launch(self, stream=None):
-        """Enqueue the whole sequence on ``stream``."""
-        for kernel, grid, args in self._launches:
+    def launch(self, stream=None, first=0, stop=None):
+        """Enqueue the whole sequence on ``stream`` (or launches ``first`` to ``stop``, for timings)."""
+        for kernel, grid, args in self._launches[first:stop]:
             kernel((grid,), (BLOCK,), args, stream=stream)
 
     @property

@@ -11,7 +11,9 @@ Each smoother has two entry points, the two shapes a V-cycle uses: :meth:`from_z
 :meth:`improve` (post-smoothing of a given ``x``, in place). The Chebyshev
 preconditioner is :meth:`ChebyshevSmoother.from_zero` on the finest matrix.
 ``device_from_zero`` and ``device_improve`` append the same operations, in the
-same order, to a :class:`~.device.DeviceProgram` (the GPU apply). A smoother's
+same order, to a :class:`~.device.DeviceProgram` (the GPU apply); there
+``device_improve`` smooths one buffer into another, because a product must not
+read a vector its own kernel writes (the V-cycle's prolongation writes that buffer). A smoother's
 matrix and vectors may be SciPy/NumPy or cupyx/CuPy ones.
 """
 import numpy as np
@@ -69,19 +71,27 @@ class JacobiSmoother:
 
     def device_from_zero(self, program, b, x):
         """Append :meth:`from_zero` of the device vector ``b`` into ``x`` to ``program``."""
-        program.scaled_add(program.vector(self._scaled), b, x, accumulate=False)
-        for _ in range(self.sweeps - 1):
-            self._device_sweep(program, b, x)
+        if self.sweeps == 1:
+            program.scaled_add(program.vector(self._scaled), b, x, accumulate=False)
+            return
+        start = program.scratch(self, "start", x.size)
+        program.scaled_add(program.vector(self._scaled), b, start, accumulate=False)
+        self._device_sweeps(program, b, start, x, self.sweeps - 1)
 
-    def device_improve(self, program, b, x):
-        """Append :meth:`improve` of the device vector ``x`` to ``program``."""
-        for _ in range(self.sweeps):
-            self._device_sweep(program, b, x)
+    def device_improve(self, program, b, start, x):
+        """Append :meth:`improve` of the device vector ``start`` into ``x`` (another buffer) to ``program``."""
+        self._device_sweeps(program, b, start, x, self.sweeps)
 
-    def _device_sweep(self, program, b, x):
-        residual = program.scratch(self, "residual", x.size)
-        program.axpby(program.matrix(self.A), x, b, residual, -1.0, 1.0)
-        program.scaled_add(program.vector(self._scaled), residual, x, accumulate=True)
+    def _device_sweeps(self, program, b, start, x, count):
+        """``count`` sweeps from ``start``, the last into ``x``: each sweep reads its input at
+        neighbouring rows, so it writes another buffer (two scratch vectors in turn)."""
+        A, scaled = program.matrix(self.A), program.vector(self._scaled)
+        spare = [program.scratch(self, f"sweep {k}", x.size) for k in range(min(count - 1, 2))]
+        source = start
+        for k in range(count):
+            target = x if k == count - 1 else (spare[0] if source is not spare[0] else spare[1])
+            program.jacobi_sweep(A, source, b, scaled, target)
+            source = target
 
     def details(self):
         return {"smoother": self.name, "sweeps": self.sweeps, "weight": self.weight, "lambda_max": self.lambda_max}
@@ -153,22 +163,31 @@ class ChebyshevSmoother:
 
     def device_from_zero(self, program, b, x):
         """Append :meth:`from_zero` of the device vector ``b`` into ``x`` to ``program``."""
-        self._device_iterate(program, b, x, accumulate=False)
-
-    def device_improve(self, program, b, x):
-        """Append :meth:`improve` of the device vector ``x`` to ``program``."""
-        residual = program.scratch(self, "residual", x.size)
-        program.axpby(program.matrix(self.A), x, b, residual, -1.0, 1.0)
-        self._device_iterate(program, residual, x, accumulate=True)
-
-    def _device_iterate(self, program, b, x, accumulate):
-        """The recurrence (:meth:`_iterate`) on ``x`` from the residual ``b`` of ``x``."""
         A, dinv = program.matrix(self.A), program.vector(self.inverse_diagonal)
-        d = [program.scratch(self, "d0", x.size), program.scratch(self, "d1", x.size)]
-        rs = program.scratch(self, "scaled residual", x.size)
-        program.chebyshev_begin(b, dinv, self.first, x, d[0], rs, accumulate)
+        d, rs = self._device_vectors(program, x.size)
+        program.chebyshev_begin(b, dinv, self.first, x, d[0], rs)
+        self._device_steps(program, A, dinv, d, rs, x, x, add_first=False)
+
+    def device_improve(self, program, b, start, x):
+        """Append :meth:`improve` of the device vector ``start`` into ``x`` (another buffer) to ``program``.
+
+        The residual's kernel also starts the recurrence; the first step adds both
+        its own and that start's correction to ``x``.
+        """
+        A, dinv = program.matrix(self.A), program.vector(self.inverse_diagonal)
+        d, rs = self._device_vectors(program, x.size)
+        program.chebyshev_residual(A, start, b, dinv, self.first, d[0], rs, None if self.coefficients else x)
+        self._device_steps(program, A, dinv, d, rs, start, x, add_first=True)
+
+    def _device_vectors(self, program, n):
+        d = [program.scratch(self, "d0", n), program.scratch(self, "d1", n)]
+        return d, program.scratch(self, "scaled residual", n)
+
+    def _device_steps(self, program, A, dinv, d, rs, start, x, add_first):
+        """The recurrence's steps (:meth:`_iterate`), the first from ``start``, each into ``x``."""
         for k, (c1, c2) in enumerate(self.coefficients):
-            program.chebyshev_step(A, dinv, d[k % 2], d[(k + 1) % 2], rs, x, c1, c2)
+            program.chebyshev_step(A, dinv, d[k % 2], d[(k + 1) % 2], rs, start if k == 0 else x, x, c1, c2,
+                                   add_old=add_first and k == 0)
 
     def details(self):
         return {"smoother": self.name, "degree": self.degree, "interval": [self.lower, self.upper],
