@@ -7,21 +7,23 @@ linear elasticity on N x N (1024) with its rigid body modes as AMG's near-nullsp
 float64, rtol 1e-8, a random right-hand side. Prints a markdown table, one row a
 method, and saves it under ``scripts/results/`` with the date, the GPU and the commit.
 
+Rows: ``--methods`` (Jacobi, AMG with its defaults, AMG variants, Chebyshev, PyAMG, cupyx).
 Columns: ``setup s`` is the solver's whole set-up (upload, matrix format, the
-preconditioner's set-up; each method is first set up and run once on a small problem, so
-most kernel compilation is not in it), ``precond setup s`` the
+preconditioner's set-up; each method is first set up and run once on a smaller problem of
+the same kind, so kernel compilation is not in it), ``precond setup s`` the
 preconditioner's own share of it (for AMG the hierarchy, on the GPU or by PyAMG on the
 CPU as ``--setup`` says, plus each level's eigenvalue estimate); ``solve s`` for AMG the median of ``--reps`` solves
 after a first one that also captures the graph, for the others (seconds long) the
 median of ``--reps // 3`` solves after the first, or the first alone when that is 0;
 ``us/it`` the device loop's time over the iterations. PyAMG runs its default smoothed
-aggregation (symmetric Gauss-Seidel) with ``accel="cg"`` on one CPU core. cupyx runs
+aggregation (symmetric Gauss-Seidel) with ``accel="cg"`` on the CPU (mostly one core). cupyx runs
 its ``cg`` with a Jacobi ``M`` for ``--cupyx-iterations`` iterations (its iterates are
 Jacobi-PCG's): its time to solution is its time per iteration times the iterations
 Jacobi-PCG took here.
 """
 import argparse
 import datetime
+import os
 import pathlib
 import sys
 import time
@@ -48,20 +50,36 @@ def problems(diffusion, elasticity):
         yield f"linear elasticity {elasticity}^2", A, B
 
 
-def methods(B, setup, float32_hierarchy):
-    """``(label, preconditioner)`` of the GPU methods, ``B`` AMG's near-nullspace."""
-    found = [("GPU Jacobi-PCG", "jacobi"), ("GPU AMG-PCG", AMG(near_nullspace=B, setup=setup))]
-    if float32_hierarchy:
-        found.append(("GPU AMG-PCG, float32 hierarchy", AMG(near_nullspace=B, setup=setup, hierarchy_dtype="float32")))
-    return found + [("GPU Chebyshev(3)-PCG", Chebyshev(3))]
+#: name -> (row label, the preconditioner given AMG's near-nullspace B and where its hierarchy is built)
+METHODS = {
+    "jacobi": ("GPU Jacobi-PCG", lambda B, setup: "jacobi"),
+    "amg": ("GPU AMG-PCG", lambda B, setup: AMG(near_nullspace=B, setup=setup)),
+    "amg-float64": ("GPU AMG-PCG, float64 hierarchy",
+                    lambda B, setup: AMG(near_nullspace=B, setup=setup, hierarchy_dtype="float64")),
+    "amg-degree2": ("GPU AMG-PCG, Chebyshev degree 2", lambda B, setup: AMG(near_nullspace=B, setup=setup, degree=2)),
+    "amg-theta0": ("GPU AMG-PCG, theta 0 (PyAMG's default)",
+                   lambda B, setup: AMG(near_nullspace=B, setup=setup, theta=0.0)),
+    "chebyshev": ("GPU Chebyshev(3)-PCG", lambda B, setup: Chebyshev(3)),
+}
+OTHERS = ("pyamg", "cupyx")  # not our GPU solver: PyAMG on the CPU, cupyx cg
+DEFAULT_METHODS = "jacobi,amg,amg-float64,amg-degree2,chebyshev,pyamg,cupyx"
+#: Warm-up grid sides: as large as needed for the PCG kernels compiled for them to be those of the
+#: timed sizes (the same block size and, the matrix larger than the L2 cache, the same loads).
+WARM_UP_SIDES = {"diffusion": 768, "elasticity": 384}
 
 
-def warm_up(diffusion, elasticity, setup, float32_hierarchy):
-    """Set up and run every method once on small problems of the same kinds, so the timed set-ups find
-    CuPy's and the preconditioners' kernels compiled (a program's first set-up pays for that once; the
-    PCG kernels themselves are compiled per matrix layout and may still be compiled in the timed one)."""
-    for _, A, B in problems(64 if diffusion else 0, 32 if elasticity else 0):
-        for _, preconditioner in methods(B, setup, float32_hierarchy):
+def methods(B, setup, names):
+    """``(label, preconditioner)`` of the GPU methods among ``names``, ``B`` AMG's near-nullspace."""
+    return [(METHODS[name][0], METHODS[name][1](B, setup)) for name in names if name in METHODS]
+
+
+def warm_up(diffusion, elasticity, setup, names):
+    """Set up and run every GPU method once on smaller problems of the same kinds, so the timed set-ups
+    find CuPy's, the PCG and the preconditioners' kernels compiled (a program's first set-up pays for
+    that once; CuPy keeps them on disk for the next)."""
+    sides = (min(diffusion, WARM_UP_SIDES["diffusion"]), min(elasticity, WARM_UP_SIDES["elasticity"]))
+    for _, A, B in problems(*sides):
+        for _, preconditioner in methods(B, setup, names):
             solvers.PCG(A, preconditioner=preconditioner, rtol=RTOL, device="gpu").solve(np.ones(A.shape[0]))
 
 
@@ -106,6 +124,7 @@ def pyamg_cpu(A, B, b):
     t0 = time.perf_counter()
     ml = pyamg.smoothed_aggregation_solver(A, B=B)
     setup = time.perf_counter() - t0
+    print(f"  PyAMG set-up {setup:.2f} s, solving", file=sys.stderr, flush=True)  # a cut run still says this much
     residuals = []
     t0 = time.perf_counter()
     x = ml.solve(b, tol=RTOL, accel="cg", maxiter=2000, residuals=residuals)
@@ -153,24 +172,29 @@ def main(argv=None):
                     help="run PyAMG on the CPU only up to this many rows (it takes minutes above)")
     ap.add_argument("--setup", choices=("gpu", "cpu"), default="gpu",
                     help="where AMG's hierarchy is built: on the GPU, or by PyAMG on the CPU (default gpu)")
-    ap.add_argument("--no-cupyx", action="store_true", help="leave out cupyx cg")
+    ap.add_argument("--methods", default=DEFAULT_METHODS,
+                    help=f"comma-separated rows to run, of {', '.join([*METHODS, *OTHERS])} "
+                         f"(default {DEFAULT_METHODS})")
     ap.add_argument("--cupyx-iterations", type=int, default=200, help="iterations cupyx cg is timed over")
-    ap.add_argument("--no-float32-hierarchy", action="store_true",
-                    help="leave out AMG with its hierarchy in float32 (a second PyAMG set-up)")
     ap.add_argument("--out", default=str(pathlib.Path(__file__).resolve().parent / "results"))
     args = ap.parse_args(argv)
+    names = args.methods.split(",")
+    unknown = [name for name in names if name not in METHODS and name not in OTHERS]
+    if unknown:
+        ap.error(f"--methods: unknown {', '.join(unknown)}; choose from {', '.join([*METHODS, *OTHERS])}")
     import cupy
 
     gpu = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["name"].decode()
     header = "| problem | n | " + " | ".join(Row.COLUMNS) + " |"
     rows, notes = [header, "|" + "---|" * (len(Row.COLUMNS) + 2)], []
-    warm_up(args.diffusion, args.elasticity, args.setup, not args.no_float32_hierarchy)
+    if any(name in METHODS for name in names):
+        warm_up(args.diffusion, args.elasticity, args.setup, names)
     for name, A, B in problems(args.diffusion, args.elasticity):
         n = A.shape[0]
         b = np.random.default_rng(0).random(n)
         print(f"{name}: n={n:,} nnz={A.nnz:,}", file=sys.stderr, flush=True)
         found = {}
-        for label, preconditioner in methods(B, args.setup, not args.no_float32_hierarchy):
+        for label, preconditioner in methods(B, args.setup, names):
             reps = args.reps if label.startswith("GPU AMG") else args.reps // 3
             solver, row = ours(A, b, preconditioner, reps)
             row["method"] = f"{label} ({solver.variant}, {solver.mode}" + (
@@ -185,28 +209,32 @@ def main(argv=None):
                              f"{solver._impl.program.launches} launches a V-cycle")
             del solver
             cupy.get_default_memory_pool().free_all_blocks()
-        if n <= args.pyamg_max_rows:
-            row = pyamg_cpu(A, B, b)
-            row["method"] = "PyAMG CPU (default SA, accel cg)"
-            found["pyamg"] = row
-        else:
-            row = Row(method=f"PyAMG CPU: not run (n > --pyamg-max-rows {args.pyamg_max_rows:,})")
-        rows.append(row.line(name, n))
-        print(rows[-1], flush=True)
-        if not args.no_cupyx:
+        if "pyamg" in names:
+            if n <= args.pyamg_max_rows:
+                row = pyamg_cpu(A, B, b)
+                row["method"] = f"PyAMG CPU (default SA, accel cg; a host of {os.cpu_count()} cores)"
+                found["pyamg"] = row
+            else:
+                row = Row(method=f"PyAMG CPU: not run (n > --pyamg-max-rows {args.pyamg_max_rows:,})")
+            rows.append(row.line(name, n))
+            print(rows[-1], flush=True)
+        if "cupyx" in names and "GPU Jacobi-PCG" in found:
             row = cupyx_cg(A, b, args.cupyx_iterations, found["GPU Jacobi-PCG"]["iterations"])
             row["method"] = f"cupyx cg, Jacobi M (timed over {args.cupyx_iterations} iterations)"
             rows.append(row.line(name, n))
             print(rows[-1], flush=True)
             cupy.get_default_memory_pool().free_all_blocks()
-        jacobi, amg = found["GPU Jacobi-PCG"], found["GPU AMG-PCG"]
-        line = (f"{name}: AMG-PCG solve {jacobi['solve s'] / amg['solve s']:.1f}x faster than Jacobi-PCG "
-                f"(target >= 20x); one AMG-PCG iteration = {amg['us/it'] / jacobi['us/it']:.1f}x one Jacobi-PCG "
-                f"iteration (target <= 10x); set-up included {jacobi['total s'] / amg['total s']:.1f}x (target >= 3x)")
-        if "pyamg" in found:
-            line += f"; vs PyAMG CPU set-up + solve {found['pyamg']['total s'] / amg['total s']:.1f}x (target >= 20x)"
-        notes.append(line)
-        print(line, flush=True)
+        jacobi, amg = found.get("GPU Jacobi-PCG"), found.get("GPU AMG-PCG")
+        if jacobi and amg:
+            line = (f"{name}: AMG-PCG solve {jacobi['solve s'] / amg['solve s']:.1f}x faster than Jacobi-PCG "
+                    f"(target >= 20x); one AMG-PCG iteration = {amg['us/it'] / jacobi['us/it']:.1f}x one "
+                    f"Jacobi-PCG iteration (target <= 10x); set-up included "
+                    f"{jacobi['total s'] / amg['total s']:.1f}x (target >= 3x)")
+            if "pyamg" in found:
+                line += (f"; vs PyAMG CPU set-up + solve {found['pyamg']['total s'] / amg['total s']:.1f}x "
+                         "(target >= 20x)")
+            notes.append(line)
+            print(line, flush=True)
         # after every problem: a cut run keeps its rows
         path = save(rows, notes, args.out, gpu, f"d{args.diffusion}_e{args.elasticity}")
     print(pathlib.Path(path).read_text())

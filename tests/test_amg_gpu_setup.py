@@ -150,10 +150,10 @@ def test_hierarchy_is_galerkin_and_as_complex_as_pyamgs(problems, problem):
 def test_amg_pcg_on_the_gpu_hierarchy_within_1_5x_of_pyamg_default(problems, problem, host_setup):
     A, B, b = problems[problem]
     theirs, _ = pyamg_iterations(A, B, b)
-    solver = PCG(A, preconditioner=AMG(near_nullspace=B, setup="gpu"), rtol=RTOL, device="cpu")
+    solver = PCG(A, preconditioner=AMG(near_nullspace=B, setup="gpu", coarse_size=100), rtol=RTOL, device="cpu")
     res = solver.solve(b)
     assert res.converged and res.true_residual_norm <= 2 * RTOL * np.linalg.norm(b)
-    # seen: diffusion 60 (PyAMG 51), elasticity 15 (PyAMG 10)
+    # seen: diffusion 35 (PyAMG 51), elasticity 13 (PyAMG 10)
     assert res.iterations <= 1.5 * theirs, (res.iterations, theirs)
     details = solver.preconditioner_details
     assert details["hierarchy"].startswith("set up on the GPU") and len(details["levels"]) >= 3
@@ -305,7 +305,7 @@ def test_amg_pcg_with_the_device_set_up_within_1_5x_of_pyamg_default(problems, p
 def test_levels_of_a_device_matrix_stay_on_the_device_and_take_new_values(problems, on_gpu):
     cupy, csp, _ = on_gpu
     A, B, b = problems["elasticity"]
-    M = AMG(near_nullspace=B).setup(csp.csr_matrix(A))  # auto: the GPU for a matrix there
+    M = AMG(near_nullspace=B, hierarchy_dtype="float64").setup(csp.csr_matrix(A))  # auto: the GPU for a matrix there
     assert M.details()["hierarchy"].startswith("set up on the GPU")
     assert all(isinstance(m, csp.csr_matrix) for level in M.levels for m in (level.A, level.P, level.R))
     reference = AMG(near_nullspace=B, setup="gpu").setup(A)  # the same set-up, levels on the host

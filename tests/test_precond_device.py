@@ -319,14 +319,18 @@ SAME_SMOOTHER = {  # our AMG options -> PyAMG's smoothers doing the same (as in 
 def test_gpu_amg_pcg_agrees_with_the_cpu_and_with_pyamg(problems, problem, smoother):
     A, B, b = problems[problem]
     ours, theirs_smoother = SAME_SMOOTHER[smoother]
-    gpu, res = gpu_solve(A, AMG(near_nullspace=B, setup="cpu", **ours), b)  # PyAMG's hierarchy, uploaded
+    # PyAMG's hierarchy, uploaded, in the CPU's precision (the GPU's default is float32)
+    gpu, res = gpu_solve(A, AMG(near_nullspace=B, setup="cpu", hierarchy_dtype="float64", **ours), b)
     cpu, ref = cpu_solve(A, AMG(near_nullspace=B, **ours), b)
     assert gpu.device == "gpu" and gpu.variant == "classic" and res.converged
     assert res.true_residual_norm <= 2 * RTOL * np.linalg.norm(b)
     assert gpu.preconditioner_details["levels"] == cpu.preconditioner_details["levels"]  # the same hierarchy
     assert abs(res.iterations - ref.iterations) <= 2, (res.iterations, ref.iterations)
     residuals = []
-    ml = pyamg.smoothed_aggregation_solver(A, B=B, max_coarse=gpu.preconditioner_details["coarse_size"],
+    details = gpu.preconditioner_details
+    np.random.seed(0)  # as the plug-in seeds PyAMG: the same hierarchy
+    ml = pyamg.smoothed_aggregation_solver(A, B=B, max_coarse=details["coarse_size"],
+                                           strength=("symmetric", {"theta": details["theta"]}),
                                            presmoother=theirs_smoother, postsmoother=theirs_smoother)
     ml.solve(b, tol=RTOL, accel="cg", maxiter=2000, residuals=residuals)
     theirs = len(residuals) - 1
@@ -355,7 +359,8 @@ def test_eager_graph_and_while_give_the_same_bits(problems, preconditioner):
 @pytest.mark.parametrize("problem", ["diffusion", "elasticity"])
 def test_a_hierarchy_built_on_the_gpu_is_cycled_where_it_is(problems, problem):
     A, B, b = problems[problem]
-    solver, res = gpu_solve(A, AMG(near_nullspace=B), b)  # setup "auto": on the device for a GPU solve
+    # setup "auto": on the device for a GPU solve; float64 levels, as the CPU cycle below has them
+    solver, res = gpu_solve(A, AMG(near_nullspace=B, hierarchy_dtype="float64"), b)
     M = solver._impl.M
     assert M.built_by == "GPU set-up" and res.converged
     assert res.true_residual_norm <= 2 * RTOL * np.linalg.norm(b)
@@ -391,13 +396,16 @@ def test_a_plug_in_runs_on_the_gpu(problems):
 
 
 @pytest.mark.gpu
-def test_float32_hierarchy_inside_float64_cg(problems):
-    A, B, b = problems["elasticity"]
-    full = gpu_solve(A, AMG(near_nullspace=B), b)[1]
-    solver, single = gpu_solve(A, AMG(near_nullspace=B, hierarchy_dtype="float32"), b)
+@pytest.mark.parametrize("problem", ["diffusion", "elasticity"])
+def test_float32_hierarchy_inside_float64_cg_by_default(problems, problem):
+    A, B, b = problems[problem]
+    full = gpu_solve(A, AMG(near_nullspace=B, hierarchy_dtype="float64"), b)[1]
+    solver, single = gpu_solve(A, AMG(near_nullspace=B), b)
     assert solver.preconditioner_details["hierarchy_dtype"] == "float32" and single.x.dtype == np.float64
     assert single.converged and single.true_residual_norm <= 2 * RTOL * np.linalg.norm(b)
     assert single.iterations <= full.iterations + 2, (single.iterations, full.iterations)
+    float32_solve = gpu_solve(A, AMG(near_nullspace=B), b, dtype="float32", rtol=1e-5)[0]
+    assert float32_solve.preconditioner_details["hierarchy_dtype"] == "float32"
 
 
 @pytest.mark.gpu

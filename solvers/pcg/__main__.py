@@ -91,10 +91,10 @@ def build_parser():
                         "the levels come back for a CPU solve) or auto (the GPU for a matrix on the device, "
                         "else PyAMG; default)")
     p.add_argument("--amg-theta", type=float, metavar="THETA",
-                   help="AMG strength-of-connection threshold of the symmetric measure, in [0, 1) (default 0)")
+                   help="AMG strength-of-connection threshold of the symmetric measure, in [0, 1) (default 0.1)")
     p.add_argument("--amg-hierarchy-dtype", choices=("float64", "float32"),
                    help="precision the AMG levels are stored and cycled in: float32 inside float64 CG halves "
-                        "the cycle's memory traffic (default: --dtype)")
+                        "the cycle's memory traffic (default: float32 for a float64 solve on the GPU, else --dtype)")
     p.add_argument("--nullspace", metavar="FILE",
                    help="AMG near-nullspace: k vectors of n entries (.npy or text of shape (n, k), or Matrix "
                         "Market array), e.g. rigid body modes for elasticity (default: constants)")
