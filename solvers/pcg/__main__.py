@@ -17,7 +17,7 @@ from ..interrupts import exits_cleanly
 from ..mmio import check_vector_output, read_vectors, write_vector
 from ..outfiles import AtomicFile, check_target
 from .preconditioners import AMG, Chebyshev
-from .preconditioners.amg import MAX_COARSE_ROWS, SETUPS, SMOOTHERS
+from .preconditioners.amg import COARSE_SIZE, MAX_COARSE_ROWS, SETUPS, SMOOTHERS, THETA
 from .problem import load_problem
 from .progress import ResidualProgress
 from .solver import PCG
@@ -85,13 +85,13 @@ def build_parser():
                    help="steps of the jacobi AMG smoother before and after the coarse correction (default 1)")
     p.add_argument("--amg-coarse-size", type=int, metavar="N",
                    help="AMG coarsening stops at this many nodes; the coarsest level is solved with a dense "
-                        f"inverse (default 100, at most {MAX_COARSE_ROWS})")
+                        f"inverse (default {COARSE_SIZE}, at most {MAX_COARSE_ROWS})")
     p.add_argument("--amg-setup", choices=SETUPS,
                    help="where the AMG hierarchy is built: cpu (PyAMG), gpu (on the device, MIS(2) aggregation; "
                         "the levels come back for a CPU solve) or auto (the GPU for a matrix on the device, "
                         "else PyAMG; default)")
     p.add_argument("--amg-theta", type=float, metavar="THETA",
-                   help="AMG strength-of-connection threshold of the symmetric measure, in [0, 1) (default 0.1)")
+                   help=f"AMG strength-of-connection threshold of the symmetric measure, in [0, 1) (default {THETA})")
     p.add_argument("--amg-hierarchy-dtype", choices=("float64", "float32"),
                    help="precision the AMG levels are stored and cycled in: float32 inside float64 CG halves "
                         "the cycle's memory traffic (default: float32 for a float64 solve on the GPU, else --dtype)")
