@@ -98,7 +98,6 @@ def test_preconditioner_kernels_compile(real, outer, tmp_path):
                                    structs=(matrix_format.struct,)), tmp_path)
 
 
-
 @pytest.mark.parametrize("real", ["double", "float"])
 @pytest.mark.parametrize("columns, ell_width", [(16, 5), (3, None), (1, 7), (256, None)])
 def test_multiple_right_hand_side_kernels_compile(real, columns, ell_width, tmp_path):
