@@ -63,8 +63,8 @@ __device__ __forceinline__ real_t precondition(const real_t* dinv, int i, real_t
 
 // p_new = z + beta p_old and q = A p_new over this thread's rows; returns its share of p_new . q.
 // With x, also takes the two previous steps x += alpha_prev p_prev, then x += alpha p_old, where
-// p_prev is what p_new's buffer held. The distributed solver's update leaves the steps to every
-// second pass, which reads p_old anyway: x costs 12 bytes a row an iteration instead of 24.
+// p_prev is what p_new's buffer held. The classic solvers' updates leave the steps to every second
+// pass, which reads p_old anyway: x costs 12 bytes a row an iteration instead of 24.
 __device__ double direction_product(const Matrix& A, const real_t* z, const real_t* p_old, real_t* p_new, real_t* q,
                                     real_t beta, real_t* x = nullptr, real_t alpha_prev = 0, real_t alpha = 0) {
     auto direction = [&](int j) { return fma(beta, p_old[j], z[j]); };
@@ -176,10 +176,28 @@ __device__ void settle(State& s, State* st, int it, double rnorm, int status, do
     record_decision(st, it, rnorm, status, history, progress, handle);
 }
 
+// x += alpha p_last, after x += alpha_prev p_prev when two steps are pending: the steps that x has
+// not taken (st.x_steps of them) when a launch ends, so that x is exact between launches.
+__device__ void take_pending_steps(real_t* x, const real_t* p_prev, const real_t* p_last, const State& s, int n) {
+    if (s.x_steps == 0) return;
+    const real_t alpha_prev = (real_t)s.alpha_prev, alpha = (real_t)s.alpha;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+        real_t xi = x[i];
+        if (s.x_steps == 2) xi = fma(alpha_prev, p_prev[i], xi);
+        x[i] = fma(alpha, p_last[i], xi);
+    }
+}
+
 // Classic PCG, two grid reductions per iteration (see pcg_ref.direction_product and pcg_update):
 //   p_new = z + beta p_old ; q = A p_new ; alpha = rz / p_new.q ;
 //   x += alpha p_new ; r -= alpha q ; z = M^-1 r ; r.z, r.r ; decide ; beta = rz_new / rz.
 // The set-up pass computes z = M^-1 r, r.z and r.r only.
+//
+// x takes its steps late, two at a time, in the pass that forms p_new (which reads p_old anyway, and
+// p_prev where p_new goes): st.x_steps counts the steps pending, alpha along p_old and, when two,
+// alpha_prev along p_prev. x then costs 12 bytes a row an iteration instead of 24, and takes the
+// same fma's in the same order, so its bits do not change. A launch ends with the steps still
+// pending (take_pending_steps).
 extern "C" __global__ void __launch_bounds__(RUN_BLOCK, RUN_MIN_BLOCKS)
 pcg_run(const ClassicRun a, unsigned long long handle, int count) {
     __shared__ State s;
@@ -187,24 +205,34 @@ pcg_run(const ClassicRun a, unsigned long long handle, int count) {
     __syncthreads();
     unsigned int tag = *a.epoch;
     const int n = a.A.n;
+    bool updated_and_stopped = false;  // the last direction is then p_new, not p_old (no parity flip)
     for (int c = 0; c < count && !finished(s, handle); ++c) {
         const bool start = s.iteration < 0;
         real_t* p_new = s.parity ? a.p0 : a.p1;
         if (!start) {
             const real_t* p_old = s.parity ? a.p1 : a.p0;
             const real_t beta = (real_t)s.beta;
+            const bool steps = s.x_steps == 2;
+            const real_t alpha_prev = (real_t)s.alpha_prev, alpha = (real_t)s.alpha;
             double pq[1];
             if (GATHER_STORED) {
-                for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
-                    p_new[i] = fma(beta, p_old[i], a.z[i]);
+                for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+                    const real_t po = p_old[i];
+                    if (steps) a.x[i] = fma(alpha, po, fma(alpha_prev, p_new[i], a.x[i]));
+                    p_new[i] = fma(beta, po, a.z[i]);
+                }
                 grid_barrier<RUN_BLOCK>(a.slots, tag);
                 pq[0] = stored_product(a.A, p_new, a.q);
             } else {
-                pq[0] = direction_product(a.A, a.z, p_old, p_new, a.q, beta);
+                pq[0] = direction_product(a.A, a.z, p_old, p_new, a.q, beta, steps ? a.x : nullptr, alpha_prev,
+                                          alpha);
             }
             grid_sums<RUN_BLOCK>(a.slots, pq, tag);
             if (threadIdx.x == 0) {
+                const int pending = steps ? 0 : s.x_steps;  // 0, or 1: alpha along p_old
+                s.alpha_prev = s.alpha;
                 direction_decision(&s, pq[0]);
+                s.x_steps = pending + (s.status == RUNNING);
                 if (s.status != RUNNING)
                     settle(s, a.st, s.iteration, s.rnorm, s.status, a.history, a.progress, handle);
             }
@@ -212,7 +240,7 @@ pcg_run(const ClassicRun a, unsigned long long handle, int count) {
             if (s.status != RUNNING) break;
         }
         double sums[2] = {0.0, 0.0};  // r.z, r.r
-        update_rows(start, a.x, a.r, a.r, a.q, p_new, a.dinv, a.z, (real_t)s.alpha, n, sums[0], sums[1]);
+        update_rows(start, nullptr, a.r, a.r, a.q, nullptr, a.dinv, a.z, (real_t)s.alpha, n, sums[0], sums[1]);
         grid_sums<RUN_BLOCK>(a.slots, sums, tag);
         if (threadIdx.x == 0) {
             const int it = s.iteration + 1;
@@ -221,7 +249,12 @@ pcg_run(const ClassicRun a, unsigned long long handle, int count) {
                    handle);
         }
         __syncthreads();
+        updated_and_stopped = !start && s.status != RUNNING;
     }
+    // the latest direction is p_old of the next iteration, unless the update stopped the solve
+    const bool newest_in_p1 = s.parity ^ updated_and_stopped;
+    take_pending_steps(a.x, newest_in_p1 ? a.p0 : a.p1, newest_in_p1 ? a.p1 : a.p0, s, n);
+    if (blockIdx.x == 0 && threadIdx.x == 0) a.st->x_steps = 0;
     end_epoch(a.epoch, tag);
 }
 

@@ -31,6 +31,8 @@ __device__ __forceinline__ void sell_piece(const Matrix& A, int pc, int lane, V 
     const int first = A.row_pieces[li], count = A.row_pieces[li + 1] - first;
     real_t sum = 0;
     const int end = A.piece_ptr[pc + 1];
+    // unrolled so that a lane's gathers along the piece (up to PIECE_LENGTH / 32) are in flight together
+#pragma unroll 4
     for (int k = A.piece_ptr[pc] + lane; k < end; k += 32) sum += matrix_load(&A.val[k]) * v(matrix_load(&A.col[k]));
     sum = warp_allsum(sum);
     if (count == 1) {
@@ -49,6 +51,8 @@ __device__ __forceinline__ void sell_piece(const Matrix& A, int pc, int lane, V 
     if (!closing) return;
     __syncwarp();  // orders the other lanes' reads after lane 0 saw every piece's sum published
     real_t total = 0;
+    // the pieces' sums in flight together (a hub row has over a thousand); added in order all the same
+#pragma unroll 8
     for (int k = first + lane; k < first + count; k += 32) total += __ldcg(&A.piece_sums[k]);
     total = warp_allsum(total);
     if (lane == 0) {

@@ -36,3 +36,15 @@ extern "C" __global__ void sell_place(const SellLayout a) {
         }
     }
 }
+
+// The neighbour key of every row for SELL's row order by neighbours (solvers/formats/sell.py,
+// SELL._neighbour_order, whose NumPy path is this kernel's reference): key[r] = the least rank[c] over
+// the columns c of row r (rank[c] = n for a column to leave out: a long row's), n for an empty row.
+// struct SellKey (generated): n, indptr, indices, rank, key. One thread a row.
+extern "C" __global__ void sell_neighbour_key(const SellKey a) {
+    for (int r = blockIdx.x * blockDim.x + threadIdx.x; r < a.n; r += gridDim.x * blockDim.x) {
+        int least = a.n;
+        for (int e = a.indptr[r]; e < a.indptr[r + 1]; ++e) least = min(least, a.rank[a.indices[e]]);
+        a.key[r] = least;
+    }
+}

@@ -122,11 +122,13 @@ def definitions(structs):
 SLOT = Struct("Slot", [("v", "double[3]"), ("tag", "unsigned int"), ("pad", "unsigned int")])
 
 # PCG solver state (kernels/pcg.cu): one per solve, on the device; iteration -1 is the set-up pass.
-# alpha_prev: the distributed classic solver's step before alpha while x has not taken it (else 0).
+# alpha_prev: the classic solvers' step before alpha while x has not taken it (the distributed solver
+# marks a taken step 0); x_steps: how many of the latest steps (alpha, then alpha_prev) the one-GPU
+# classic kernel's x has still to take, 0 to 2.
 STATE = Struct("State", [("rz", "double"), ("alpha", "double"), ("beta", "double"), ("tol", "double"),
                          ("rnorm", "double"), ("pq", "double"), ("alpha_prev", "double"), ("iteration", "int"),
                          ("maxiter", "int"), ("status", "int"), ("parity", "int"), ("ticket", "unsigned int"),
-                         ("pad", "int")])
+                         ("x_steps", "int")])
 
 # Written by the deciding thread into host-mapped memory, so the host can watch a running graph.
 PROGRESS = Struct("Progress", [("rnorm", "double"), ("iteration", "int"), ("status", "int")])

@@ -32,6 +32,8 @@ from solvers.gallery import poisson, power_law_laplacian, random_geometric_lapla
 from solvers.mmio import read_matrix  # noqa: E402
 
 RTOL = 1e-8
+MODES = ("while", "graph", "eager")
+PEERS = ("cupyx", "spmv", "jax", "scipy")
 
 
 def problems(quick, data_dir):
@@ -129,6 +131,10 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true", help="skip the largest problem")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--only", nargs="*", help="problem names to run (substring match)")
+    ap.add_argument("--skip", nargs="*", default=(), help="problem names to leave out (substring match)")
+    ap.add_argument("--modes", nargs="+", choices=MODES, default=MODES,
+                    help="this project's drivers to time (while is always timed: the ratios use it)")
+    ap.add_argument("--peers", nargs="+", choices=PEERS, default=PEERS, help="peers to time")
     ap.add_argument("--out", default=str(pathlib.Path(__file__).resolve().parent / "results"))
     args = ap.parse_args(argv)
     import cupy
@@ -142,39 +148,43 @@ def main(argv=None):
               "| rel. residual |")
     rows = [header, "|" + "---|" * (header.count("|") - 1)]
     for name, make, options in problems(args.quick, data):
-        if args.only and not any(o in name for o in args.only):
+        if args.only and not any(o in name for o in args.only) or any(s in name for s in args.skip):
             continue
         A = make()
         n = A.shape[0]
         b = A @ np.ones(n)
         print(f"{name}: n={n:,} nnz={A.nnz:,}", file=sys.stderr, flush=True)
-        per_it = {}
-        for mode in ("while", "graph", "eager"):
+        per_it = {mode: float("nan") for mode in MODES}
+        format_times = []  # the fastest of the set-ups counts: the first also compiles CuPy's own kernels
+        for mode in [m for m in MODES if m == "while" or m in args.modes]:
             reps = args.reps if mode == "while" else max(1, args.reps // 2)
             t_it, its, t_s, res, solver = bench_ours(A, b, mode, reps, **options)
-            # the fastest of the set-ups: the first also compiles CuPy's own kernels, once a process
-            format_ms = min(format_ms, solver._impl.format_time * 1e3) if per_it else solver._impl.format_time * 1e3
+            format_times.append(solver._impl.format_time)
             if mode == "while":
                 iters, t_sol, rel = its, t_s, res
                 storage = solver.format
                 reorder_ms = solver.reorder_time * 1e3 if solver.reorder_time else None
             per_it[mode] = t_it
-        t1, iters1, t_sol1, rel1, _ = bench_ours(A, b, "while", args.reps, "single-reduction", **options)
+        t1, iters1, t_sol1, rel1, solver = bench_ours(A, b, "while", args.reps, "single-reduction", **options)
+        format_ms = min(format_times + [solver._impl.format_time]) * 1e3
         best = min(per_it["while"], t1)
         if t_sol1 < t_sol:
             t_sol, rel = t_sol1, rel1
         Ad, bd = csp.csr_matrix(A), cupy.asarray(b)
         peer_iters = int(min(max(iters, 20), 200))
-        cu = bench_cupyx(Ad, bd, peer_iters, cupy)
-        spmv = bench_spmv(Ad, bd, cupy)
-        jx = bench_jax(A, b, peer_iters)
-        sc = bench_scipy(A, b, min(peer_iters, 20 if n > 500_000 else 200))
-        us = lambda t: f"{t * 1e6:.1f}"  # noqa: E731
+        nan = float("nan")
+        cu = bench_cupyx(Ad, bd, peer_iters, cupy) if "cupyx" in args.peers else nan
+        spmv = bench_spmv(Ad, bd, cupy) if "spmv" in args.peers else nan
+        jx = bench_jax(A, b, peer_iters) if "jax" in args.peers else nan
+        sc = bench_scipy(A, b, min(peer_iters, 20 if n > 500_000 else 200)) if "scipy" in args.peers else nan
+        us = lambda t: "-" if np.isnan(t) else f"{t * 1e6:.1f}"  # noqa: E731
+        ratio = lambda t, fmt: "-" if np.isnan(t) else fmt.format(t)  # noqa: E731
         reorder_text = f"{reorder_ms:.0f}" if reorder_ms is not None else "-"
         rows.append(f"| {name} | {n:,} | {A.nnz:,} | {storage} | {iters} | {us(per_it['while'])} "
                     f"| {us(per_it['graph'])} | {us(per_it['eager'])} | {iters1} | {us(t1)} | {us(cu)} | {us(jx)} "
                     f"| {us(sc)} | {us(spmv)} | {t_sol * 1e3:.2f} | {format_ms:.1f} | {reorder_text} "
-                    f"| {cu / best:.1f}x | {jx / best:.1f}x | {best / spmv:.2f} | {rel:.1e} |")
+                    f"| {ratio(cu / best, '{:.1f}x')} | {ratio(jx / best, '{:.1f}x')} "
+                    f"| {ratio(best / spmv, '{:.2f}')} | {rel:.1e} |")
         print(rows[-1], flush=True)
         del Ad, bd
         cupy.get_default_memory_pool().free_all_blocks()

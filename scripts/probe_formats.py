@@ -44,6 +44,12 @@ def sweep(A):
     return out
 
 
+def row_orders():
+    """SELL with a stored gather in both row orders, both variants."""
+    return [("sell", "stored", variant, None, None, None, rows) for variant in ("classic", "single-reduction")
+            for rows in ("neighbours", "length")]
+
+
 def configs(A):
     """(format, gather, variant, stream) tuples worth timing on A."""
     width = int(np.diff(A.indptr).max())
@@ -60,9 +66,10 @@ def configs(A):
     return out
 
 
-def per_iteration(A, b, fmt, gather, variant, stream=None, lanes=None, block=None):
+def per_iteration(A, b, fmt, gather, variant, stream=None, lanes=None, block=None, rows="neighbours"):
     import cupy
-    g = GPUPCG(A, "jacobi", np.float64, "while", 32, False, variant, fmt, gather, stream, lanes, block=block)
+    g = GPUPCG(A, "jacobi", np.float64, "while", 32, False, variant, fmt, gather, stream, lanes, block=block,
+               sell_rows=rows)
     bd = g.check_vector(b, "b")
     g.solve(bd, None, 0.0, ITERATIONS, None, False)  # warm-up: capture
     times = []
@@ -100,6 +107,7 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--only", nargs="*", help="matrix names to run (substring match)")
     ap.add_argument("--sweep", action="store_true", help="irregular matrices only: SELL lanes, occupancy, hint")
+    ap.add_argument("--rows", action="store_true", help="irregular matrices only: SELL's row orders, no reordering")
     args = ap.parse_args(argv)
     rows = ["| matrix | n | nnz | sectors/nnz | order | format | gather | variant | stream | lanes | block "
             "| us/it | x SpMV | cupyx/ours | conversion ms | layout |", "|" + "---|" * 16]
@@ -113,18 +121,19 @@ def main(argv=None):
         b = A @ np.ones(n)
         print(f"# {name}: generated in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
         spmv, cupyx_it = peers(A, b)
-        if args.sweep and np.diff(A.indptr).max() <= 32:
+        if (args.sweep or args.rows) and np.diff(A.indptr).max() <= 32:
             continue
         orders = [("given", A, 0.0)]
-        if not args.sweep and n <= 2_100_000 and np.diff(A.indptr).max() <= 1024 and gather_sectors(A.indptr, A.indices) > 0.4:
+        if not (args.sweep or args.rows) and n <= 2_100_000 and np.diff(A.indptr).max() <= 1024 and gather_sectors(A.indptr, A.indices) > 0.4:
             order, _ = choose_reordering(A, "rcm", "gpu")
             t1 = time.perf_counter()
             B = order.matrix(A)
             orders.append((f"rcm {order.seconds + time.perf_counter() - t1:.3f} s", B, order.seconds))
         for label, M, _ in orders:
             sectors = gather_sectors(M.indptr, M.indices)
-            for config in (sweep(M) if args.sweep else [c + (None, None) for c in configs(M)]):
-                fmt, gather, variant, stream, lanes, block = config
+            chosen = sweep(M) if args.sweep else row_orders() if args.rows else [c + (None, None) for c in configs(M)]
+            for config in chosen:
+                fmt, gather, variant, stream, lanes, block = config[:6]
                 if label != "given" and (variant != "classic" or stream):
                     continue
                 try:

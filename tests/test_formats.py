@@ -95,9 +95,10 @@ def test_sell_lanes_follow_mean_row_length():
     assert SELL(*arrays(A), np).lanes == SELL.auto_lanes(A.nnz, A.shape[0])
 
 
-def test_sell_slices_sorted_within_windows_and_padding_small():
+@pytest.mark.parametrize("row_order", ["length", "neighbours"])
+def test_sell_slices_sorted_within_windows_and_padding_small(row_order):
     A = random_geometric_laplacian(20000, seed=1)
-    layout = SELL(*arrays(A), np, lanes=1)
+    layout = SELL(*arrays(A), np, lanes=1, row_order=row_order)
     lengths = np.diff(A.indptr)
     rows = layout.slice_rows
     slot_len = np.where(rows >= 0, lengths[np.maximum(rows, 0)], 0)
@@ -105,14 +106,63 @@ def test_sell_slices_sorted_within_windows_and_padding_small():
         chunk = slot_len[w:w + layout.sigma]
         assert np.all(np.diff(chunk[rows[w:w + layout.sigma] >= 0]) <= 0)
     assert sorted(rows[rows >= 0].tolist()) == list(range(A.shape[0]))  # every row once
+    if row_order == "neighbours":  # the smallest windows, whatever the padding
+        assert layout.sigma == SELL.SIGMAS[0] and layout.padding <= 2 * SELL.MAX_PADDING
+        return
     assert layout.padding <= SELL.MAX_PADDING
-    assert layout.sigma == min(s for s in SELL.SIGMAS
-                               if SELL._slots(lengths.astype(np.int64), s, np) <= 1.05 * A.nnz)
+    slots = dict(zip(SELL.SIGMAS, SELL._slots_per_window(lengths.astype(np.int64), np)))
+    assert layout.sigma == min(s for s in SELL.SIGMAS if slots[s] <= 1.05 * A.nnz)
     # with 4 lanes a row the rounding alone pads ~10%: the window only has to come close to the widest's
-    four = SELL(*arrays(A), np, lanes=4)
-    floor = SELL._slots(lengths.astype(np.int64), SELL.SIGMAS[-1], np, 4)
+    four = SELL(*arrays(A), np, lanes=4, row_order="length")
+    slots = dict(zip(SELL.SIGMAS, SELL._slots_per_window(lengths.astype(np.int64), np, 4)))
     assert four.sigma < SELL.SIGMAS[-1]
-    assert SELL._slots(lengths.astype(np.int64), four.sigma, np, 4) <= floor + 0.025 * A.nnz
+    assert slots[four.sigma] <= slots[SELL.SIGMAS[-1]] + 0.025 * A.nnz
+
+
+@pytest.mark.parametrize("lanes", [1, 2, 4])
+def test_sell_slots_per_window_equal_slices_laid_out_one_by_one(lanes):
+    lengths = np.random.default_rng(2).integers(0, SELL.LONG_ROW + 1, size=5000)
+    rows_per_slice = 32 // lanes
+    for sigma, slots in zip(SELL.SIGMAS, SELL._slots_per_window(lengths, np, lanes)):
+        expected = 0
+        for w in range(0, lengths.size, sigma):
+            window = np.sort(lengths[w:w + sigma])[::-1]
+            for s in range(0, window.size, rows_per_slice):  # a slice is as wide as its longest row
+                expected += 32 * -(-int(window[s]) // lanes)
+        assert slots == expected, sigma
+
+
+def sectors_a_window(A, layout):
+    """Distinct 32-byte sectors of float64 columns that each window of SELL rows gathers, per nonzero."""
+    rows = layout.slice_rows[::layout.lanes]
+    rows = rows[rows >= 0]
+    window = np.repeat(np.arange(rows.size) // layout.sigma, np.diff(A.indptr)[rows])
+    cols = np.concatenate([A.indices[A.indptr[r]:A.indptr[r + 1]] for r in rows])
+    return np.unique(window * (A.shape[0] // 4 + 1) + cols // 4).size / cols.size
+
+
+def test_sell_rows_by_neighbours_share_gathered_sectors():
+    A = random_geometric_laplacian(20000, seed=1)  # random numbering: no window shares columns by itself
+    by_length = SELL(*arrays(A), np, lanes=4, row_order="length")
+    by_neighbours = SELL(*arrays(A), np, lanes=4, row_order="neighbours")
+    by_length.sigma = by_neighbours.sigma  # the same windows' worth of rows for the count
+    assert sectors_a_window(A, by_neighbours) < 0.5 * sectors_a_window(A, by_length)
+    assert sorted(by_neighbours.slice_rows[by_neighbours.slice_rows >= 0][::4].tolist()) == list(range(20000))
+
+
+def test_sell_neighbour_key_is_the_least_rank_of_a_rows_columns():
+    A = sp.csr_matrix(with_empty_rows())
+    layout = SELL(*arrays(A), np)
+    rank = np.random.default_rng(1).permutation(A.shape[0]).astype(np.int32)
+    key = layout._neighbour_key(*arrays(A), rank)
+    for r in range(A.shape[0]):
+        cols = A.indices[A.indptr[r]:A.indptr[r + 1]]
+        assert key[r] == (rank[cols].min() if cols.size else A.shape[0])
+
+
+def test_sell_unknown_row_order_is_refused():
+    with pytest.raises(InputError, match="SELL row order must be one of neighbours, length"):
+        SELL(*arrays(poisson((4, 4))), np, row_order="random")
 
 
 def test_sell_cuts_long_rows_into_pieces():
@@ -140,12 +190,13 @@ def test_unknown_format_is_refused():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("row_order", ["neighbours", "length"])
 @pytest.mark.parametrize("lanes", [1, 2, 4, 8])
 @pytest.mark.parametrize("name", ["geometric", "power_law", "one_long_row", "empty_rows"])
-def test_sell_layout_kernel_equals_the_numpy_layout(cupy, name, lanes):
+def test_sell_layout_kernel_equals_the_numpy_layout(cupy, name, lanes, row_order):
     A = MATRICES[name]()
-    ref = SELL(*arrays(A), np, lanes=lanes)
-    dev = SELL(*(cupy.asarray(a) for a in arrays(A)), cupy, lanes=lanes)
+    ref = SELL(*arrays(A), np, lanes=lanes, row_order=row_order)
+    dev = SELL(*(cupy.asarray(a) for a in arrays(A)), cupy, lanes=lanes, row_order=row_order)
     assert (dev.sigma, dev.size, dev.slices, dev.pieces) == (ref.sigma, ref.size, ref.slices, ref.pieces)
     for field in ("_pos", "col", "slice_ptr", "slice_rows", "piece_ptr", "piece_row", "long_rows", "row_pieces"):
         np.testing.assert_array_equal(getattr(dev, field).get(), getattr(ref, field), err_msg=field)

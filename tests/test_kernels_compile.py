@@ -63,8 +63,8 @@ def test_a_layout_mismatch_fails_to_compile(tmp_path):
 
 
 def test_sell_layout_kernel_compiles(tmp_path):
-    from solvers.formats.sell import LAYOUT
-    compile_ok(kernels.program("sell_layout", structs=(LAYOUT,)), tmp_path)
+    from solvers.formats.sell import LAYOUT_STRUCTS
+    compile_ok(kernels.program("sell_layout", structs=LAYOUT_STRUCTS), tmp_path)
 
 
 def test_amg_setup_kernels_compile(tmp_path):

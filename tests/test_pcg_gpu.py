@@ -77,8 +77,9 @@ def test_classic_kernel_matches_numpy_reference(cupy, fmt, gather):
         host["z"] = pcg_ref.pcg_update(host["x"], host["r"], q, host["p0"], host["p1"], dinv, ref)
         return q
 
-    # one iteration a launch, then two in one launch (grid reductions between them, both parities)
-    for count in (1, 2):
+    # one iteration a launch, then two and three in one launch (grid reductions between them, both
+    # parities, x's late steps taken in a product and at the end of a launch)
+    for count in (1, 2, 3):
         for _ in range(count):
             q = reference_iteration()
         g.launch_run(count, np.uint64(0))
@@ -87,7 +88,7 @@ def test_classic_kernel_matches_numpy_reference(cupy, fmt, gather):
         # two grid reductions an iteration, and a barrier before a stored product
         per_iteration = 3 if gather == "stored" else 2
         assert int(g.epoch.get()[0]) == per_iteration * (ref["iteration"] - 4)
-    assert ref["iteration"] == 7
+    assert ref["iteration"] == 10
 
     out = cupy.empty(600)
     g.b.set(host["z"])

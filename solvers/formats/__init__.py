@@ -26,7 +26,7 @@ def row_lengths(indptr, xp=np):
     return xp.diff(indptr)
 
 
-def choose_format(indptr, indices, xp=np, requested="auto", sell_lanes=None):
+def choose_format(indptr, indices, xp=np, requested="auto", sell_lanes=None, sell_rows="neighbours"):
     """The format for a CSR pattern: ``requested``, or by ``auto`` from its row lengths.
 
     ``auto`` takes ELL when every row has nearly the mean length (at most 1.3 times
@@ -41,6 +41,8 @@ def choose_format(indptr, indices, xp=np, requested="auto", sell_lanes=None):
     requested : {"auto", "ell", "sell", "csr"}
     sell_lanes : int, optional
         Threads a row of SELL (default :meth:`~.sell.SELL.auto_lanes`).
+    sell_rows : {"neighbours", "length"}
+        Row order of SELL (see :class:`~.sell.SELL`).
 
     Returns
     -------
@@ -49,11 +51,11 @@ def choose_format(indptr, indices, xp=np, requested="auto", sell_lanes=None):
     if requested not in ("auto", *FORMATS):
         raise InputError(f"matrix format must be auto or one of {', '.join(FORMATS)}, not {requested!r}")
     if requested == "sell":
-        return SELL(indptr, indices, xp, sell_lanes)
+        return SELL(indptr, indices, xp, sell_lanes, sell_rows)
     if requested != "auto":
         return FORMATS[requested](indptr, indices, xp)
     n, nnz = int(indptr.size) - 1, int(indices.size)
     width = int(row_lengths(indptr, xp).max()) if n else 0
     if ELL.suits(width, nnz, n):
         return ELL(indptr, indices, xp)
-    return SELL(indptr, indices, xp, sell_lanes)
+    return SELL(indptr, indices, xp, sell_lanes, sell_rows)

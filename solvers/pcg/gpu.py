@@ -186,6 +186,8 @@ class GPUPCG:
         us, random geometric graph 2M rows 314.6 / 323.7 us).
     sell_lanes : int, optional
         Threads a row of the SELL format (default: :meth:`solvers.formats.SELL.auto_lanes`).
+    sell_rows : {"neighbours", "length"}
+        Row order of the SELL format (:class:`solvers.formats.SELL`).
     block : int, optional
         Threads per block of the persistent kernel (default :func:`run_block`).
     reordering : solvers.reorder.Reordering, optional
@@ -202,7 +204,7 @@ class GPUPCG:
 
     def __init__(self, A, preconditioner, dtype, mode, unroll, record_history, variant="auto",
                  matrix_format="auto", gather="auto", stream_matrix=None, sell_lanes=None, block=None,
-                 reordering=None):
+                 reordering=None, sell_rows="neighbours"):
         cupy = require_cupy()
         spec = as_preconditioner(preconditioner)
         refuse_unsupported(spec, "gpu", variant, dtype)
@@ -213,7 +215,7 @@ class GPUPCG:
         self.requested_format = matrix_format
         self.requested_gather = gather
         self.requested_stream = stream_matrix
-        self.sell_lanes, self.requested_block = sell_lanes, block
+        self.sell_lanes, self.sell_rows, self.requested_block = sell_lanes, sell_rows, block
         self.dtype = np.dtype(dtype)
         self.spec, self.preconditioner, self.reordering = spec, spec.name, reordering
         self.split = not spec.pointwise
@@ -252,7 +254,7 @@ class GPUPCG:
         self._pattern = (indptr, indices)
         cupy.cuda.Device().synchronize()
         t0 = time.perf_counter()
-        self.format = choose_format(indptr, indices, cupy, self.requested_format, self.sell_lanes)
+        self.format = choose_format(indptr, indices, cupy, self.requested_format, self.sell_lanes, self.sell_rows)
         self.val = self.format.values(data)
         cupy.cuda.Device().synchronize()
         self.format_time = time.perf_counter() - t0
