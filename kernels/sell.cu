@@ -63,19 +63,28 @@ __device__ __forceinline__ void sell_piece(const Matrix& A, int pc, int lane, V 
 
 // finish(i, (A v)_i, WHOLE_ROW) for every row of the slices, finish(i, piece sum, FIRST_PIECE or
 // LATER_PIECE) for every piece of a long row and finish(i, (A v)_i, PIECES_TOTAL) once its pieces are
-// all done (see pcg.cu's RowPart). Work items (pieces, then slices) go to warps in a fixed order, so
-// every partial sum lands in the same thread whatever the scheduling.
+// all done (see pcg.cu's RowPart). Work items (pieces, then slices from the next multiple of 32) go to
+// warps in a fixed order, so every partial sum lands in the same thread whatever the scheduling.
+//
+// A window's slices are sorted longest first, and a round of the grid-stride loop hands aligned groups
+// of 32 slices to 32 consecutive warps: with small windows the same warp would get the longest slice
+// of its group every round. So in odd rounds each group goes in reverse (when the warps are a multiple
+// of 32, so that a group lies within one round): a warp's slices over two rounds are about average.
 template <typename V, typename F>
 __device__ __forceinline__ void for_each_row_product(const Matrix& A, V v, F finish) {
     const int lane = threadIdx.x & 31;
     const int warps = (gridDim.x * blockDim.x) >> 5;
-    const int items = A.pieces + A.slices;
+    const int lead = (A.pieces + 31) & ~31;
+    const int items = lead + A.slices;
+    const bool mirror = warps % 32 == 0;
     for (int item = (blockIdx.x * blockDim.x + threadIdx.x) >> 5; item < items; item += warps) {
         if (item < A.pieces) {
             sell_piece(A, item, lane, v, finish);
             continue;
         }
-        const int s = item - A.pieces;
+        if (item < lead) continue;
+        int s = item - lead;
+        if (mirror && ((item / warps) & 1) && (s | 31) < A.slices) s ^= 31;
         const int row = A.slice_rows[32 * s + lane];
         const int end = A.slice_ptr[s + 1];
         real_t sum = 0;

@@ -66,7 +66,7 @@ def configs(A):
     return out
 
 
-def per_iteration(A, b, fmt, gather, variant, stream=None, lanes=None, block=None, rows="neighbours"):
+def per_iteration(A, b, fmt, gather, variant, stream=None, lanes=None, block=None, rows="auto"):
     import cupy
     g = GPUPCG(A, "jacobi", np.float64, "while", 32, False, variant, fmt, gather, stream, lanes, block=block,
                sell_rows=rows)

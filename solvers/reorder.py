@@ -15,6 +15,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from .errors import InputError
+from .formats.base import window_sectors
 
 REORDERINGS = ("auto", "none", "rcm")
 #: 32-byte memory sectors a warp's gathers touch per nonzero above which a matrix counts as scattered.
@@ -42,20 +43,7 @@ def gather_sectors(indptr, indices, rows_per_warp=32, itemsize=8, samples=2048):
     gather a memory transaction of its own), well below 1 for banded matrices.
     """
     n = int(indptr.size) - 1
-    groups = -(-n // rows_per_warp)
-    chosen = np.unique(np.linspace(0, groups - 1, min(groups, samples)).astype(np.int64))
-    first = chosen * rows_per_warp
-    last = np.minimum(first + rows_per_warp, n)
-    counts = indptr[last] - indptr[first]
-    if counts.sum() == 0:
-        return 0.0
-    group = np.repeat(np.arange(chosen.size), counts)
-    starts = np.cumsum(counts) - counts
-    entries = np.arange(int(counts.sum())) - starts[group] + indptr[first][group]
-    sectors = -(-(n * itemsize) // 32)
-    keys = group * sectors + indices[entries].astype(np.int64) * itemsize // 32
-    keys.sort()
-    return (1 + np.count_nonzero(np.diff(keys))) / entries.size
+    return window_sectors(indptr, indices, np.arange(n), rows_per_warp, np, samples, itemsize)
 
 
 class Reordering:

@@ -150,6 +150,32 @@ def test_sell_rows_by_neighbours_share_gathered_sectors():
     assert sorted(by_neighbours.slice_rows[by_neighbours.slice_rows >= 0][::4].tolist()) == list(range(20000))
 
 
+def test_sell_auto_orders_rows_by_neighbours_only_where_windows_read_far_fewer_sectors():
+    from scipy.sparse.csgraph import reverse_cuthill_mckee
+    geometric = random_geometric_laplacian(20000, seed=1)
+    chosen = SELL(*arrays(geometric), np)
+    assert chosen.row_order == "neighbours" and chosen.sectors[1] <= SELL.NEIGHBOUR_GAIN * chosen.sectors[0]
+    assert f"rows by neighbours ({chosen.sectors[0]:.2f} sectors a nonzero given" in chosen.describe()
+    order = reverse_cuthill_mckee(geometric, symmetric_mode=True)
+    banded = sp.csr_matrix(geometric[order][:, order])  # numbered well already: nothing to gain
+    banded.sort_indices()
+    assert SELL(*arrays(banded), np).row_order == "length"
+    assert SELL(*arrays(power_law_laplacian(20000, seed=1)), np).row_order == "length"  # no locality to find
+
+
+def test_sell_groups_of_32_slices_hold_long_and_short_slices_alike():
+    A = power_law_laplacian(100000, seed=1)
+    layout = SELL(*arrays(A), np, lanes=2, row_order="length")
+    per_window = layout.sigma // 16
+    assert per_window > 32  # windows of several groups, whose slices are dealt out
+    widths = np.diff(layout.slice_ptr)[:layout.slices // per_window * per_window].reshape(-1, per_window)
+    group_work = widths.reshape(widths.shape[0], -1, 32).sum(axis=2)
+    assert group_work.max() <= 1.5 * group_work.min()
+    assert np.all(np.diff(widths.reshape(widths.shape[0], -1, 32), axis=2) <= 0)  # longest first in a group
+    np.testing.assert_allclose(layout.product(layout.values(A.data), np.arange(A.shape[0]) % 7.0),
+                               A @ (np.arange(A.shape[0]) % 7.0))
+
+
 def test_sell_neighbour_key_is_the_least_rank_of_a_rows_columns():
     A = sp.csr_matrix(with_empty_rows())
     layout = SELL(*arrays(A), np)
@@ -161,7 +187,7 @@ def test_sell_neighbour_key_is_the_least_rank_of_a_rows_columns():
 
 
 def test_sell_unknown_row_order_is_refused():
-    with pytest.raises(InputError, match="SELL row order must be one of neighbours, length"):
+    with pytest.raises(InputError, match="SELL row order must be one of auto, neighbours, length"):
         SELL(*arrays(poisson((4, 4))), np, row_order="random")
 
 
@@ -190,7 +216,7 @@ def test_unknown_format_is_refused():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("row_order", ["neighbours", "length"])
+@pytest.mark.parametrize("row_order", ["auto", "length"])
 @pytest.mark.parametrize("lanes", [1, 2, 4, 8])
 @pytest.mark.parametrize("name", ["geometric", "power_law", "one_long_row", "empty_rows"])
 def test_sell_layout_kernel_equals_the_numpy_layout(cupy, name, lanes, row_order):

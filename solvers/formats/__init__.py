@@ -26,7 +26,7 @@ def row_lengths(indptr, xp=np):
     return xp.diff(indptr)
 
 
-def choose_format(indptr, indices, xp=np, requested="auto", sell_lanes=None, sell_rows="neighbours"):
+def choose_format(indptr, indices, xp=np, requested="auto", sell_lanes=None, sell_rows="auto"):
     """The format for a CSR pattern: ``requested``, or by ``auto`` from its row lengths.
 
     ``auto`` takes ELL when every row has nearly the mean length (at most 1.3 times
@@ -41,7 +41,7 @@ def choose_format(indptr, indices, xp=np, requested="auto", sell_lanes=None, sel
     requested : {"auto", "ell", "sell", "csr"}
     sell_lanes : int, optional
         Threads a row of SELL (default :meth:`~.sell.SELL.auto_lanes`).
-    sell_rows : {"neighbours", "length"}
+    sell_rows : {"auto", "neighbours", "length"}
         Row order of SELL (see :class:`~.sell.SELL`).
 
     Returns

@@ -67,6 +67,35 @@ def entry_rows(indptr, xp):
     return xp.cumsum(starts[:nnz], dtype=xp.int32)
 
 
+def window_sectors(indptr, indices, rows, window, xp=np, samples=2048, itemsize=8):
+    """Distinct 32-byte sectors of the multiplied vector that windows of rows read, per nonzero.
+
+    ``rows`` (an order of some or all rows of a CSR pattern) are taken ``window`` at
+    a time, as the product kernels work on them together; ``samples`` windows, evenly
+    spaced, are counted (all of them for smaller matrices). About 1 when each read is
+    a memory transaction of its own (random numbering), well below 1 when the rows of
+    a window read columns close together or the same ones.
+    """
+    n = int(indptr.size) - 1
+    groups = -(-int(rows.size) // window)
+    if groups == 0:
+        return 0.0
+    chosen = xp.unique(xp.linspace(0, groups - 1, min(groups, samples)).astype(xp.int64))
+    position = (chosen[:, None] * window + xp.arange(window)[None, :]).ravel()
+    position = position[position < rows.size]
+    picked = rows[position].astype(xp.int64)
+    starts = indptr[picked].astype(xp.int64)
+    offsets = xp.concatenate([xp.zeros(1, dtype=xp.int64), xp.cumsum(indptr[picked + 1] - starts)])
+    total = int(offsets[-1])
+    if total == 0:
+        return 0.0
+    of = entry_rows(offsets, xp)  # the picked row of every entry read
+    entries = xp.arange(total) - offsets[of] + starts[of]
+    sectors = -(-(n * itemsize) // 32)
+    keys = position[of] // window * sectors + indices[entries].astype(xp.int64) * itemsize // 32
+    return int(xp.unique(keys).size) / total
+
+
 def host(a):
     """A CuPy array's host copy (NumPy arrays unchanged)."""
     return a.get() if hasattr(a, "get") else np.asarray(a)

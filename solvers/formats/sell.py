@@ -3,7 +3,7 @@ import numpy as np
 
 from ..errors import InputError
 from ..kernels.structs import Struct
-from .base import MatrixFormat, entry_rows, host
+from .base import MatrixFormat, entry_rows, host, window_sectors
 
 SLICE = 32  # rows a slice: one warp, a thread a row
 # The layout kernel's argument (kernels/sell_layout.cu).
@@ -14,7 +14,7 @@ LAYOUT = Struct("SellLayout", [("n", "int"), ("lanes", "int"), ("sliced", "int")
 KEY = Struct("SellKey", [("n", "int"), ("indptr", "const int*"), ("indices", "const int*"), ("rank", "const int*"),
                          ("key", "int*")])
 LAYOUT_STRUCTS = (LAYOUT, KEY)
-ROW_ORDERS = ("neighbours", "length")
+ROW_ORDERS = ("auto", "neighbours", "length")
 
 
 def layout_kernel(name):
@@ -41,7 +41,11 @@ class SELL(MatrixFormat):
     smallest, :attr:`SIGMAS` [0] rows: the rows a block of the product works on at
     once then share many of the columns they gather, which the SM's L1 cache
     serves once, although the vectors keep the caller's numbering. With
-    ``"length"`` windows follow the given order.
+    ``"length"`` windows follow the given order. ``"auto"`` takes the neighbours'
+    order where its windows read at most :attr:`NEIGHBOUR_GAIN` times the 32-byte
+    sectors that windows of the given order read (:func:`~.base.window_sectors`,
+    on a sample): a graph with locality but numbered at random, not one already
+    numbered well or one without locality (a power-law graph).
 
     Rows longer than :attr:`LONG_ROW` entries are kept apart, in CSR order after
     the slices, and cut into pieces of at most :attr:`PIECE_LENGTH` entries, a
@@ -59,6 +63,7 @@ class SELL(MatrixFormat):
     MAX_PADDING = 0.05
     LONG_ROW = 64
     PIECE_LENGTH = 512
+    NEIGHBOUR_GAIN = 0.6
     NEIGHBOUR_PASSES = 2  # passes of _neighbour_order (random geometric graph, 256 rows: 0.92 -> 0.36 -> 0.26
     #                       distinct 32-byte sectors of gathered columns a nonzero after one and two passes)
 
@@ -73,7 +78,7 @@ class SELL(MatrixFormat):
         mean = nnz / max(n, 1)
         return int(min(8, max(1, 2 ** round(np.log2(max(mean / 4, 1.0))))))
 
-    def __init__(self, indptr, indices, xp, lanes=None, row_order="neighbours"):
+    def __init__(self, indptr, indices, xp, lanes=None, row_order="auto"):
         super().__init__(indptr, xp)
         if lanes is None:
             lanes = self.auto_lanes(self.nnz, self.n)
@@ -81,7 +86,7 @@ class SELL(MatrixFormat):
             raise InputError(f"SELL lanes a row must be 1, 2, 4 or 8, not {lanes}")
         if row_order not in ROW_ORDERS:
             raise InputError(f"SELL row order must be one of {', '.join(ROW_ORDERS)}, not {row_order!r}")
-        self.lanes, self.row_order = lanes, row_order
+        self.lanes, self.sectors = lanes, None
         self.defines = (("SELL_LANES", str(lanes)),)
         rows_per_slice = SLICE // lanes
         n = self.n
@@ -90,8 +95,15 @@ class SELL(MatrixFormat):
         is_long = lengths > self.LONG_ROW
         short_rows = xp.nonzero(~is_long)[0]
         long_rows = xp.nonzero(is_long)[0]
-        if row_order == "neighbours":
-            short_rows = short_rows[self._neighbour_order(indptr, indices, short_rows, is_long)]
+        if row_order != "length":
+            grouped = short_rows[self._neighbour_order(indptr, indices, short_rows, is_long)]
+            if row_order == "auto":
+                self.sectors = tuple(window_sectors(indptr, indices, rows, self.SIGMAS[0], xp, samples=256)
+                                     for rows in (short_rows, grouped))
+                row_order = "neighbours" if self.sectors[1] <= self.NEIGHBOUR_GAIN * self.sectors[0] else "length"
+            if row_order == "neighbours":
+                short_rows = grouped
+        self.row_order = row_order
         short_len = lengths[short_rows]
 
         self.sigma = self.SIGMAS[0] if row_order == "neighbours" else self._choose_sigma(short_len)
@@ -101,8 +113,8 @@ class SELL(MatrixFormat):
         self.slices = -(-ns // rows_per_slice)
         position_rows = xp.full(self.slices * rows_per_slice, -1, dtype=xp.int64)
         position_rows[:ns] = sorted_rows
-        position_len = xp.zeros(self.slices * rows_per_slice, dtype=xp.int64)
-        position_len[:ns] = lengths[sorted_rows]
+        position_rows = position_rows.reshape(self.slices, rows_per_slice)[self._deal_slices()].ravel()
+        position_len = xp.where(position_rows >= 0, lengths[xp.maximum(position_rows, 0)], 0)
         longest = (position_len.reshape(self.slices, rows_per_slice).max(axis=1) if self.slices
                    else position_len[:0])
         slice_ptr = xp.concatenate([xp.zeros(1, dtype=xp.int64), xp.cumsum(-(-longest // lanes) * SLICE)])
@@ -124,7 +136,8 @@ class SELL(MatrixFormat):
                              "use the csr matrix format")
 
         place = xp.zeros(n, dtype=xp.int64)
-        place[sorted_rows] = xp.arange(ns)
+        placed = xp.nonzero(position_rows >= 0)[0]
+        place[position_rows[placed]] = placed
         slice_ptr32 = i32(slice_ptr)
         if xp is np:
             self._pos, self.col = self._place_entries(indptr, indices, place, long_rows, long_start, slice_ptr,
@@ -254,6 +267,25 @@ class SELL(MatrixFormat):
                (KEY.pack(n=n, indptr=indptr, indices=indices, rank=rank, key=key),))
         return key
 
+    def _deal_slices(self):
+        """Order of the slices: each window's, longest first, dealt out to its groups of 32 in turn.
+
+        The product hands aligned groups of 32 slices to a block's warps together
+        (``kernels/sell.cu``); a group of a window's longest slices would keep its
+        block busy while others idle. Dealt out, slice j of a window with G groups
+        goes to group j mod G, so every group holds long and short slices alike.
+        A window of 32 slices or fewer keeps its order.
+        """
+        xp = self.xp
+        per_window = self.sigma // (SLICE // self.lanes)
+        t = xp.arange(self.slices)
+        if per_window <= SLICE:
+            return t
+        window, j = t // per_window, t % per_window
+        count = xp.minimum(per_window, self.slices - window * per_window)  # the last window may be short
+        groups = -(-count // SLICE)
+        return xp.argsort(window * per_window + (j % groups) * SLICE + j // groups)
+
     def _sort_in_windows(self, short_len, sigma):
         """Order of the short rows: by window, longest first within a window, then by row (unique keys)."""
         xp = self.xp
@@ -274,11 +306,13 @@ class SELL(MatrixFormat):
         return super().pack(val)
 
     def threads(self):
-        return SLICE * (self.slices + self.pieces)
+        return SLICE * (self.slices + -(-self.pieces // SLICE) * SLICE)  # slices start at a multiple of 32
 
     def describe(self):
-        text = (f"sell (C={SLICE // self.lanes}, {self.lanes} lanes a row, rows by {self.row_order}, "
-                f"sigma={self.sigma}, {self.padding:.1%} padding")
+        text = f"sell (C={SLICE // self.lanes}, {self.lanes} lanes a row, rows by {self.row_order}"
+        if self.sectors:
+            text += f" ({self.sectors[0]:.2f} sectors a nonzero given, {self.sectors[1]:.2f} by neighbours)"
+        text += f", sigma={self.sigma}, {self.padding:.1%} padding"
         if self.pieces:
             text += f"; {int(self.long_rows.size)} rows over {self.LONG_ROW} entries in {self.pieces} pieces"
         return text + ")"

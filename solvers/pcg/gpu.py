@@ -186,7 +186,7 @@ class GPUPCG:
         us, random geometric graph 2M rows 314.6 / 323.7 us).
     sell_lanes : int, optional
         Threads a row of the SELL format (default: :meth:`solvers.formats.SELL.auto_lanes`).
-    sell_rows : {"neighbours", "length"}
+    sell_rows : {"auto", "neighbours", "length"}
         Row order of the SELL format (:class:`solvers.formats.SELL`).
     block : int, optional
         Threads per block of the persistent kernel (default :func:`run_block`).
@@ -204,7 +204,7 @@ class GPUPCG:
 
     def __init__(self, A, preconditioner, dtype, mode, unroll, record_history, variant="auto",
                  matrix_format="auto", gather="auto", stream_matrix=None, sell_lanes=None, block=None,
-                 reordering=None, sell_rows="neighbours"):
+                 reordering=None, sell_rows="auto"):
         cupy = require_cupy()
         spec = as_preconditioner(preconditioner)
         refuse_unsupported(spec, "gpu", variant, dtype)
