@@ -124,7 +124,8 @@ def main(argv=None):
         if (args.sweep or args.rows) and np.diff(A.indptr).max() <= 32:
             continue
         orders = [("given", A, 0.0)]
-        if not (args.sweep or args.rows) and n <= 2_100_000 and np.diff(A.indptr).max() <= 1024 and gather_sectors(A.indptr, A.indices) > 0.4:
+        if (not (args.sweep or args.rows) and n <= 2_100_000 and np.diff(A.indptr).max() <= 1024
+                and gather_sectors(A.indptr, A.indices) > 0.4):
             order, _ = choose_reordering(A, "rcm", "gpu")
             t1 = time.perf_counter()
             B = order.matrix(A)

@@ -176,14 +176,15 @@ def test_sell_groups_of_32_slices_hold_long_and_short_slices_alike():
                                A @ (np.arange(A.shape[0]) % 7.0))
 
 
-def test_sell_neighbour_key_is_the_least_rank_of_a_rows_columns():
-    A = sp.csr_matrix(with_empty_rows())
+@pytest.mark.parametrize("name", ["empty_rows", "one_long_row"])
+def test_sell_neighbour_key_is_the_least_rank_of_a_short_rows_columns(name):
+    A = MATRICES[name]()
     layout = SELL(*arrays(A), np)
     rank = np.random.default_rng(1).permutation(A.shape[0]).astype(np.int32)
     key = layout._neighbour_key(*arrays(A), rank)
     for r in range(A.shape[0]):
         cols = A.indices[A.indptr[r]:A.indptr[r + 1]]
-        assert key[r] == (rank[cols].min() if cols.size else A.shape[0])
+        assert key[r] == (rank[cols].min() if 0 < cols.size <= SELL.LONG_ROW else A.shape[0])
 
 
 def test_sell_unknown_row_order_is_refused():
@@ -226,3 +227,14 @@ def test_sell_layout_kernel_equals_the_numpy_layout(cupy, name, lanes, row_order
     assert (dev.sigma, dev.size, dev.slices, dev.pieces) == (ref.sigma, ref.size, ref.slices, ref.pieces)
     for field in ("_pos", "col", "slice_ptr", "slice_rows", "piece_ptr", "piece_row", "long_rows", "row_pieces"):
         np.testing.assert_array_equal(getattr(dev, field).get(), getattr(ref, field), err_msg=field)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["geometric", "power_law", "one_long_row", "empty_rows"])
+def test_sell_neighbour_key_kernel_equals_numpy(cupy, name):
+    A = MATRICES[name]()
+    rank = np.random.default_rng(2).permutation(A.shape[0]).astype(np.int32)
+    ref = SELL(*arrays(A), np)._neighbour_key(*arrays(A), rank)
+    dev = SELL(*(cupy.asarray(a) for a in arrays(A)), cupy)
+    np.testing.assert_array_equal(dev._neighbour_key(*(cupy.asarray(a) for a in arrays(A)), cupy.asarray(rank)).get(),
+                                  ref)

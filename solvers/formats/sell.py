@@ -9,10 +9,11 @@ SLICE = 32  # rows a slice: one warp, a thread a row
 # The layout kernel's argument (kernels/sell_layout.cu).
 LAYOUT = Struct("SellLayout", [("n", "int"), ("lanes", "int"), ("sliced", "int"), ("indptr", "const int*"),
                                ("indices", "const int*"), ("slot", "const int*"), ("slice_ptr", "const int*"),
-                               ("long_start", "const int*"), ("col", "int*"), ("pos", "int*")])
+                               ("long_start", "const int*"), ("long_rows", "const int*"), ("longs", "int"),
+                               ("col", "int*"), ("pos", "int*")])
 # The neighbour key kernel's argument (kernels/sell_layout.cu).
-KEY = Struct("SellKey", [("n", "int"), ("indptr", "const int*"), ("indices", "const int*"), ("rank", "const int*"),
-                         ("key", "int*")])
+KEY = Struct("SellKey", [("n", "int"), ("long_row", "int"), ("indptr", "const int*"), ("indices", "const int*"),
+                         ("rank", "const int*"), ("key", "int*")])
 LAYOUT_STRUCTS = (LAYOUT, KEY)
 ROW_ORDERS = ("auto", "neighbours", "length")
 
@@ -98,7 +99,7 @@ class SELL(MatrixFormat):
         if row_order != "length":
             grouped = short_rows[self._neighbour_order(indptr, indices, short_rows, is_long)]
             if row_order == "auto":
-                self.sectors = tuple(window_sectors(indptr, indices, rows, self.SIGMAS[0], xp, samples=256)
+                self.sectors = tuple(window_sectors(indptr, indices, rows, self.SIGMAS[0], xp, samples=64)
                                      for rows in (short_rows, grouped))
                 row_order = "neighbours" if self.sectors[1] <= self.NEIGHBOUR_GAIN * self.sectors[0] else "length"
             if row_order == "neighbours":
@@ -186,8 +187,10 @@ class SELL(MatrixFormat):
         pos = xp.empty(self.nnz, dtype=xp.int32)
         col = xp.zeros(self.size, dtype=xp.int32)
         args = LAYOUT.pack(n=self.n, lanes=self.lanes, sliced=int(slice_ptr32[-1]), indptr=indptr, indices=indices,
-                           slot=slot, slice_ptr=slice_ptr32, long_start=long_start.astype(xp.int32), col=col,
-                           pos=pos)
+                           slot=slot, slice_ptr=slice_ptr32, long_start=long_start.astype(xp.int32),
+                           long_rows=long_rows.astype(xp.int32), longs=int(long_rows.size), col=col, pos=pos)
+        if long_rows.size:
+            layout_kernel("sell_place_long")((max(1, min(-(-int(long_start[-1]) // 256), 4096)),), (256,), (args,))
         layout_kernel("sell_place")((max(1, min(-(-self.n // 256), 4096)),), (256,), (args,))
         return pos, col
 
@@ -256,15 +259,21 @@ class SELL(MatrixFormat):
         return order
 
     def _neighbour_key(self, indptr, indices, rank):
-        """Least ``rank`` of each row's columns, ``n`` for an empty row (``kernels/sell_layout.cu``)."""
+        """Least ``rank`` of each row's columns (``kernels/sell_layout.cu``).
+
+        ``n`` for an empty row and for a row over :attr:`LONG_ROW` entries, which
+        takes no part in the order.
+        """
         xp, n = self.xp, self.n
         if xp is np:
             values = np.append(rank[indices], np.int32(n))
             least = np.minimum.reduceat(values, indptr[:-1]) if n else values[:0]
-            return np.where(np.diff(indptr) > 0, least, n).astype(np.int32)
+            length = np.diff(indptr)
+            return np.where((length > 0) & (length <= self.LONG_ROW), least, n).astype(np.int32)
         key = xp.empty(n, dtype=xp.int32)
         layout_kernel("sell_neighbour_key")((max(1, min(-(-n // 256), 4096)),), (256,),
-               (KEY.pack(n=n, indptr=indptr, indices=indices, rank=rank, key=key),))
+                                            (KEY.pack(n=n, long_row=self.LONG_ROW, indptr=indptr, indices=indices,
+                                                      rank=rank, key=key),))
         return key
 
     def _deal_slices(self):
