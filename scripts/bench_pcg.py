@@ -1,6 +1,7 @@
 """Side-by-side PCG benchmark: this project's drivers against CuPy, JAX, SciPy and one cuSPARSE SpMV.
 
-Run on a GPU machine: ``python scripts/bench_pcg.py [--quick] [--only NAME ...]``.
+Run on a GPU machine: ``python scripts/bench_pcg.py [--quick] [--only NAME ...] [--skip NAME ...]
+[--modes while ...] [--peers cupyx spmv ...]`` (a column not timed shows "-").
 Prints a markdown table (time per iteration, iterations, time to solution, set-up
 costs, ratios) and saves it under ``scripts/results/`` with the date and the GPU
 name.
