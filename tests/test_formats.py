@@ -153,14 +153,15 @@ def test_sell_rows_by_neighbours_share_gathered_sectors():
 def test_sell_auto_orders_rows_by_neighbours_only_where_windows_read_far_fewer_sectors():
     from scipy.sparse.csgraph import reverse_cuthill_mckee
     geometric = random_geometric_laplacian(20000, seed=1)
-    chosen = SELL(*arrays(geometric), np)
+    chosen = SELL(*arrays(geometric), np, row_order="auto")
     assert chosen.row_order == "neighbours" and chosen.sectors[1] <= SELL.NEIGHBOUR_GAIN * chosen.sectors[0]
     assert f"rows by neighbours ({chosen.sectors[0]:.2f} sectors a nonzero given" in chosen.describe()
     order = reverse_cuthill_mckee(geometric, symmetric_mode=True)
     banded = sp.csr_matrix(geometric[order][:, order])  # numbered well already: nothing to gain
     banded.sort_indices()
-    assert SELL(*arrays(banded), np).row_order == "length"
-    assert SELL(*arrays(power_law_laplacian(20000, seed=1)), np).row_order == "length"  # no locality to find
+    assert SELL(*arrays(banded), np, row_order="auto").row_order == "length"
+    no_locality = power_law_laplacian(20000, seed=1)
+    assert SELL(*arrays(no_locality), np, row_order="auto").row_order == "length"
 
 
 def test_sell_groups_of_32_slices_hold_long_and_short_slices_alike():
@@ -185,6 +186,21 @@ def test_sell_neighbour_key_is_the_least_rank_of_a_short_rows_columns(name):
     for r in range(A.shape[0]):
         cols = A.indices[A.indptr[r]:A.indptr[r + 1]]
         assert key[r] == (rank[cols].min() if 0 < cols.size <= SELL.LONG_ROW else A.shape[0])
+
+
+@pytest.mark.parametrize("name", MATRICES)
+def test_sell_rows_by_neighbours_reproduce_the_product(name):
+    A = MATRICES[name]()
+    layout = SELL(*arrays(A), np, row_order="neighbours")
+    x = np.random.default_rng(0).standard_normal(A.shape[1])
+    np.testing.assert_allclose(layout.product(layout.values(A.data), x), A @ x, rtol=1e-13, atol=1e-12)
+
+
+def test_sell_rows_of_a_rectangular_matrix_keep_their_length_order():
+    A = sp.csr_matrix(sp.random(300, 1000, density=0.02, random_state=np.random.default_rng(1)))
+    assert SELL(*arrays(A), np, row_order="auto").row_order == "length"
+    with pytest.raises(InputError, match="need a square matrix"):
+        SELL(*arrays(A), np, row_order="neighbours")
 
 
 def test_sell_unknown_row_order_is_refused():

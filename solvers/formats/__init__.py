@@ -26,7 +26,7 @@ def row_lengths(indptr, xp=np):
     return xp.diff(indptr)
 
 
-def choose_format(indptr, indices, xp=np, requested="auto", sell_lanes=None, sell_rows="auto"):
+def choose_format(indptr, indices, xp=np, requested="auto", sell_lanes=None, sell_rows="length"):
     """The format for a CSR pattern: ``requested``, or by ``auto`` from its row lengths.
 
     ``auto`` takes ELL when every row has nearly the mean length (at most 1.3 times
@@ -42,7 +42,7 @@ def choose_format(indptr, indices, xp=np, requested="auto", sell_lanes=None, sel
     sell_lanes : int, optional
         Threads a row of SELL (default :meth:`~.sell.SELL.auto_lanes`).
     sell_rows : {"auto", "neighbours", "length"}
-        Row order of SELL (see :class:`~.sell.SELL`).
+        Row order of SELL (see :class:`~.sell.SELL`); the PCG solver asks for ``auto``.
 
     Returns
     -------

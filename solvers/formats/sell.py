@@ -46,7 +46,8 @@ class SELL(MatrixFormat):
     order where its windows read at most :attr:`NEIGHBOUR_GAIN` times the 32-byte
     sectors that windows of the given order read (:func:`~.base.window_sectors`,
     on a sample): a graph with locality but numbered at random, not one already
-    numbered well or one without locality (a power-law graph).
+    numbered well or one without locality (a power-law graph). A matrix with more
+    columns than rows keeps ``"length"``.
 
     Rows longer than :attr:`LONG_ROW` entries are kept apart, in CSR order after
     the slices, and cut into pieces of at most :attr:`PIECE_LENGTH` entries, a
@@ -79,7 +80,7 @@ class SELL(MatrixFormat):
         mean = nnz / max(n, 1)
         return int(min(8, max(1, 2 ** round(np.log2(max(mean / 4, 1.0))))))
 
-    def __init__(self, indptr, indices, xp, lanes=None, row_order="auto"):
+    def __init__(self, indptr, indices, xp, lanes=None, row_order="length"):
         super().__init__(indptr, xp)
         if lanes is None:
             lanes = self.auto_lanes(self.nnz, self.n)
@@ -96,6 +97,10 @@ class SELL(MatrixFormat):
         is_long = lengths > self.LONG_ROW
         short_rows = xp.nonzero(~is_long)[0]
         long_rows = xp.nonzero(is_long)[0]
+        if row_order != "length" and self.nnz and int(indices.max()) >= n:
+            if row_order == "neighbours":
+                raise InputError("SELL rows by neighbours need a square matrix (columns numbered as rows)")
+            row_order = "length"  # auto: a rectangular matrix's columns are not its rows
         if row_order != "length":
             grouped = short_rows[self._neighbour_order(indptr, indices, short_rows, is_long)]
             if row_order == "auto":
