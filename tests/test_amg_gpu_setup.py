@@ -295,7 +295,8 @@ def test_device_hierarchy_has_the_host_references_aggregates_and_levels(problems
 def test_amg_pcg_with_the_device_set_up_within_1_5x_of_pyamg_default(problems, problem):
     A, B, b = problems[problem]
     theirs, _ = pyamg_iterations(A, B, b)
-    solver = PCG(A, preconditioner=AMG(near_nullspace=B, setup="gpu"), rtol=RTOL, device="cpu")
+    # coarse_size 100: levels below the finest to check (the default stops 64^2 elasticity at two)
+    solver = PCG(A, preconditioner=AMG(near_nullspace=B, setup="gpu", coarse_size=100), rtol=RTOL, device="cpu")
     assert sp.isspmatrix_csr(solver._impl.M.levels[1].A)  # copied back for the CPU cycle
     res = solver.solve(b)
     assert res.converged and res.iterations <= 1.5 * theirs, (res.iterations, theirs)
@@ -305,10 +306,11 @@ def test_amg_pcg_with_the_device_set_up_within_1_5x_of_pyamg_default(problems, p
 def test_levels_of_a_device_matrix_stay_on_the_device_and_take_new_values(problems, on_gpu):
     cupy, csp, _ = on_gpu
     A, B, b = problems["elasticity"]
-    M = AMG(near_nullspace=B, hierarchy_dtype="float64").setup(csp.csr_matrix(A))  # auto: the GPU for a matrix there
+    # auto: the GPU for a matrix there; coarse_size 100 leaves a level between the finest and the coarsest
+    M = AMG(near_nullspace=B, hierarchy_dtype="float64", coarse_size=100).setup(csp.csr_matrix(A))
     assert M.details()["hierarchy"].startswith("set up on the GPU")
     assert all(isinstance(m, csp.csr_matrix) for level in M.levels for m in (level.A, level.P, level.R))
-    reference = AMG(near_nullspace=B, setup="gpu").setup(A)  # the same set-up, levels on the host
+    reference = AMG(near_nullspace=B, setup="gpu", coarse_size=100).setup(A)  # the same set-up, levels on the host
     assert M.level_sizes() == reference.level_sizes()
     r = b - A @ np.ones_like(b)
     np.testing.assert_allclose(M.apply(cupy.asarray(r)).get(), reference.apply(r), rtol=1e-8, atol=1e-12)
