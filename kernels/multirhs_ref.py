@@ -7,7 +7,7 @@ iteration is -1. A column that has stopped is left untouched by both.
 """
 import numpy as np
 
-from .pcg_ref import BREAKDOWN, NOT_FINITE, RUNNING, stop_reason
+from .pcg_ref import RUNNING, stop_reason, take_curvature
 
 
 def _precondition(dinv, r):
@@ -23,14 +23,7 @@ def direction(A, dinv, r, p, states):
         cur = state["parity"]
         p_new = state["beta"] * p[cur][:, c] + _precondition(dinv, r[:, c])
         p[1 - cur][:, c] = p_new
-        pq = float(np.dot(p_new, A @ p_new))
-        state["pq"] = pq
-        if not np.isfinite(pq):
-            state["status"] = NOT_FINITE
-        elif pq <= 0:
-            state["status"] = BREAKDOWN
-        else:
-            state["alpha"] = state["rz"] / pq
+        take_curvature(state, float(np.dot(p_new, A @ p_new)))
 
 
 def update(A, dinv, x, r, p, states):

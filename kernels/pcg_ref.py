@@ -19,7 +19,12 @@ def direction_product(A, z, p0, p1, state):
     p_old, p_new = (p1, p0) if state["parity"] else (p0, p1)
     p_new[:] = state["beta"] * p_old + z
     q = A @ p_new
-    pq = float(np.dot(p_new, q))
+    take_curvature(state, float(np.dot(p_new, q)))
+    return q
+
+
+def take_curvature(state, pq):
+    """Record pq = p.Ap and the step length alpha = rz / pq, or why there is none (a stop reason)."""
     state["pq"] = pq
     if not np.isfinite(pq):
         state["status"] = NOT_FINITE
@@ -27,7 +32,6 @@ def direction_product(A, z, p0, p1, state):
         state["status"] = BREAKDOWN
     else:
         state["alpha"] = state["rz"] / pq
-    return q
 
 
 def stop_reason(rnorm, tol, it, maxiter, curvature, finite=True):

@@ -28,7 +28,7 @@ import numpy as np
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 import provenance  # noqa: E402
 import solvers  # noqa: E402
-from solvers.gallery import linear_elasticity_2d, rotated_anisotropic_diffusion  # noqa: E402
+from bench_precond import problems  # noqa: E402  (the benchmark's problems, by the same names)
 from solvers.pcg import AMG  # noqa: E402
 
 RTOL = 1e-8
@@ -87,15 +87,6 @@ def breakdown(M, n, repeat, reps):
         counts[label] += 1
     cycle = replay_time(graph_of(program.launch, stream, 1), stream, reps)
     return parts, counts, cycle, len(launches)
-
-
-def problems(diffusion, elasticity):
-    if diffusion:
-        A = rotated_anisotropic_diffusion((diffusion, diffusion))
-        yield f"rotated anisotropic diffusion {diffusion}^2", A, None
-    if elasticity:
-        A, B = linear_elasticity_2d((elasticity, elasticity))
-        yield f"linear elasticity {elasticity}^2", A, B
 
 
 def main(argv=None):
