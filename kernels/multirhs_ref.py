@@ -7,7 +7,7 @@ iteration is -1. A column that has stopped is left untouched by both.
 """
 import numpy as np
 
-from .pcg_ref import RUNNING, stop_reason, take_curvature
+from .pcg_ref import RUNNING, classic_decision, take_curvature
 
 
 def _precondition(dinv, r):
@@ -38,16 +38,7 @@ def update(A, dinv, x, r, p, states):
             x[:, c] += state["alpha"] * p_new
             r[:, c] -= state["alpha"] * (A @ p_new)
         rc = r[:, c]
-        z = _precondition(dinv, rc)
-        rz, rnorm = float(np.dot(rc, z)), float(np.sqrt(np.dot(rc, rc)))
-        it = state["iteration"] + 1
-        status = stop_reason(rnorm, state["tol"], it, state["maxiter"], rz)
-        if status == RUNNING:
-            state["beta"] = 0.0 if start else rz / state["rz"]
-            state["rz"] = rz
-            if not start:
-                state["parity"] ^= 1
-        state.update(iteration=it, rnorm=rnorm, status=status)
+        classic_decision(state, start, state["iteration"] + 1, rc, _precondition(dinv, rc))
 
 
 def residual(A, x, b):
