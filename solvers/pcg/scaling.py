@@ -53,15 +53,21 @@ def largest_entry(a):
     if isinstance(a, spla.LinearOperator):
         return None
     if sp.issparse(a) or type(a).__module__.startswith("cupyx.scipy.sparse"):
-        data = a.data
-        return float(abs(data).max()) if data.size else 0.0
+        return _largest_magnitude(a.data)
     if is_device_array(a):
-        a = _device_array(a)
-        return float(abs(a).max()) if a.size else 0.0
+        return _largest_magnitude(_device_array(a))
     a = np.asarray(a)
-    if not np.issubdtype(a.dtype, np.number) or a.size == 0:
+    if not np.issubdtype(a.dtype, np.number):
         return 0.0  # the solver's own checks say what is wrong with it
-    return float(np.abs(a).max())
+    return _largest_magnitude(a)
+
+
+def _largest_magnitude(values):
+    """``max |v|`` of a NumPy or CuPy array from its largest and smallest values: two reductions and no
+    array of magnitudes (a matrix's entries can be hundreds of megabytes). NaN if there is one."""
+    if values.size == 0:
+        return 0.0
+    return max(float(values.max()), -float(values.min()))
 
 
 def scaled(a, k):
