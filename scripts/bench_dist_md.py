@@ -55,6 +55,12 @@ def worker(args):
 
     comm = world() if args.ranks > 1 else None
     rank = 0 if comm is None else comm.Get_rank()
+    margin = None
+    if comm is not None and args.device == "gpu":
+        from solvers.md import parallel_gpu
+        if args.margin_skins is not None:
+            parallel_gpu.MARGIN_SKINS = args.margin_skins[0]  # a worker gets one value
+        margin = parallel_gpu.MARGIN_SKINS
 
     def body():
         for n in args.sizes:
@@ -70,7 +76,7 @@ def worker(args):
             sps, steps = timed(sim, args.seconds)
             row = dict(n=state.n, gpus=args.ranks, path=name, steps_per_s=sps, steps=steps,
                        grid="x".join(map(str, sim.rank_grid)), builds=sim.neighbor_builds,
-                       migrations=sim.migrations,
+                       migrations=sim.migrations, margin_skins=margin,
                        toteng=sim.thermo["TotEng"], mode=sim.mode)
             if rank == 0:
                 print(TAG + json.dumps(row), flush=True)
@@ -83,11 +89,13 @@ def worker(args):
             body()
 
 
-def launch(args, gpus, out_lines):
+def launch(args, gpus, out_lines, margin_skins=None):
     cmd = [sys.executable, __file__, "--worker", "--ranks", str(gpus), "--sizes", *map(str, args.sizes),
            "--seconds", str(args.seconds), "--device", args.device, "--precision", args.precision]
     if args.check_every:
         cmd += ["--check-every", str(args.check_every)]
+    if margin_skins is not None:
+        cmd += ["--margin-skins", str(margin_skins)]
     if gpus > 1:
         from solvers.distributed.launch import mpiexec_command
         cmd = [*(args.mpiexec.split() + ["-n", str(gpus)] if args.mpiexec else mpiexec_command(gpus)), *cmd]
@@ -101,18 +109,21 @@ def launch(args, gpus, out_lines):
 
 
 def table(rows, args):
-    lines = ["| N | GPUs | path | rank grid | steps/s | us/step | speed-up vs 1 GPU | overhead vs 1 GPU (us/step) | "
-             "list builds | of which with migration |", "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| N | GPUs | path | rank grid | ghost margin (skins) | steps/s | us/step | speed-up vs 1 GPU | "
+             "overhead vs 1 GPU (us/step) | list builds | of which with migration |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for n in args.sizes:
         at = [r for r in rows if r["n"] == n or abs(r["n"] - n) < 4]
         base = next((r for r in at if r["path"] == "single process"), None)
-        for r in sorted(at, key=lambda r: (r["gpus"], r["path"] != "single process")):
+        for r in sorted(at, key=lambda r: (r["gpus"], r["path"] != "single process", r.get("margin_skins") or 0)):
             us = 1e6 / r["steps_per_s"]
             speed = f"{r['steps_per_s'] / base['steps_per_s']:.2f}x" if base else "n/a"
             over = f"{us - 1e6 / base['steps_per_s']:+.1f}" if base else "n/a"
             moved = r["migrations"] if r.get("migrations") is not None else "-"
             label = "one process (while)" if r["path"] == "single process" else f"{r['gpus']} rank(s)"
-            lines.append(f"| {r['n']:,} | {r['gpus']} | {label} | {r['grid']} | {r['steps_per_s']:,.0f} | {us:.1f} | "
+            margin = r["margin_skins"] if r.get("margin_skins") is not None else "-"
+            lines.append(f"| {r['n']:,} | {r['gpus']} | {label} | {r['grid']} | {margin} | {r['steps_per_s']:,.0f} | "
+                         f"{us:.1f} | "
                          f"{speed} | {over} | {r['builds']} | {moved} |")
     return "\n".join(lines)
 
@@ -125,17 +136,22 @@ def main(argv=None):
     p.add_argument("--device", choices=("gpu", "cpu"), default="gpu")
     p.add_argument("--precision", choices=("mixed", "double"), default="mixed")
     p.add_argument("--check-every", type=int, help="steps enqueued between status reads over ranks (default 4)")
+    p.add_argument("--margin-skins", type=float, nargs="+",
+                   help="GPU ranks' ghost margin in skins, one job per value (default: the library's)")
     p.add_argument("--mpiexec", help="launcher prefix instead of mpiexec (e.g. 'mpirun --allow-run-as-root')")
     p.add_argument("--out", default=str(REPO / "scripts" / "results"))
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--ranks", type=int, default=1, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.margin_skins and args.device != "gpu":
+        p.error("--margin-skins: the CPU ranks choose ghosts at every list build (no margin)")
     if args.worker:
         worker(args)
         return 0
     rows = []
     for gpus in args.gpus:
-        launch(args, gpus, rows)
+        for margin in (args.margin_skins if gpus > 1 and args.margin_skins else [None]):
+            launch(args, gpus, rows, margin)
     stamp = datetime.datetime.now(datetime.timezone.utc)
     text = (f"# MD over ranks, {stamp:%Y-%m-%d %H:%M} UTC, commit {provenance.commit()}, device {args.device}, "
             f"{args.precision}\n\nLJ fcc liquid, density {DENSITY}, T0 {TEMP}, rc {RC}, skin {SKIN}, dt {DT}, NVE. "

@@ -323,14 +323,16 @@ class SegmentDriver:
 
     Parameters
     ----------
-    stream, side_stream : CuPy streams (or objects with the same methods)
-        The main stream and the one :class:`Overlap` steps run on.
+    stream : CuPy stream (or an object with the same methods)
+        The main stream.
     event : callable
         Makes an event (``cupy.cuda.Event``); called with ``disable_timing=True``
         for ordering, plainly for timing.
+    side_stream : CuPy stream, optional
+        The stream :class:`Overlap` steps run on (iterations without them need none).
     """
 
-    def __init__(self, stream, side_stream, event):
+    def __init__(self, stream, event, side_stream=None):
         self.stream, self.side_stream = stream, side_stream
         self._event = event
         self._ready = event(disable_timing=True)
@@ -369,6 +371,8 @@ class SegmentDriver:
                 step.graph.launch(s)
                 continue
             if isinstance(step, Overlap):
+                if side is None:
+                    raise ValueError("an Overlap step needs the driver's side stream")
                 self._ready.record(s)
                 side.wait_event(self._ready)
                 if step.graph is not None:

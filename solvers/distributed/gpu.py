@@ -217,7 +217,7 @@ class DistGPUPCG:
         self._pack_args()
 
         self.stream, self.comm_stream = self._streams()
-        self.driver = SegmentDriver(self.stream, self.comm_stream, cupy.cuda.Event)
+        self.driver = SegmentDriver(self.stream, cupy.cuda.Event, self.comm_stream)
         # The uploads above ran on the legacy stream, which non-blocking streams do not wait for.
         cupy.cuda.Device().synchronize()
 

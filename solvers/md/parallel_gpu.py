@@ -5,12 +5,13 @@ The decomposition and ghost selection are those of the CPU path
 list builds; migrating particles travel over NCCL too. A step is
 an iteration of :class:`~solvers.engine.SegmentDriver`:
 
-* graph ``md_kick_drift``: first kick and drift of the own particles, the
-  displacement check (rebuild request) and the blow-up check, in ``ctl``;
-* on the side stream, graph ``md_pack`` (the send buffer, in each receiver's
-  frame) and the NCCL exchange of ghost positions straight into the tail of
-  the position buffer; meanwhile on the main stream an NCCL max-allreduce of
-  the control flags, so every rank sees the same decision;
+* graph ``md_kick_drift``, ``md_pack``: first kick and drift of the own
+  particles, the displacement check (rebuild request) and the blow-up check,
+  in ``ctl``; the send buffer, in each receiver's frame;
+* one NCCL group: the exchange of ghost positions straight into the tail of
+  the position buffer and a max-allreduce of the control flags, so every rank
+  sees the same decision (the host's enqueueing bounds a small system's step:
+  two graphs and one group);
 * graph ``md_build_gate``, list build, ``md_force``: an agreed list build on the
   particles and ghosts held, then forces and second kick; unless the reduced
   flags report a blow-up, or a list build with a particle past the ghost margin
@@ -37,7 +38,7 @@ import numpy as np
 
 from ..backend import require_cupy
 from ..distributed.comm import DeviceComm
-from ..engine import Communicate, Join, Overlap, Segment, SegmentDriver
+from ..engine import Communicate, Segment, SegmentDriver
 from ..errors import DeviceError
 from ..kernels import md_params, md_ref, module
 from ..kernels.md_params import (C_BAD, C_BUILDS, C_CELLMAX, C_FAR, C_FORCED, C_NBMAX, C_REBUILD, C_REQ, C_STATUS,
@@ -118,8 +119,7 @@ class DistGpuBackend(DeviceAccess):
         self.regrows, self.capacity = 0, 0
         try:
             self.stream = cp.cuda.Stream(non_blocking=True)
-            side = cp.cuda.Stream(non_blocking=True, priority=-(2 ** 30))
-            self.driver = SegmentDriver(self.stream, side, cp.cuda.Event)
+            self.driver = SegmentDriver(self.stream, cp.cuda.Event)
             self.nccl = DeviceComm.shared(comm)
             self._set_routes()
             self._setup_atoms(state, restart)
@@ -320,17 +320,20 @@ class DistGpuBackend(DeviceAccess):
         """Ghost positions from their owners into the tail of the position buffer (one NCCL group)."""
         self.nccl.exchange(self._ghost_transfers, s)
 
-    def _reduce_flags(self, s):
-        """ctl[C_REQ .. C_FAR] := their maxima over the ranks (one decision everywhere)."""
-        nccl = self.nccl._nccl
-        ptr = self.ctl.data.ptr + 8 * C_REQ
-        self.nccl.comm.allReduce(ptr, ptr, C_FAR - C_REQ + 1, nccl.NCCL_UINT64, nccl.NCCL_MAX, s.ptr)
+    def _exchange_and_agree(self, s):
+        """The ghost exchange and, in the same NCCL group, ctl[C_REQ .. C_FAR] := their maxima over the
+        ranks (one decision everywhere)."""
+        self.nccl.exchange(self._ghost_transfers, s, flags=(self.ctl.data.ptr + 8 * C_REQ, C_FAR - C_REQ + 1))
 
     def _capture_step(self):
         cap = self.driver.capture
         self._force_graph = cap(lambda s: self._launch_force(stream=s))
-        self.iteration = [Segment(cap(self._kick_drift)), Overlap(cap(self._pack), self._exchange),
-                          Communicate(self._reduce_flags), Join(), Segment(cap(self._build_and_force))]
+        self.iteration = [Segment(cap(self._kick_drift_and_pack)), Communicate(self._exchange_and_agree),
+                          Segment(cap(self._build_and_force))]
+
+    def _kick_drift_and_pack(self, s):
+        self._kick_drift(s)
+        self._pack(s)
 
     def _build_and_force(self, s):
         self._k["md_build_gate"]((1,), (1,), (self.params,), stream=s)
