@@ -24,7 +24,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from bench_dist_md import DENSITY, DT, RC, SEED, SKIN, TEMP, lattice_for  # noqa: E402
 from solvers.distributed.comm import abort_on_error, world  # noqa: E402
 from solvers.md import LennardJones, Simulation, VelocityVerlet, lattice_state  # noqa: E402
-from solvers.md.gpu import C_STATUS, C_STEP, C_TARGET, ST_REBUILD, ST_RUNNING  # noqa: E402
+from solvers.kernels.md_params import C_STATUS, C_STEP, C_TARGET, ST_REBUILD, ST_RUNNING  # noqa: E402
 
 PHASES = ("_rebuild", "_migrate", "_lay_out", "_plan_ghosts", "_allocate_lists", "_build_lists", "_launch_rebuild",
           "_capture_step")
@@ -102,7 +102,7 @@ def main(argv=None):
             phases, host, rebuilds = single_steps(b, args.steps, cp)
             width = min(len(p) for p in phases)
             med = np.median([p[:width] for p in phases], axis=0)
-            say("  single step (synchronised), median us per interval (local, comm, local, join wait, local...): "
+            say("  single step (synchronised), median us per interval (local work and communication in turn): "
                 + " ".join(f"{v:.1f}" for v in med) + f"; sum {med.sum():.1f}; host enqueue median "
                 f"{np.median(host):.1f} us", flush=True)
             say(f"  {rebuilds} list builds in {args.steps} steps, ms per build (synchronised, nested): "
