@@ -101,11 +101,17 @@ def launch(args, gpus, out_lines, margin_skins=None):
         cmd = [*(args.mpiexec.split() + ["-n", str(gpus)] if args.mpiexec else mpiexec_command(gpus)), *cmd]
     env = {**os.environ, "PYTHONPATH": str(REPO), "NCCL_NVLS_ENABLE": os.environ.get("NCCL_NVLS_ENABLE", "0")}
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) as proc:
+        lines = []
+        for line in proc.stdout:  # each row as it comes: a run cut short still shows the finished ones
+            lines.append(line)
+            if line.startswith(TAG):
+                out_lines.append(json.loads(line[len(TAG):]))
+                print(f"{gpus} GPU(s), {time.perf_counter() - t0:.1f} s: {line[len(TAG):].strip()}", file=sys.stderr,
+                      flush=True)
+        err = proc.stderr.read()
     if proc.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    print(f"{gpus} GPU(s): {time.perf_counter() - t0:.1f} s", file=sys.stderr)
-    out_lines += [json.loads(line[len(TAG):]) for line in proc.stdout.splitlines() if line.startswith(TAG)]
+        raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{''.join(lines)[-3000:]}\n{err[-3000:]}")
 
 
 def table(rows, args):
