@@ -397,3 +397,43 @@ class SegmentDriver:
     def join(self):
         """The main stream waits for the side stream's last :class:`Overlap` (before reusing its buffers)."""
         self.stream.wait_event(self._side_done)
+
+
+class StatusCopies:
+    """Copies of a small device array taken at points of a stream, for the host to read later.
+
+    A driver that reads its device status only after queuing more work keeps the
+    device busy while the host waits for the older copy and acts on it. Each copy
+    goes to pinned host memory behind an event; up to ``slots`` may be outstanding
+    (taking more reuses the oldest slot).
+
+    Parameters
+    ----------
+    array : cupy.ndarray
+        The device array (its buffer is copied; it must stay the same buffer).
+    stream : cupy.cuda.Stream
+        Where the copies are ordered.
+    slots : int
+        Copies that may be outstanding at once.
+    """
+
+    def __init__(self, array, stream, slots=2):
+        cp = require_cupy()
+        import cupyx
+        self._array, self._stream = array, stream
+        self._host = [cupyx.empty_pinned(array.shape, array.dtype) for _ in range(slots)]
+        self._events = [cp.cuda.Event(disable_timing=True) for _ in range(slots)]
+        self._next = 0
+
+    def take(self):
+        """Queue a copy of the array as the stream will have it here; returns the copy's ticket."""
+        k = self._next
+        self._next = (k + 1) % len(self._host)
+        require_cupy().asnumpy(self._array, stream=self._stream, out=self._host[k], blocking=False)
+        self._events[k].record(self._stream)
+        return k
+
+    def read(self, ticket):
+        """The copy ``ticket`` (a NumPy array; waits until it is done)."""
+        self._events[ticket].synchronize()
+        return np.array(self._host[ticket])

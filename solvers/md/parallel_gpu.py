@@ -38,7 +38,7 @@ import numpy as np
 
 from ..backend import require_cupy
 from ..distributed.comm import DeviceComm
-from ..engine import Communicate, Segment, SegmentDriver
+from ..engine import Communicate, Segment, SegmentDriver, StatusCopies
 from ..errors import DeviceError
 from ..kernels import md_params, md_ref, module
 from ..kernels.md_params import (C_BAD, C_BUILDS, C_CELLMAX, C_FAR, C_FORCED, C_NBMAX, C_REBUILD, C_REQ, C_STATUS,
@@ -123,6 +123,7 @@ class DistGpuBackend(DeviceAccess):
             self.nccl = DeviceComm.shared(comm)
             self._set_routes()
             self._setup_atoms(state, restart)
+            self._status = StatusCopies(self.ctl, self.stream)
         except cp.cuda.memory.OutOfMemoryError as exc:
             raise DeviceError(f"out of GPU memory while setting up the simulation ({exc})") from None
 
@@ -464,27 +465,38 @@ class DistGpuBackend(DeviceAccess):
             self.ctl[C_TARGET] = target
             self.ctl[C_STATUS] = ST_RUNNING
             self._save()
+            pending = self._enqueue_chunk()
             while True:
-                for _ in range(self.check_every):
-                    self.driver.enqueue(self.iteration)
-                ctl = self.ctl.get()  # the ranks' decisions agree (reduced flags); their lists' fit may not
+                # The next chunk goes in before this one's status is read, so the device has work while
+                # the host waits, reads and agrees; past a stop its steps change nothing.
+                ahead = self._enqueue_chunk()
+                ctl = self._status.read(pending)  # decisions agree (reduced flags); the lists' fit may not
                 status = int(ctl[C_STATUS])
                 if self._on_any_rank(status == ST_OVERFLOW):
                     self._redo()
+                elif status == ST_RUNNING:
+                    pending = ahead
                     continue
-                if status == ST_DONE:
+                elif status == ST_DONE:
                     break
-                if status == ST_UNSTABLE:
+                elif status == ST_UNSTABLE:
                     raise agreed(UnstableRunError(
                         f"step {int(ctl[C_STEP])}: a particle moved more than half the neighbour cutoff in one "
                         "step (or is not finite): the run blew up"))
-                if status == ST_REBUILD:
+                elif status == ST_REBUILD:
                     self._rebuild(ctl)
-                elif status != ST_RUNNING:
+                else:
                     raise RuntimeError(f"device loop ended in state {status} before step {target}")
+                pending = self._enqueue_chunk()
             self.step = target
             self._sums = self._reduced_sums()
         return self._sums
+
+    def _enqueue_chunk(self):
+        """``check_every`` steps, then a copy of the control block; returns the copy's ticket."""
+        for _ in range(self.check_every):
+            self.driver.enqueue(self.iteration)
+        return self._status.take()
 
     # -- access ----------------------------------------------------------------------
     @property
