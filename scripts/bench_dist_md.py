@@ -13,6 +13,7 @@ against it) and saves it under ``scripts/results/``.
 """
 import argparse
 import datetime
+import faulthandler
 import json
 import os
 import pathlib
@@ -64,6 +65,8 @@ def worker(args):
 
     def body():
         for n in args.sizes:
+            # A run that hangs ends with every rank's Python stack on stderr instead of blocking the job.
+            faulthandler.dump_traceback_later(args.hang_seconds, exit=True)
             state = lattice_state(DENSITY, lattice_for(n), TEMP, SEED)
             if comm is None:  # one GPU: the single-process path, the reference
                 name = "single process"
@@ -81,6 +84,7 @@ def worker(args):
             if rank == 0:
                 print(TAG + json.dumps(row), flush=True)
             del sim
+            faulthandler.cancel_dump_traceback_later()
 
     if comm is None:
         body()
@@ -96,12 +100,13 @@ def launch(args, gpus, out_lines, margin_skins=None):
         cmd += ["--check-every", str(args.check_every)]
     if margin_skins is not None:
         cmd += ["--margin-skins", str(margin_skins)]
+    cmd += ["--hang-seconds", str(args.hang_seconds)]
     if gpus > 1:
         from solvers.distributed.launch import mpiexec_command
         cmd = [*(args.mpiexec.split() + ["-n", str(gpus)] if args.mpiexec else mpiexec_command(gpus)), *cmd]
     env = {**os.environ, "PYTHONPATH": str(REPO), "NCCL_NVLS_ENABLE": os.environ.get("NCCL_NVLS_ENABLE", "0")}
     t0 = time.perf_counter()
-    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) as proc:
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env) as proc:
         lines = []
         for line in proc.stdout:  # each row as it comes: a run cut short still shows the finished ones
             lines.append(line)
@@ -109,9 +114,8 @@ def launch(args, gpus, out_lines, margin_skins=None):
                 out_lines.append(json.loads(line[len(TAG):]))
                 print(f"{gpus} GPU(s), {time.perf_counter() - t0:.1f} s: {line[len(TAG):].strip()}", file=sys.stderr,
                       flush=True)
-        err = proc.stderr.read()
     if proc.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{''.join(lines)[-3000:]}\n{err[-3000:]}")
+        raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{''.join(lines)[-6000:]}")
 
 
 def table(rows, args):
@@ -144,6 +148,8 @@ def main(argv=None):
     p.add_argument("--check-every", type=int, help="steps enqueued between status reads over ranks (default 4)")
     p.add_argument("--margin-skins", type=float, nargs="+",
                    help="GPU ranks' ghost margin in skins, one job per value (default: the library's)")
+    p.add_argument("--hang-seconds", type=float, default=300,
+                   help="a size whose runs take longer ends the job with each rank's stack")
     p.add_argument("--mpiexec", help="launcher prefix instead of mpiexec (e.g. 'mpirun --allow-run-as-root')")
     p.add_argument("--out", default=str(REPO / "scripts" / "results"))
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)

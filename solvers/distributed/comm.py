@@ -225,24 +225,15 @@ class DeviceComm:
         return (calls(sendbuf.data.ptr, plan.send_ranks, plan.send_offsets),
                 calls(halo.data.ptr, plan.recv_ranks, plan.recv_offsets))
 
-    def exchange(self, transfers, stream, flags=None):
-        """The ``transfers`` as one NCCL group of sends and receives on ``stream``.
-
-        ``flags``: ``(pointer, count)`` of uint64 values replaced by their maxima over the ranks in
-        the same group (one NCCL launch for both, where a separate allreduce costs the host a call
-        and the device a launch a step).
-        """
-        nccl = self._nccl
+    def exchange(self, transfers, stream):
+        """The ``transfers`` as one NCCL group of sends and receives on ``stream``."""
         sends, receives = transfers
-        nccl.groupStart()
+        self._nccl.groupStart()
         try:
             for ptr, size, dtype, peer in sends:
                 self.halo_comm.send(ptr, size, dtype, peer, stream.ptr)
             for ptr, size, dtype, peer in receives:
                 self.halo_comm.recv(ptr, size, dtype, peer, stream.ptr)
-            if flags is not None:
-                ptr, count = flags
-                self.halo_comm.allReduce(ptr, ptr, count, nccl.NCCL_UINT64, nccl.NCCL_MAX, stream.ptr)
         finally:
-            nccl.groupEnd()
+            self._nccl.groupEnd()
         watchdog.beat()

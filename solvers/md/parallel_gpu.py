@@ -8,10 +8,10 @@ an iteration of :class:`~solvers.engine.SegmentDriver`:
 * graph ``md_kick_drift``, ``md_pack``: first kick and drift of the own
   particles, the displacement check (rebuild request) and the blow-up check,
   in ``ctl``; the send buffer, in each receiver's frame;
-* one NCCL group: the exchange of ghost positions straight into the tail of
-  the position buffer and a max-allreduce of the control flags, so every rank
-  sees the same decision (the host's enqueueing bounds a small system's step:
-  two graphs and one group);
+* the NCCL exchange of ghost positions straight into the tail of the position
+  buffer, then an NCCL max-allreduce of the control flags, so every rank sees
+  the same decision (the host's enqueueing bounds a small system's step: two
+  graphs and two NCCL calls);
 * graph ``md_build_gate``, list build, ``md_force``: an agreed list build on the
   particles and ghosts held, then forces and second kick; unless the reduced
   flags report a blow-up, or a list build with a particle past the ghost margin
@@ -321,16 +321,17 @@ class DistGpuBackend(DeviceAccess):
         """Ghost positions from their owners into the tail of the position buffer (one NCCL group)."""
         self.nccl.exchange(self._ghost_transfers, s)
 
-    def _exchange_and_agree(self, s):
-        """The ghost exchange and, in the same NCCL group, ctl[C_REQ .. C_FAR] := their maxima over the
-        ranks (one decision everywhere)."""
-        self.nccl.exchange(self._ghost_transfers, s, flags=(self.ctl.data.ptr + 8 * C_REQ, C_FAR - C_REQ + 1))
+    def _reduce_flags(self, s):
+        """ctl[C_REQ .. C_FAR] := their maxima over the ranks (one decision everywhere)."""
+        nccl = self.nccl._nccl
+        ptr = self.ctl.data.ptr + 8 * C_REQ
+        self.nccl.comm.allReduce(ptr, ptr, C_FAR - C_REQ + 1, nccl.NCCL_UINT64, nccl.NCCL_MAX, s.ptr)
 
     def _capture_step(self):
         cap = self.driver.capture
         self._force_graph = cap(lambda s: self._launch_force(stream=s))
-        self.iteration = [Segment(cap(self._kick_drift_and_pack)), Communicate(self._exchange_and_agree),
-                          Segment(cap(self._build_and_force))]
+        self.iteration = [Segment(cap(self._kick_drift_and_pack)), Communicate(self._exchange),
+                          Communicate(self._reduce_flags), Segment(cap(self._build_and_force))]
 
     def _kick_drift_and_pack(self, s):
         self._kick_drift(s)
