@@ -512,7 +512,7 @@ md_force(const MdParams p, int setup, u64 while_handle, int ranks) {
 // Distributed runs, a step in kernels between which the ranks exchange ghosts: md_kick_drift (the
 // first kick and the drift of the own particles, in place; any rebuild request, particle past the
 // ghost margin or unstable particle in ctl), md_pack (the send buffer), then, once the flags are
-// agreed by the ranks, md_build_gate, the list build's kernels (which return at once unless it
+// reduced over the ranks, md_build_gate, the list build's kernels (which return at once unless it
 // set ctl[C_REBUILD]) and md_force with ranks != 0. Past the chunk's stop, or once the status is not
 // ST_RUNNING, nothing moves.
 extern "C" __global__ void __launch_bounds__(MD_BLOCK) md_kick_drift(const MdParams p) {
@@ -534,19 +534,13 @@ extern "C" __global__ void __launch_bounds__(MD_BLOCK) md_kick_drift(const MdPar
     if (last_block(&ctl[C_DRIFTED]) && threadIdx.x == 0) ctl[C_STEP] = step + 1;
 }
 
-// Distributed runs, after the ghost exchange: first the flags ctl[C_REQ .. C_FAR] become their maxima
-// over the ranks, from the p.flag_peers rows of p.peer_flags that came with the ghosts (when the
-// neighbours are all the ranks; otherwise an allreduce has already done it and flag_peers is 0). Then a
-// list build the ranks agreed on is done here, on the particles and ghosts held, when no particle on
-// any rank has moved past the ghost margin; otherwise md_force leaves it to the host (which migrates
-// particles first). One thread.
+// Distributed runs, after the flags are reduced: a list build the ranks agreed on is done here, on the
+// particles and ghosts held, when no particle on any rank has moved past the ghost margin; otherwise
+// md_force leaves it to the host (which migrates particles first). One thread.
 extern "C" __global__ void md_build_gate(const MdParams p) {
     u64 *const ctl = p.ctl;
     const u64 step = ctl[C_STEP];
     if (ctl[C_STATUS] != ST_RUNNING || ctl[C_FORCED] == step) return;
-    const int width = C_FAR - C_REQ + 1;
-    for (int r = 0; r < p.flag_peers; ++r)
-        for (int s = 0; s < width; ++s) ctl[C_REQ + s] = max(ctl[C_REQ + s], p.peer_flags[r * width + s]);
     if (ctl[C_REQ] && !ctl[C_FAR] && !ctl[C_BAD]) ctl[C_REBUILD] = 1;
 }
 

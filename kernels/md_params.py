@@ -95,9 +95,6 @@ def params_struct(real, pair):
         ("pe", "double*"), ("vir", "double*"), ("partial", "double*"), ("thermo", "double*"), ("nlist", "int*"),
         ("ncount", "int*"), ("order", "int*"), ("ids", "const long long*"), ("ctl", "unsigned long long*"),
         ("planned", vec4),     # distributed runs: own particles' positions when the ghosts were chosen
-        # distributed runs whose neighbours are all the ranks: their ctl[C_REQ .. C_FAR], received with the
-        # ghosts (flag_peers rows), merged by md_build_gate
-        ("peer_flags", "const unsigned long long*"), ("flag_peers", "int"),
         ("cell_count", "int*"), ("cell_atoms", "int*"), ("cell_sorted", "int*"), ("cell_pos", vec4),
         ("cell_start", "int*"),
         ("n", "int"),          # particles integrated, listed and forced (a rank's own)

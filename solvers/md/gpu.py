@@ -68,16 +68,14 @@ _BUFFERS = ("hold", "pe", "vir", "partial", "thermo", "nlist", "ncount", "order"
             "cell_atoms", "cell_sorted", "cell_pos", "cell_start")
 
 
-def param_values(backend, *, pos, pos_alt, n_local, by_cell, count, skin, box, extent, planned=None, margin=0.0,
-                 peer_flags=None, flag_peers=0):
+def param_values(backend, *, pos, pos_alt, n_local, by_cell, count, skin, box, extent, planned=None, margin=0.0):
     """Every MdParams field (kernels/md_params.py) for a backend's buffers and settings.
 
     ``pos`` and ``pos_alt`` are the position buffers (the second receives a sorted copy),
     ``n_local`` the particles with ghosts, ``count`` the steps a launch, ``box`` the edges
     the kernels wrap by and ``extent`` the span the cells cover (the box, on one GPU);
     distributed runs: ``planned``, the own particles' positions when the ghosts were chosen,
-    ``margin``, how far they may move from there, and ``peer_flags``, the ``flag_peers``
-    neighbours' control flags as they arrive with the ghosts.
+    and ``margin``, how far they may move from there.
     """
     it, mass = backend.integ, backend.mass
     if it.langevin:
@@ -97,8 +95,7 @@ def param_values(backend, *, pos, pos_alt, n_local, by_cell, count, skin, box, e
             "cells": {"nx": ncell[0], "ny": ncell[1], "nz": ncell[2], "cap": backend.cellcap,
                       "sx": ncell[0] / extent[0], "sy": ncell[1] / extent[1], "sz": ncell[2] / extent[2]},
             "bath": bath, "pair": backend.ff.device_params(),
-            "planned": 0 if planned is None else planned.data.ptr, "margin_sq": margin ** 2,
-            "peer_flags": 0 if peer_flags is None else peer_flags.data.ptr, "flag_peers": flag_peers}
+            "planned": 0 if planned is None else planned.data.ptr, "margin_sq": margin ** 2}
 
 
 class _StepBody:

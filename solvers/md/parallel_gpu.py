@@ -9,10 +9,9 @@ an iteration of :class:`~solvers.engine.SegmentDriver`:
   particles, the displacement check (rebuild request) and the blow-up check,
   in ``ctl``; the send buffer, in each receiver's frame;
 * the NCCL exchange of ghost positions straight into the tail of the position
-  buffer, and the control flags' maxima over the ranks, so every rank makes the
-  same decision: sent with the ghosts where every rank is a neighbour (a grid
-  at most 3 ranks long each way), else an NCCL max-allreduce (the host's
-  enqueueing bounds a small system's step: two graphs and one or two NCCL calls);
+  buffer, then an NCCL max-allreduce of the control flags, so every rank sees
+  the same decision (the host's enqueueing bounds a small system's step: two
+  graphs and two NCCL calls);
 * graph ``md_build_gate``, list build, ``md_force``: an agreed list build on the
   particles and ghosts held, then forces and second kick; unless the reduced
   flags report a blow-up, or a list build with a particle past the ghost margin
@@ -58,7 +57,7 @@ _KERNELS = ("md_cell_clear", "md_cell_bin", "md_cell_sort", "md_neigh_build", "m
             "md_build_gate")
 # The ghost margin, in skins. Measured on two GPUs (MEASUREMENTS.md): 1 skin migrates at about 45% of
 # the list builds, 3 skins at 12% (32,000 atoms) to 13% (1M), 4 skins at 7% and 8%, each faster at
-# every size (32,000 atoms: 126.8, 79.3, 78.8 us a step).
+# every size (32,000 atoms: 126.8, 83.2, 78.8 us a step).
 MARGIN_SKINS = 4.0
 
 
@@ -186,7 +185,6 @@ class DistGpuBackend(DeviceAccess):
         self.partial = cp.empty(3 * max(1, -(-n * self.tpp // BLOCK)), np.float64)
         self.sendbuf = cp.empty((max(len(self.send_index), 1), 4), self.real)
         self._ghost_transfers = self._transfers(self.sendbuf, self.send_counts, self.frame[n:], self.recv_counts)
-        self._step_transfers = tuple(a + b for a, b in zip(self._ghost_transfers, self._flag_transfers()))
         if n > self.capacity:
             self.capacity = int(1.1 * n) + 64
             self._allocate_lists()
@@ -255,12 +253,6 @@ class DistGpuBackend(DeviceAccess):
             offsets.append((offset[0] + 1) * 9 + (offset[1] + 1) * 3 + (offset[2] + 1))
         self._route_peer = np.array(peers)
         self._route_shift = self._cp.asarray(np.array(shifts), dtype=self.real)
-        # Where every rank is a neighbour (each grid dimension at most 3: the same on every rank), the control
-        # flags travel with the ghosts and md_build_gate takes their maxima: one NCCL group a step, where an
-        # allreduce of its own costs the host about as much again (MEASUREMENTS.md).
-        others = sorted(set(peers) - {self.domain.rank})
-        self._flag_peers = others if len(others) == self.ranks - 1 else []
-        self.peer_flags = self._cp.zeros((max(len(self._flag_peers), 1), C_FAR - C_REQ + 1), np.uint64)
         dom = self.domain
         self._rank_frame = RANK_FRAME.pack(origin=self.origin, box=self.box, width=dom.width, lo=dom.lo, hi=dom.hi,
                                            reach=self.reach, grid=dom.grid, coords=dom.coords, offsets=offsets)
@@ -281,7 +273,7 @@ class DistGpuBackend(DeviceAccess):
     def _param_values(self):
         return param_values(self, pos=self.frame, pos_alt=self.frame, n_local=self.n_local, by_cell=False, count=1,
                             skin=self.skin, box=(NO_PERIODS,) * 3, extent=self.extent, planned=self.planned,
-                            margin=self.margin, peer_flags=self.peer_flags, flag_peers=len(self._flag_peers))
+                            margin=self.margin)
 
     # -- kernels and communication ----------------------------------------------------
     def _launch_rebuild(self, s, src, copy):
@@ -326,23 +318,9 @@ class DistGpuBackend(DeviceAccess):
                 received += int(recv_counts[peer])
         return sends, recvs
 
-    def _flag_transfers(self):
-        """Sends of my control flags ctl[C_REQ .. C_FAR] to each neighbour and receives of theirs into
-        ``peer_flags`` (none unless every rank is a neighbour)."""
-        nccl = self.nccl._nccl
-        width = C_FAR - C_REQ + 1
-        mine = self.ctl.data.ptr + 8 * C_REQ
-        return ([(mine, width, nccl.NCCL_UINT64, peer) for peer in self._flag_peers],
-                [(self.peer_flags.data.ptr + 8 * width * k, width, nccl.NCCL_UINT64, peer)
-                 for k, peer in enumerate(self._flag_peers)])
-
     def _exchange(self, s):
         """Ghost positions from their owners into the tail of the position buffer (one NCCL group)."""
         self.nccl.exchange(self._ghost_transfers, s)
-
-    def _exchange_step(self, s):
-        """A step's exchange: the ghosts and, with them, the control flags (one NCCL group)."""
-        self.nccl.exchange(self._step_transfers, s)
 
     def _reduce_flags(self, s):
         """ctl[C_REQ .. C_FAR] := their maxima over the ranks (one decision everywhere)."""
@@ -353,9 +331,8 @@ class DistGpuBackend(DeviceAccess):
     def _capture_step(self):
         cap = self.driver.capture
         self._force_graph = cap(lambda s: self._launch_force(stream=s))
-        agree = [Communicate(self._exchange_step)] if self._flag_peers else [Communicate(self._exchange),
-                                                                              Communicate(self._reduce_flags)]
-        self.iteration = [Segment(cap(self._kick_drift_and_pack)), *agree, Segment(cap(self._build_and_force))]
+        self.iteration = [Segment(cap(self._kick_drift_and_pack)), Communicate(self._exchange),
+                          Communicate(self._reduce_flags), Segment(cap(self._build_and_force))]
 
     def _kick_drift_and_pack(self, s):
         self._kick_drift(s)
