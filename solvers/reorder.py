@@ -41,9 +41,23 @@ def gather_sectors(indptr, indices, rows_per_warp=32, itemsize=8, samples=2048):
     of the product kernels reads them; ``samples`` such groups, evenly spaced, are
     counted (all of them for smaller matrices). About 1 for random numbering (each
     gather a memory transaction of its own), well below 1 for banded matrices.
+    Counted where the arrays are (NumPy, or CuPy for a matrix on the GPU).
     """
+    xp = _array_module(indptr)
     n = int(indptr.size) - 1
-    return window_sectors(indptr, indices, np.arange(n), rows_per_warp, np, samples, itemsize)
+    return window_sectors(indptr, indices, xp.arange(n), rows_per_warp, xp, samples, itemsize)
+
+
+def _array_module(a):
+    """NumPy for a host array, else CuPy (imported only for a device array)."""
+    if isinstance(a, np.ndarray):
+        return np
+    import cupy
+    return cupy
+
+
+def _on_device(A):
+    return type(A).__module__.startswith("cupyx")
 
 
 class Reordering:
@@ -101,12 +115,14 @@ class Reordering:
 
 
 def choose_reordering(A, requested, device):
-    """The reordering of ``A`` (SciPy CSR) that ``requested`` asks for, with why, or None.
+    """The reordering of ``A`` (SciPy or cupyx CSR) that ``requested`` asks for, with why, or None.
 
     ``auto`` reorders on the GPU only, a matrix whose product reads are scattered
     (:func:`gather_sectors` above :data:`SCATTERED`), with no row longer than
     :data:`AUTO_MAX_ROW_LENGTH`, and only when the model above predicts that the
     reordering costs less than it saves over :data:`AUTO_ITERATIONS` iterations.
+    The measurements run where ``A`` is (a GPU solve uploads a host matrix first,
+    so they read it there); reverse Cuthill-McKee itself runs on the host (SciPy).
 
     Returns
     -------
@@ -117,15 +133,15 @@ def choose_reordering(A, requested, device):
         raise InputError(f"reorder must be one of {', '.join(REORDERINGS)}, not {requested!r}")
     if requested == "none":
         return None, "none"
-    if not sp.issparse(A):
+    if not (sp.issparse(A) or _on_device(A)):
         if requested == "rcm":
             raise InputError("reorder='rcm' needs an explicit sparse matrix")
         return None, "none (not a sparse matrix)"
-    A = sp.csr_matrix(A)
+    A = A.tocsr() if _on_device(A) else sp.csr_matrix(A)
     if requested == "auto":
         if device != "gpu":
             return None, "none (auto reorders on the GPU only)"
-        longest = int(np.diff(A.indptr).max()) if A.shape[0] else 0
+        longest = int(_array_module(A.indptr).diff(A.indptr).max()) if A.shape[0] else 0
         scattered = gather_sectors(A.indptr, A.indices)
         if scattered <= SCATTERED:
             return None, f"none (local reads: {scattered:.2f} sectors a nonzero)"
@@ -139,6 +155,6 @@ def choose_reordering(A, requested, device):
     from scipy.sparse.csgraph import reverse_cuthill_mckee
 
     t0 = time.perf_counter()
-    order = Reordering(reverse_cuthill_mckee(A, symmetric_mode=True), "rcm")
+    order = Reordering(reverse_cuthill_mckee(A.get() if _on_device(A) else A, symmetric_mode=True), "rcm")
     order.seconds = time.perf_counter() - t0  # the permutation of A adds its time (Reordering.matrix)
     return order, "rcm"

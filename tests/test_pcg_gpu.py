@@ -331,6 +331,24 @@ def test_auto_format_gather_and_reordering_are_reported(cupy):
     assert stencil.reordering.startswith("none (local reads")
 
 
+def test_reordering_decided_on_the_device_as_on_the_host(cupy):
+    """A GPU solve uploads a host matrix first and measures its reads there: the same decision and note."""
+    import cupyx.scipy.sparse as csp
+
+    from solvers.reorder import choose_reordering, gather_sectors
+    for A in (random_geometric_laplacian(20000, seed=4), poisson((60, 60)),
+              random_geometric_laplacian(3000, seed=2)[::-1, ::-1].tocsr()):
+        device_A = csp.csr_matrix(A)
+        assert gather_sectors(device_A.indptr, device_A.indices) == gather_sectors(A.indptr, A.indices)
+        host_order, host_note = choose_reordering(A, "auto", "gpu")
+        device_order, device_note = choose_reordering(device_A, "auto", "gpu")
+        assert device_note == host_note
+        assert (device_order is None) == (host_order is None)
+        if host_order is not None:
+            np.testing.assert_array_equal(device_order.perm, host_order.perm)
+        assert solvers.PCG(A, device="gpu", rtol=1e-8).reordering == host_note
+
+
 def test_reordering_is_invisible_to_the_caller(cupy):
     A = random_geometric_laplacian(5000, seed=5)
     b = np.random.default_rng(3).standard_normal(A.shape[0])

@@ -208,7 +208,9 @@ class PCG:
         if spec is not None and wants_gpu:  # the reason, before looking for a GPU
             refuse_unsupported(spec, "gpu", variant, self.dtype)
         self.device, self.device_note = self._choose_device(A, M, spec, device, mode)
-        self._order, self.reordering = self._choose_reordering(A, reorder)
+        given_on_device = _is_cupy_sparse(A) or is_device_array(A)
+        A = self._uploaded(A)
+        self._order, self.reordering = self._choose_reordering(A, reorder, given_on_device)
         if self._order is not None:
             A = self._order.matrix(self._where_solved(A))
         self.reorder_time = self._order.seconds if self._order is not None else 0.0
@@ -264,11 +266,16 @@ class PCG:
             return csp.csr_matrix(sp.csr_matrix(A))
         return A.get() if _is_cupy_sparse(A) and self.device == "cpu" else A
 
-    def _choose_reordering(self, A, reorder):
-        """``(Reordering or None, note)``; a matrix already on the GPU is reordered only on request."""
-        if reorder == "auto" and (_is_cupy_sparse(A) or is_device_array(A)):
+    def _uploaded(self, A):
+        """A host sparse matrix copied to the GPU once for a GPU solve, else ``A`` as given: the set-up's
+        measurements (reordering, scaling, checks) then read it there instead of on the host."""
+        return self._where_solved(A) if self.device == "gpu" and sp.issparse(A) else A
+
+    def _choose_reordering(self, A, reorder, given_on_device):
+        """``(Reordering or None, note)``; a matrix the caller gave on the GPU is reordered only on request."""
+        if reorder == "auto" and given_on_device:
             return None, "none (the matrix is on the GPU)"
-        return choose_reordering(A.get() if _is_cupy_sparse(A) else A, reorder, self.device)
+        return choose_reordering(A, reorder, self.device)
 
     def _shift_for(self, A):
         """The power of two that brings ``A``'s entries into the working precision's safe band."""
@@ -347,6 +354,7 @@ class PCG:
         AMG keeps its aggregation when the pattern is unchanged).
         """
         refuse_complex(A, "A")
+        A = self._uploaded(A)
         if self._order is not None:  # the solver holds the reordered matrix
             A = self._order.matrix(self._where_solved(A))
         shift = self._shift_for(A)
