@@ -18,12 +18,17 @@
 __device__ __forceinline__ bool stopped(const int* stop) { return stop && *(const volatile int*)stop; }
 
 // finish(i, (M v)_i) for every row i, once, with the row's whole sum (a long row's pieces of a SELL
-// layout are added up by the format first).
-template <typename F>
-__device__ __forceinline__ void for_each_row(const Matrix& M, const real_t* __restrict__ v, F finish) {
-    for_each_row_product(M, [&](int j) { return __ldg(&v[j]); }, [&](int i, real_t s, int part) {
+// layout are added up by the format first). v is a vector, or a functor v(j) forming its entry j.
+template <typename V, typename F>
+__device__ __forceinline__ void for_each_row(const Matrix& M, V v, F finish) {
+    for_each_row_product(M, v, [&](int i, real_t s, int part) {
         if (completes_row(part)) finish(i, s);
     });
+}
+
+template <typename F>
+__device__ __forceinline__ void for_each_row(const Matrix& M, const real_t* __restrict__ v, F finish) {
+    for_each_row(M, [&](int j) { return __ldg(&v[j]); }, finish);
 }
 
 // out = a M v + c y (y may be null: out = a M v). out may be y (x += P e), never v.
@@ -46,6 +51,25 @@ chebyshev_residual(const Matrix A, const real_t* x, const real_t* b, const real_
         rs[i] = r;
         d[i] = di;
         if (x_out) x_out[i] = x[i] + di;
+    });
+}
+
+// The recurrence from x = 0 and its first step in one pass: the start d_0 = first D^-1 b (x = d_0,
+// rs = D^-1 b; chebyshev_begin's values) is formed on the fly wherever the product reads it, then
+// rs -= D^-1 A d_0, d_new = c1 d_0 + c2 rs, x_out = d_0 + d_new. d_0 is never stored.
+extern "C" __global__ void __launch_bounds__(BLOCK)
+chebyshev_start_step(const Matrix A, const real_t* b, const real_t* dinv, real_t first, real_t* d_new, real_t* rs,
+                     real_t* x_out, real_t c1, real_t c2, const int* stop) {
+    if (stopped(stop)) return;
+    const auto start = [&](int j) { return first * (__ldg(&dinv[j]) * __ldg(&b[j])); };
+    for_each_row(A, start, [&](int i, real_t ad) {
+        const real_t scaled = dinv[i] * b[i];
+        const real_t old = first * scaled;
+        const real_t r = scaled - dinv[i] * ad;
+        const real_t di = c1 * old + c2 * r;
+        rs[i] = r;
+        d_new[i] = di;
+        x_out[i] = old + di;
     });
 }
 

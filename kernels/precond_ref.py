@@ -27,6 +27,17 @@ def chebyshev_residual(A, x, b, dinv, first, x_out=None):
     return d, rs
 
 
+def chebyshev_start_step(A, b, dinv, first, x_out, c1, c2):
+    """chebyshev_begin's d_0 = first D^-1 b (rs = D^-1 b, x = d_0), then one chebyshev_step from it, in one
+    pass (d_0 not stored): rs -= D^-1 A d_0, d_new = c1 d_0 + c2 rs, x_out = d_0 + d_new; returns (d_new, rs)."""
+    rs = dinv * b
+    d0 = first * rs
+    rs = rs - dinv * (A @ d0)
+    d_new = c1 * d0 + c2 * rs
+    x_out[:] = d0 + d_new
+    return d_new, rs
+
+
 def chebyshev_step(A, dinv, d_old, rs, x_in, x_out, c1, c2, add_old):
     """rs -= D^-1 A d_old, d_new = c1 d_old + c2 rs, x_out = x_in (+ d_old) + d_new; returns d_new."""
     rs -= dinv * (A @ d_old)

@@ -74,6 +74,11 @@ class HostProgram:
             d[:], rs[:] = precond_ref.chebyshev_residual(A, x, b, dinv, first, x_out)
         self._add("chebyshev_residual", step)
 
+    def chebyshev_start_step(self, A, b, dinv, first, d_new, rs, x, c1, c2):
+        def step():
+            d_new[:], rs[:] = precond_ref.chebyshev_start_step(A, b, dinv, first, x, c1, c2)
+        self._add("chebyshev_start_step", step)
+
     def chebyshev_step(self, A, dinv, d_old, d_new, rs, x_in, x_out, c1, c2, add_old=False):
         assert d_new is not d_old
         self._add("chebyshev_step", lambda: d_new.__setitem__(
@@ -233,12 +238,14 @@ def test_kernels_match_their_numpy_reference(dtype):
         b, dinv, x, d_old, rs, s = (rng.standard_normal(n) for _ in range(6))
         host = {k: a.astype(dtype) for k, a in dict(b=b, dinv=dinv, x=x, d_old=d_old, rs=rs, s=s).items()}
         dev = {k: cupy.asarray(a) for k, a in host.items()}
-        d_new, d0, rs0, x_new, swept, begun = (cupy.zeros(n, dtype=dtype) for _ in range(6))
+        d_new, d0, rs0, x_new, swept, begun, d_started, rs_started, x_started = (
+            cupy.zeros(n, dtype=dtype) for _ in range(9))
         program = DeviceProgram(cupy.zeros(n), cupy.zeros(n), dtype)
         held = program.matrix(A)
         program.chebyshev_step(held, dev["dinv"], dev["d_old"], d_new, dev["rs"], dev["x"], x_new, 0.3, 0.7,
                                add_old=True)
         program.chebyshev_residual(held, dev["x"], dev["b"], dev["dinv"], 0.25, d0, rs0, swept)
+        program.chebyshev_start_step(held, dev["b"], dev["dinv"], 0.25, d_started, rs_started, x_started, 0.3, 0.7)
         program.jacobi_sweep(held, swept, dev["b"], dev["s"], begun)
         program.scaled_add(dev["dinv"], dev["b"], dev["x"], accumulate=True)
         program.chebyshev_begin(dev["b"], dev["dinv"], 0.5, dev["s"], dev["d_old"], dev["rs"])
@@ -249,10 +256,14 @@ def test_kernels_match_their_numpy_reference(dtype):
         want["rs1"] = host["rs"].copy()
         want["d0"], want["rs0"] = precond_ref.chebyshev_residual(A, host["x"], host["b"], host["dinv"], 0.25,
                                                                  want["swept"])
+        want["x_started"] = np.zeros(n, dtype)
+        want["d_started"], want["rs_started"] = precond_ref.chebyshev_start_step(
+            A, host["b"], host["dinv"], 0.25, want["x_started"], 0.3, 0.7)
         want["begun"] = precond_ref.jacobi_sweep(A, want["swept"], host["b"], host["s"])
         precond_ref.scaled_add(host["dinv"], host["b"], host["x"], accumulate=True)
         want["d_begin"], want["rs_begin"] = precond_ref.chebyshev_begin(host["b"], host["dinv"], 0.5, host["s"])
         got = dict(x_new=x_new, swept=swept, d_new=d_new, d0=d0, rs0=rs0, begun=begun, x=dev["x"],
+                   d_started=d_started, rs_started=rs_started, x_started=x_started,
                    d_begin=dev["d_old"], rs_begin=dev["rs"], s=dev["s"])
         want.update(x=host["x"], d_begin=want["d_begin"], rs_begin=want["rs_begin"], s=host["s"])
         del want["rs1"]

@@ -187,6 +187,14 @@ class DeviceProgram:
         self._add(self._products(A), "chebyshev_residual", A.work, A.struct, x, b, dinv, self.dtype.type(first), d,
                   rs, np.uint64(0) if x_out is None else x_out)
 
+    def chebyshev_start_step(self, A, b, dinv, first, d_new, rs, x, c1, c2):
+        """:meth:`chebyshev_begin` and the first :meth:`chebyshev_step` in one launch: ``d_0 = first D^-1 b``
+        formed where the product reads it, ``rs = D^-1 b - D^-1 A d_0``, ``d_new = c1 d_0 + c2 rs``,
+        ``x = d_0 + d_new``."""
+        real = self.dtype.type
+        self._add(self._products(A), "chebyshev_start_step", A.work, A.struct, b, dinv, real(first), d_new, rs, x,
+                  real(c1), real(c2))
+
     def chebyshev_step(self, A, dinv, d_old, d_new, rs, x_in, x_out, c1, c2, add_old=False):
         """``rs -= D^-1 A d_old``, ``d_new = c1 d_old + c2 rs``, ``x_out = x_in (+ d_old) + d_new``."""
         real = self.dtype.type

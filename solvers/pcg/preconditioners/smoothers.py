@@ -162,11 +162,20 @@ class ChebyshevSmoother:
         self._iterate(x, self.inverse_diagonal * (b - self.A @ x))
 
     def device_from_zero(self, program, b, x):
-        """Append :meth:`from_zero` of the device vector ``b`` into ``x`` to ``program``."""
+        """Append :meth:`from_zero` of the device vector ``b`` into ``x`` to ``program``.
+
+        The start ``d = first D^{-1} b`` is pointwise: the first step's kernel forms it
+        where its product reads it instead of a launch of its own storing it.
+        """
         A, dinv = program.matrix(self.A), program.vector(self.inverse_diagonal)
         d, rs = self._device_vectors(program, x.size)
-        program.chebyshev_begin(b, dinv, self.first, x, d[0], rs)
-        self._device_steps(program, A, dinv, d, rs, x, x, add_first=False)
+        if not self.coefficients:  # degree 1: x = d, no step
+            program.chebyshev_begin(b, dinv, self.first, x, d[0], rs)
+            return
+        c1, c2 = self.coefficients[0]
+        program.chebyshev_start_step(A, b, dinv, self.first, d[1], rs, x, c1, c2)
+        for k, (c1, c2) in enumerate(self.coefficients[1:], start=1):
+            program.chebyshev_step(A, dinv, d[k % 2], d[(k + 1) % 2], rs, x, x, c1, c2)
 
     def device_improve(self, program, b, start, x):
         """Append :meth:`improve` of the device vector ``start`` into ``x`` (another buffer) to ``program``.
@@ -177,17 +186,18 @@ class ChebyshevSmoother:
         A, dinv = program.matrix(self.A), program.vector(self.inverse_diagonal)
         d, rs = self._device_vectors(program, x.size)
         program.chebyshev_residual(A, start, b, dinv, self.first, d[0], rs, None if self.coefficients else x)
-        self._device_steps(program, A, dinv, d, rs, start, x, add_first=True)
+        self._device_steps(program, A, dinv, d, rs, start, x)
 
     def _device_vectors(self, program, n):
         d = [program.scratch(self, "d0", n), program.scratch(self, "d1", n)]
         return d, program.scratch(self, "scaled residual", n)
 
-    def _device_steps(self, program, A, dinv, d, rs, start, x, add_first):
-        """The recurrence's steps (:meth:`_iterate`), the first from ``start``, each into ``x``."""
+    def _device_steps(self, program, A, dinv, d, rs, start, x):
+        """The recurrence's steps after :meth:`device_improve`'s residual kernel, the first from ``start``
+        (adding the start's correction too), each into ``x``."""
         for k, (c1, c2) in enumerate(self.coefficients):
             program.chebyshev_step(A, dinv, d[k % 2], d[(k + 1) % 2], rs, start if k == 0 else x, x, c1, c2,
-                                   add_old=add_first and k == 0)
+                                   add_old=k == 0)
 
     def details(self):
         return {"smoother": self.name, "degree": self.degree, "interval": [self.lower, self.upper],
