@@ -160,6 +160,24 @@ def test_amg_pcg_on_the_gpu_hierarchy_within_1_5x_of_pyamg_default(problems, pro
     assert solver.preconditioner_lines[0][1].startswith("smoothed aggregation (GPU set-up), ")
 
 
+@pytest.mark.parametrize("smoother", ["chebyshev", "jacobi"])
+def test_smoothers_take_the_estimate_their_prolongator_was_smoothed_with(problems, host_setup, smoother,
+                                                                        monkeypatch):
+    """One Lanczos estimate a level: the smoother's rho(D^-1 A) is the set-up's, which is the estimate of its level."""
+    from solvers.pcg.preconditioners import smoothers
+    from solvers.pcg.preconditioners.spectrum import largest_scaled_eigenvalue
+
+    def second_estimate(*args, **kwargs):
+        raise AssertionError("a smoother estimated rho(D^-1 A) again")
+    monkeypatch.setattr(smoothers, "largest_scaled_eigenvalue", second_estimate)
+    A, B, _ = problems["elasticity"]
+    M = AMG(near_nullspace=B, setup="gpu", coarse_size=100, smoother=smoother).setup(A)
+    assert len(M.levels) >= 2
+    for level in M.levels:
+        own = largest_scaled_eigenvalue(level.A, 1.0 / level.A.diagonal())
+        assert level.smoother.lambda_max == pytest.approx(own, rel=1e-12)
+
+
 def test_update_values_keeps_the_aggregation_and_recomputes_the_rest(host_setup):
     A = rotated_anisotropic_diffusion((64, 64))
     A2 = rotated_anisotropic_diffusion((64, 64), epsilon=1e-2, theta=np.pi / 3)

@@ -279,14 +279,19 @@ class AMG(Preconditioner):
         self._reusable, self.aggregation_reused = built.structure, reuse is not None
         self.built_by = "GPU set-up"
         self.hierarchy_method = "set up on the GPU: MIS(2) aggregation, cuSPARSE Galerkin products"
-        self.levels = [_Level(level_A, P, R, self._smoother(level_A)) for level_A, P, R in
-                       zip(built.operators, built.prolongators, built.restrictions)]
+        # each level's smoother takes the estimate of rho(D^-1 A) its prolongator was smoothed with (the
+        # same Lanczos steps on the same operator, in float64): one estimate a level, not two
+        self.levels = [_Level(level_A, P, R, self._smoother(level_A, rho)) for level_A, P, R, rho in
+                       zip(built.operators, built.prolongators, built.restrictions, built.spectral_radii)]
         self._coarse_matrix, self.coarse_inverse = built.operators[-1], built.coarse_inverse
 
-    def _smoother(self, A):
+    def _smoother(self, A, lambda_max=None):
+        """The smoother of a level with operator ``A`` (``lambda_max``: its ``rho(D^-1 A)`` when known)."""
         if self.smoother == "chebyshev":
-            return ChebyshevSmoother(A, self.degree, steps=self.lanczos_steps, user="AMG smoother")
-        return JacobiSmoother(A, self.omega, self.sweeps, steps=self.lanczos_steps, user="AMG smoother")
+            return ChebyshevSmoother(A, self.degree, steps=self.lanczos_steps, user="AMG smoother",
+                                     lambda_max=lambda_max)
+        return JacobiSmoother(A, self.omega, self.sweeps, steps=self.lanczos_steps, user="AMG smoother",
+                              lambda_max=lambda_max)
 
     # -- the cycle ------------------------------------------------------------
     def apply(self, r):

@@ -34,6 +34,11 @@ SAFETY = 1.1
 JACOBI_OMEGA = 4.0 / 3.0
 
 
+def _estimate(A, inverse_diagonal, steps, given):
+    """``given`` (a float), or the Lanczos estimate of ``rho(D^{-1} A)`` when it is None."""
+    return float(given) if given is not None else largest_scaled_eigenvalue(A, inverse_diagonal, steps)
+
+
 class JacobiSmoother:
     """``sweeps`` steps of ``x += (omega / rho) D^{-1} (b - A x)``.
 
@@ -45,14 +50,18 @@ class JacobiSmoother:
     sweeps : int
     steps : int
         Lanczos steps of the estimate.
+    lambda_max : float, optional
+        The estimate of ``rho(D^{-1} A)`` when the caller has one already (an AMG set-up
+        that smoothed its prolongator with it); else it is estimated here.
     """
 
     name = "jacobi"
 
-    def __init__(self, A, omega=JACOBI_OMEGA, sweeps=1, steps=LANCZOS_STEPS, user="Jacobi smoother"):
+    def __init__(self, A, omega=JACOBI_OMEGA, sweeps=1, steps=LANCZOS_STEPS, user="Jacobi smoother",
+                 lambda_max=None):
         self.A = A
         self.inverse_diagonal = jacobi_inverse_diagonal(A.diagonal(), user=user).astype(A.dtype)
-        self.lambda_max = largest_scaled_eigenvalue(A, self.inverse_diagonal, steps)
+        self.lambda_max = _estimate(A, self.inverse_diagonal, steps, lambda_max)
         self.sweeps = int(sweeps)
         self.weight = omega / self.lambda_max
         self._scaled = (self.weight * self.inverse_diagonal).astype(A.dtype)
@@ -119,15 +128,17 @@ class ChebyshevSmoother:
         ``rho`` of the largest eigenvalue of ``D^{-1} A``.
     steps : int
         Lanczos steps of the estimate.
+    lambda_max : float, optional
+        As for :class:`JacobiSmoother`.
     """
 
     name = "chebyshev"
 
     def __init__(self, A, degree=3, lower_fraction=LOWER_FRACTION, safety=SAFETY, steps=LANCZOS_STEPS,
-                 user="Chebyshev smoother"):
+                 user="Chebyshev smoother", lambda_max=None):
         self.A = A
         self.inverse_diagonal = jacobi_inverse_diagonal(A.diagonal(), user=user).astype(A.dtype)
-        self.lambda_max = largest_scaled_eigenvalue(A, self.inverse_diagonal, steps)
+        self.lambda_max = _estimate(A, self.inverse_diagonal, steps, lambda_max)
         self.degree = int(degree)
         self.lower, self.upper = lower_fraction * self.lambda_max, safety * self.lambda_max
         theta, delta = (self.upper + self.lower) / 2, (self.upper - self.lower) / 2
