@@ -464,3 +464,21 @@ def test_cli_runs_amg_on_the_gpu_with_the_same_report(tmp_path, capsys):
     cpu, gpu = (json.loads(js[d].read_text()) for d in ("cpu", "gpu"))
     assert set(cpu) == set(gpu) and set(cpu["preconditioner_details"]) == set(gpu["preconditioner_details"])
     assert gpu["converged"] and abs(gpu["iterations"] - cpu["iterations"]) <= 2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precond", ["amg", "chebyshev"])
+def test_products_with_the_solvers_matrix_take_its_layout(problems, precond):
+    """The finest operator is laid out once (the solver's layout, values in the hierarchy's precision);
+    the coarsest inverse, dense, is laid out as CSR."""
+    A, B, b = problems["diffusion"]
+    M = AMG(near_nullspace=B) if precond == "amg" else Chebyshev(3)
+    solver = PCG(A, preconditioner=M, rtol=RTOL, device="gpu")
+    impl = solver._impl
+    finest = impl.M.levels[0].A if precond == "amg" else impl.M.smoother.A
+    held = impl.program.matrix(finest)  # laid out at set-up: the same object back
+    assert held.format is impl.format and held.values.dtype == impl.M.storage_dtype
+    if precond == "amg":
+        assert impl.program.matrix(impl.M.coarse_inverse).format.name == "csr"
+    res = solver.solve(b)
+    assert res.converged and res.true_residual_norm <= 1e-7 * np.linalg.norm(b)

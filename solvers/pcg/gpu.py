@@ -315,13 +315,14 @@ class GPUPCG:
     def _set_up_preconditioner(self, M):
         """Set the preconditioner up on the device matrix ``M`` and lay out its launches on z = M^-1 r."""
         self.M = make_preconditioner(self.spec, M, self.reordering)
-        self._lay_out_preconditioner()
+        self._lay_out_preconditioner(M)
 
-    def _lay_out_preconditioner(self):
-        """The preconditioner's launches on fixed buffers (uploads what its set-up left on the host)."""
+    def _lay_out_preconditioner(self, M):
+        """The preconditioner's launches on fixed buffers (uploads what its set-up left on the host); its
+        products with the solver's matrix ``M`` reuse the solver's layout of it."""
         cupy = self.cupy
         stop = int(self.state.data.ptr) + STATE.dtype.fields["status"][1]  # the launches skip once it is set
-        self.program = DeviceProgram(self.r, self.vectors["z"], self.M.storage_dtype, stop)
+        self.program = DeviceProgram(self.r, self.vectors["z"], self.M.storage_dtype, stop, (M, self.format))
         self.M.device_apply(self.program)
         self.program.close()
         cupy.cuda.Device().synchronize()
@@ -375,7 +376,7 @@ class GPUPCG:
             self._set_diagonal(M)
             if self.split:  # new values of the preconditioner's own arrays: its launches are laid out again
                 self.M.update_values(M)
-                self._lay_out_preconditioner()
+                self._lay_out_preconditioner(M)
                 self.engine.invalidate()
             return
         self._setup(M)

@@ -28,7 +28,7 @@ from ...formats import choose_format
 BLOCK = 256  # threads a block of every kernel in precond.cu and precond_pointwise.cu
 
 
-def layout_for(shape, finest_rows):
+def layout_for(shape, finest_rows, dense=False):
     """The matrix format a preconditioner matrix of ``shape`` is laid out in.
 
     The finest level's operator (square, the solver's ``finest_rows``) takes the
@@ -37,10 +37,12 @@ def layout_for(shape, finest_rows):
     few variants (1 to 8 lanes a row) keep the modules compiled for a hierarchy
     few. A matrix with more rows than columns (a prolongation) takes CSR: the
     padding of ELL and SELL reads the vector at the entry's own row, which lies
-    beyond such a matrix's columns.
+    beyond such a matrix's columns. A ``dense`` one (the coarsest level's inverse)
+    takes CSR too: its rows are all equally long, so SELL's sorting and padding
+    would buy nothing for the milliseconds its layout costs.
     """
     rows, cols = shape
-    if rows > cols:
+    if rows > cols or dense:
         return "csr"
     return "auto" if rows == cols == finest_rows else "sell"
 
@@ -58,14 +60,26 @@ class DeviceMatrix:
         The kernels' ``Matrix`` argument.
     work : int
         Threads a product can keep busy.
+
+    Parameters
+    ----------
+    M : SciPy or cupyx sparse matrix, or a dense array
+    dtype : numpy dtype
+        Precision of the values laid out.
+    finest_rows : int
+        Rows of the solver's matrix (:func:`layout_for`).
+    layout : solvers.formats.base.MatrixFormat, optional
+        A layout of ``M``'s pattern that exists already (the solver's own, for its
+        matrix): only the values are laid out, in ``dtype``.
     """
 
-    def __init__(self, M, dtype, finest_rows):
+    def __init__(self, M, dtype, finest_rows, layout=None):
         cupy = require_cupy()
         import cupyx.scipy.sparse as csp
         import scipy.sparse as sp
 
         self.source = M
+        dense = not (csp.issparse(M) or sp.issparse(M))
         if csp.issparse(M):
             M = M.tocsr()
         elif sp.issparse(M):
@@ -73,9 +87,11 @@ class DeviceMatrix:
         else:  # a dense array (the coarsest level's inverse): every entry stored
             M = csp.csr_matrix(cupy.asarray(M))
         self.shape = M.shape
-        indptr = cupy.ascontiguousarray(M.indptr, dtype=cupy.int32)
-        indices = cupy.ascontiguousarray(M.indices, dtype=cupy.int32)
-        self.format = choose_format(indptr, indices, cupy, layout_for(self.shape, finest_rows))
+        if layout is None:
+            indptr = cupy.ascontiguousarray(M.indptr, dtype=cupy.int32)
+            indices = cupy.ascontiguousarray(M.indices, dtype=cupy.int32)
+            layout = choose_format(indptr, indices, cupy, layout_for(self.shape, finest_rows, dense))
+        self.format = layout
         self.values = self.format.values(cupy.ascontiguousarray(M.data, dtype=dtype))
         self.struct = self.format.pack(self.values)
         self.work = int(self.format.threads())
@@ -93,6 +109,9 @@ class DeviceProgram:
     stop : int
         Device address of an ``int``: every launch does nothing while it is non-zero
         (the solver's status word); 0 for none.
+    laid_out : tuple (matrix, layout), optional
+        A matrix the solver has laid out already (its own) and that layout: products
+        with that very matrix object use it (:class:`DeviceMatrix`'s ``layout``).
 
     Attributes
     ----------
@@ -102,9 +121,10 @@ class DeviceProgram:
         What each launch is part of (the :meth:`section` it was appended in), for timings.
     """
 
-    def __init__(self, r, z, dtype, stop=0):
+    def __init__(self, r, z, dtype, stop=0, laid_out=None):
         cupy = require_cupy()
         self.cupy = cupy
+        self._laid_out = laid_out
         self.dtype = np.dtype(dtype)
         self.n = int(r.size)
         self._stop = np.uint64(stop)
@@ -132,7 +152,9 @@ class DeviceProgram:
 
     def matrix(self, M):
         """``M`` (SciPy or cupyx sparse, or dense) laid out on the device, on first use (:func:`layout_for`)."""
-        return self._upload(M, lambda m: DeviceMatrix(m, self.dtype, self.n))
+        given = self._laid_out
+        layout = given[1] if given is not None and given[0] is M else None
+        return self._upload(M, lambda m: DeviceMatrix(m, self.dtype, self.n, layout))
 
     def vector(self, v):
         """``v`` (NumPy or CuPy) on the device in the program's precision, uploaded on first use."""
