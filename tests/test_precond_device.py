@@ -205,11 +205,26 @@ def cpu_solve(A, preconditioner, b):
     return solver, solver.solve(b)
 
 
+def test_each_matrix_of_a_cycle_takes_the_layout_of_its_shape():
+    from solvers.pcg.preconditioners.device import SMALL_ROWS, layout_for
+    n = 4 * SMALL_ROWS
+    assert layout_for((n, n), n) == "auto"  # the finest operator: as the PCG kernels would
+    assert layout_for((n // 2, n // 2), n) == "sell"
+    assert layout_for((n // 2, n), n) == "sell"  # a restriction
+    assert layout_for((n, n // 2), n) == "csr"  # a prolongation: SELL's padding would read past its columns
+    assert layout_for((SMALL_ROWS - 1, SMALL_ROWS - 1), n) == layout_for((SMALL_ROWS - 1, n), n) == "csr"
+    assert layout_for((SMALL_ROWS, SMALL_ROWS), n) == "sell"
+    assert layout_for((SMALL_ROWS, SMALL_ROWS), n, dense=True) == "csr"
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
-def test_kernels_match_their_numpy_reference(dtype):
+def test_kernels_match_their_numpy_reference(dtype, monkeypatch):
     import cupy
+    from solvers.pcg.preconditioners import device
     from solvers.pcg.preconditioners.device import DeviceProgram
+
+    monkeypatch.setattr(device, "SMALL_ROWS", 0)  # small matrices in every format, SELL included
 
     rng = np.random.default_rng(5)
     tolerance = 1e-12 if dtype == "float64" else 1e-5

@@ -26,6 +26,10 @@ from ...backend import require_cupy
 from ...formats import choose_format
 
 BLOCK = 256  # threads a block of every kernel in precond.cu and precond_pointwise.cu
+#: Matrices of fewer rows than this (a hierarchy's small levels and their restrictions) are laid out as
+#: CSR, which needs no layout work: SELL's layout costs a few milliseconds whatever the size (tens of
+#: small launches), and a product this small is bound by latency, where its sorting and padding buy nothing.
+SMALL_ROWS = 65_536
 
 
 def layout_for(shape, finest_rows, dense=False):
@@ -38,13 +42,13 @@ def layout_for(shape, finest_rows, dense=False):
     few. A matrix with more rows than columns (a prolongation) takes CSR: the
     padding of ELL and SELL reads the vector at the entry's own row, which lies
     beyond such a matrix's columns. A ``dense`` one (the coarsest level's inverse)
-    takes CSR too: its rows are all equally long, so SELL's sorting and padding
-    would buy nothing for the milliseconds its layout costs.
+    takes CSR too (its rows are all equally long), and so does any other with fewer
+    than :data:`SMALL_ROWS` rows.
     """
     rows, cols = shape
-    if rows > cols or dense:
-        return "csr"
-    return "auto" if rows == cols == finest_rows else "sell"
+    if rows == cols == finest_rows:
+        return "auto"
+    return "csr" if rows > cols or dense or rows < SMALL_ROWS else "sell"
 
 
 class DeviceMatrix:
