@@ -3,9 +3,9 @@
 // ones are precond_pointwise.cu. Host side: solvers/pcg/preconditioners/device.py, which strings them
 // into a fixed sequence of launches.
 //
-// Compiled with real_t, the precision the preconditioner is stored in, after matrix.cu and one matrix
-// format (ell.cu, sell.cu or csr.cu; solvers/formats): struct Matrix and for_each_row_product, the
-// products the PCG kernels use. A level's operator, a transfer (P or R) or the coarsest level's dense
+// Compiled with real_t, the precision the preconditioner is stored in (outer_t: the solver's), after
+// matrix.cu and one matrix format (ell.cu, sell.cu or csr.cu; solvers/formats): struct Matrix and
+// for_each_row_product, the products the PCG kernels use. A level's operator, a transfer (P or R) or the coarsest level's dense
 // inverse is one Matrix. The formats add in a fixed order and take no atomics in their sums, so every
 // launch of the same sequence gives the same bits.
 //
@@ -75,11 +75,13 @@ chebyshev_start_step(const Matrix A, const real_t* b, const real_t* dinv, real_t
 
 // One later step: rs -= D^-1 A d_old, d_new = c1 d_old + c2 rs, x_out = x_in (+ d_old when add_old: the
 // step that follows chebyshev_residual adds its d) + d_new. d is double-buffered (the product reads
-// d_old at neighbouring rows); x_in may be x_out.
-extern "C" __global__ void __launch_bounds__(BLOCK)
-chebyshev_step(const Matrix A, const real_t* dinv, const real_t* d_old, real_t* d_new, real_t* rs,
-               const real_t* x_in, real_t* x_out, real_t c1, real_t c2, int add_old, const int* stop) {
-    if (stopped(stop)) return;
+// d_old at neighbouring rows); x_in may be x_out. x_out is a real_t vector, or the solver's (outer_t)
+// in chebyshev_step_to_outer: the last launch of a cycle stored in a lower precision writes z itself,
+// the same values converted, and no conversion launch follows.
+template <typename X>
+__device__ __forceinline__ void chebyshev_step_rows(const Matrix& A, const real_t* dinv, const real_t* d_old,
+                                                    real_t* d_new, real_t* rs, const real_t* x_in, X* x_out,
+                                                    real_t c1, real_t c2, int add_old) {
     for_each_row(A, d_old, [&](int i, real_t ad) {
         const real_t r = rs[i] - dinv[i] * ad;
         const real_t old = d_old[i];
@@ -88,8 +90,22 @@ chebyshev_step(const Matrix A, const real_t* dinv, const real_t* d_old, real_t* 
         d_new[i] = di;
         real_t xi = x_in[i];
         if (add_old) xi += old;
-        x_out[i] = xi + di;
+        x_out[i] = (X)(xi + di);
     });
+}
+
+extern "C" __global__ void __launch_bounds__(BLOCK)
+chebyshev_step(const Matrix A, const real_t* dinv, const real_t* d_old, real_t* d_new, real_t* rs,
+               const real_t* x_in, real_t* x_out, real_t c1, real_t c2, int add_old, const int* stop) {
+    if (stopped(stop)) return;
+    chebyshev_step_rows(A, dinv, d_old, d_new, rs, x_in, x_out, c1, c2, add_old);
+}
+
+extern "C" __global__ void __launch_bounds__(BLOCK)
+chebyshev_step_to_outer(const Matrix A, const real_t* dinv, const real_t* d_old, real_t* d_new, real_t* rs,
+                        const real_t* x_in, outer_t* x_out, real_t c1, real_t c2, int add_old, const int* stop) {
+    if (stopped(stop)) return;
+    chebyshev_step_rows(A, dinv, d_old, d_new, rs, x_in, x_out, c1, c2, add_old);
 }
 
 // One weighted Jacobi sweep: out = y + s (b - A y), s = omega / rho D^-1. out is never y.

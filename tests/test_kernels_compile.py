@@ -94,7 +94,8 @@ def test_preconditioner_kernels_compile(real, outer, tmp_path):
     compile_ok(kernels.program("precond_pointwise", real, defines=(("outer_t", outer),)), tmp_path)
     for fmt in ("ell", "sell", "csr"):
         matrix_format = layout(fmt)
-        compile_ok(kernels.program("precond", real, defines=matrix_format.defines, before=("matrix", fmt),
+        compile_ok(kernels.program("precond", real, defines=tuple(matrix_format.defines) + (("outer_t", outer),),
+                                   before=("matrix", fmt),
                                    structs=(matrix_format.struct,)), tmp_path)
 
 

@@ -133,8 +133,9 @@ class DeviceProgram:
         self.n = int(r.size)
         self._stop = np.uint64(stop)
         self._real = kernels.ctype(self.dtype)
-        self._pointwise = kernels.module("precond_pointwise", real=self._real,
-                                         defines=(("outer_t", kernels.ctype(r.dtype)),))
+        self._outer = (("outer_t", kernels.ctype(r.dtype)),)
+        self._pointwise = kernels.module("precond_pointwise", real=self._real, defines=self._outer)
+        self._last_writes_output = None  # (launches then, re-append into another vector) of a retargetable launch
         self._capacity = {}
         self._launches, self.labels, self._label = [], [], ""
         self._uploads = {}   # id of a host or device object -> (the object, its device copy)
@@ -184,8 +185,8 @@ class DeviceProgram:
     def _products(self, M):
         """``precond.cu`` compiled for the format of ``M`` (a :class:`DeviceMatrix`)."""
         fmt = M.format
-        return kernels.module("precond", real=self._real, defines=fmt.defines, before=("matrix", fmt.name),
-                              structs=(fmt.struct,))
+        return kernels.module("precond", real=self._real, defines=tuple(fmt.defines) + self._outer,
+                              before=("matrix", fmt.name), structs=(fmt.struct,))
 
     def _add(self, module, name, work, *args):
         """Append a launch of ``name`` over ``work`` items (threads): enough blocks to fill the GPU, no more."""
@@ -224,8 +225,13 @@ class DeviceProgram:
     def chebyshev_step(self, A, dinv, d_old, d_new, rs, x_in, x_out, c1, c2, add_old=False):
         """``rs -= D^-1 A d_old``, ``d_new = c1 d_old + c2 rs``, ``x_out = x_in (+ d_old) + d_new``."""
         real = self.dtype.type
-        self._add(self._products(A), "chebyshev_step", A.work, A.struct, dinv, d_old, d_new, rs, x_in, x_out,
-                  real(c1), real(c2), np.int32(add_old))
+
+        def append(name, out):
+            self._add(self._products(A), name, A.work, A.struct, dinv, d_old, d_new, rs, x_in, out, real(c1),
+                      real(c2), np.int32(add_old))
+        append("chebyshev_step", x_out)
+        if x_out is self.output and self._z is not None:  # close() may have it write z instead
+            self._last_writes_output = (len(self._launches), append)
 
     def jacobi_sweep(self, A, y, b, s, out):
         """``out = y + s (b - A y)`` (``out`` is not ``y``)."""
@@ -236,9 +242,20 @@ class DeviceProgram:
         self._add(self._pointwise, "scaled_add", x.size, np.int32(x.size), s, v, x, np.int32(accumulate))
 
     def close(self):
-        """End the sequence: ``z`` from :attr:`output` when the precisions differ."""
+        """End the sequence: ``z`` from :attr:`output` when the precisions differ.
+
+        When the last launch is a Chebyshev step writing :attr:`output`, it writes ``z``
+        itself instead (``chebyshev_step_to_outer``: the same values, converted), so no
+        conversion launch follows and :attr:`output` keeps the previous step's values.
+        """
         if self._z is not None:
-            self._add(self._pointwise, "to_outer", self.n, np.int32(self.n), self.output, self._z)
+            last = self._last_writes_output
+            if last is not None and last[0] == len(self._launches):
+                self._launches.pop()
+                with self.section(self.labels.pop()):
+                    last[1]("chebyshev_step_to_outer", self._z)
+            else:
+                self._add(self._pointwise, "to_outer", self.n, np.int32(self.n), self.output, self._z)
             self._z = None
         return self
 
