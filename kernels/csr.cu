@@ -15,8 +15,12 @@ __device__ __forceinline__ void csr_row_pair(const Matrix& A, int a, bool has_a,
     if (has_b) { kb = matrix_load(&A.rowptr[b]) + lane; eb = matrix_load(&A.rowptr[b + 1]); }
     sa = ka < ea ? matrix_load(&A.val[ka]) * v(matrix_load(&A.col[ka])) : real_t(0);
     sb = kb < eb ? matrix_load(&A.val[kb]) * v(matrix_load(&A.col[kb])) : real_t(0);
+    // unrolled so that the loads of a long row (a dense block: tens a lane) are in
+    // flight several at a time; the sums are added in the same order
+#pragma unroll 4
     for (ka += ROW_LANES; ka < ea; ka += ROW_LANES)
         sa += matrix_load(&A.val[ka]) * v(matrix_load(&A.col[ka]));
+#pragma unroll 4
     for (kb += ROW_LANES; kb < eb; kb += ROW_LANES)
         sb += matrix_load(&A.val[kb]) * v(matrix_load(&A.col[kb]));
     for (int o = ROW_LANES / 2; o > 0; o >>= 1) {
