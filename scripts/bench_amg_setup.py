@@ -29,7 +29,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 import provenance  # noqa: E402
 from solvers.gallery import linear_elasticity_2d, rotated_anisotropic_diffusion  # noqa: E402
-from solvers.pcg.preconditioners.amg import AMG, COARSE_SIZE  # noqa: E402
+from solvers.pcg.preconditioners.amg import AMG, COARSE_ROWS, default_coarse_size  # noqa: E402
 from solvers.pcg.preconditioners.amg_gpu_setup import (aggregate, build_hierarchy, device_backend,  # noqa: E402
                                                        smoothed_prolongator, tentative_prolongator)
 from solvers.pcg.preconditioners.spectrum import LANCZOS_STEPS, largest_scaled_eigenvalue  # noqa: E402
@@ -108,7 +108,7 @@ def main(argv=None):
     backend = device_backend()
     sync = cupy.cuda.Device().synchronize
     warm_A = csp.csr_matrix(rotated_anisotropic_diffusion((64, 64)))
-    build_hierarchy(warm_A, None, backend, coarse_size=COARSE_SIZE)
+    build_hierarchy(warm_A, None, backend, coarse_size=default_coarse_size(1))
     AMG().setup(warm_A)
     gpu = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["name"].decode()
     header = ("| problem | rows | nonzeros | GPU hierarchy ms | GPU aggregation ms | GPU reuse ms | GPU AMG.setup ms "
@@ -121,10 +121,11 @@ def main(argv=None):
         A, B = make()
         print(f"{name}: n={A.shape[0]:,} nnz={A.nnz:,}", file=sys.stderr, flush=True)
         Ad, Bd = csp.csr_matrix(A), None if B is None else cupy.asarray(B)
-        built = build_hierarchy(Ad, Bd, backend, coarse_size=COARSE_SIZE)
-        t_build = median_seconds(lambda: build_hierarchy(Ad, Bd, backend, coarse_size=COARSE_SIZE), args.reps, sync)
+        coarse_size = default_coarse_size(1 if B is None else B.shape[1])
+        built = build_hierarchy(Ad, Bd, backend, coarse_size=coarse_size)
+        t_build = median_seconds(lambda: build_hierarchy(Ad, Bd, backend, coarse_size=coarse_size), args.reps, sync)
         t_aggregate = median_seconds(lambda: aggregate(Ad, 0.0, backend), args.reps, sync)
-        t_reuse = median_seconds(lambda: build_hierarchy(Ad, Bd, backend, coarse_size=COARSE_SIZE,
+        t_reuse = median_seconds(lambda: build_hierarchy(Ad, Bd, backend, coarse_size=coarse_size,
                                                          reuse=built.structure), args.reps, sync)
         plugin_s = attempt(lambda: median_seconds(lambda: AMG(near_nullspace=B).setup(Ad), args.reps, sync))
         plugin_ms = f"{plugin_s * 1e3:.1f}" if isinstance(plugin_s, float) else plugin_s
@@ -132,7 +133,7 @@ def main(argv=None):
         levels, oc, gc = complexities(ours)
         if A.shape[0] <= args.pyamg_max_rows:
             t0 = time.perf_counter()
-            ml = pyamg.smoothed_aggregation_solver(A, B=B, max_coarse=COARSE_SIZE)
+            ml = pyamg.smoothed_aggregation_solver(A, B=B, max_coarse=coarse_size)
             t_pyamg = time.perf_counter() - t0
             theirs = [(lvl.A.shape[0], int(lvl.A.nnz)) for lvl in ml.levels]
             _, poc, pgc = complexities(theirs)
@@ -159,7 +160,7 @@ def save(rows, folder, gpu, args):
     commit = provenance.commit()
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d_%H%M")
     text = (f"# AMG set-up benchmark, {stamp} UTC, {gpu}, commit {commit}\n\n"
-            f"float64; coarsening stops at {COARSE_SIZE} nodes; GPU times are medians of {args.reps} runs "
+            f"float64; coarsening stops at {COARSE_ROWS:,} rows' worth of nodes (default_coarse_size); GPU times are medians of {args.reps} runs "
             f"after a warm-up (see the script's docstring for the columns); PyAMG timed once, up to "
             f"{args.pyamg_max_rows:,} rows.\n\n" + "\n".join(rows) + "\n")
     return provenance.save(folder, f"amg_setup_{stamp}_{gpu.replace(' ', '_')}_{commit}.md", text)

@@ -17,7 +17,7 @@ from ..interrupts import exits_cleanly
 from ..mmio import check_vector_output, read_vectors, write_vector
 from ..outfiles import AtomicFile, check_target
 from .preconditioners import AMG, Chebyshev
-from .preconditioners.amg import COARSE_SIZE, MAX_COARSE_ROWS, SETUPS, SMOOTHERS, THETA
+from .preconditioners.amg import COARSE_ROWS, MAX_COARSE_ROWS, SETUPS, SMOOTHERS, THETA
 from .problem import load_problem
 from .progress import ResidualProgress
 from .solver import PCG
@@ -85,7 +85,8 @@ def build_parser():
                    help="steps of the jacobi AMG smoother before and after the coarse correction (default 1)")
     p.add_argument("--amg-coarse-size", type=int, metavar="N",
                    help="AMG coarsening stops at this many nodes; the coarsest level is solved with a dense "
-                        f"inverse (default {COARSE_SIZE}, at most {MAX_COARSE_ROWS})")
+                        f"inverse (default {COARSE_ROWS:,} rows' worth: {COARSE_ROWS:,} / k nodes with k near-nullspace "
+                        f"vectors; at most {MAX_COARSE_ROWS})")
     p.add_argument("--amg-setup", choices=SETUPS,
                    help="where the AMG hierarchy is built: cpu (PyAMG), gpu (on the device, MIS(2) aggregation; "
                         "the levels come back for a CPU solve) or auto (the GPU for a matrix on the device, "

@@ -26,13 +26,15 @@ from .spectrum import LANCZOS_STEPS
 SMOOTHERS = ("chebyshev", "jacobi")
 #: Where the hierarchy is set up: ``auto`` takes the GPU for a matrix on the device, PyAMG otherwise.
 SETUPS = ("auto", "cpu", "gpu")
-#: Coarsening stops at this many nodes (PyAMG's ``max_coarse``: rows, or blocks of k rows for a
-#: near-nullspace of k vectors). PyAMG's default, 10, suits a CPU; on the GPU every level costs
-#: about ten kernel launches (a few microseconds each) whatever its size, while one product with a
-#: dense inverse of a few hundred to a few thousand rows costs about one, so the hierarchy stops
-#: earlier: at 500 nodes the coarsest inverse has at most 4,000 rows for up to 8 near-nullspace
-#: vectors (:data:`MAX_COARSE_ROWS`).
-COARSE_SIZE = 500
+#: By default coarsening stops once a level has at most this many rows: ``COARSE_ROWS // k`` nodes for a
+#: near-nullspace of ``k`` vectors (PyAMG's ``max_coarse`` counts nodes: rows, or blocks of k rows). PyAMG's
+#: default, 10 nodes, suits a CPU; on the GPU every level costs about ten kernel launches (a few
+#: microseconds each) whatever its size, while one product with a dense inverse of a few hundred to a few
+#: thousand rows costs about one, so the hierarchy stops earlier. Counted in rows, the dense inverse stays
+#: the same size whatever ``k``: 1,500 nodes of a scalar problem, 500 of 2-D elasticity with its three
+#: rigid body modes (the rotated anisotropic diffusion at 2048^2 then stops at 1,276 rows, a level above
+#: the 261 that 500 nodes gave: nine launches fewer a V-cycle).
+COARSE_ROWS = 1500
 #: The coarsest level is solved with a dense inverse: at most this many rows (128 MiB in float64).
 MAX_COARSE_ROWS = 4096
 #: Strength-of-connection threshold by default. PyAMG's default, 0, takes every coupling as strong,
@@ -41,6 +43,11 @@ MAX_COARSE_ROWS = 4096
 #: diffusion 512^2, 134 iterations with 0 and 60 with 0.1 (operator complexity 1.107 and 1.375);
 #: linear elasticity 128^2, 17 and 14 (1.269 and 1.443).
 THETA = 0.1
+
+
+def default_coarse_size(k):
+    """Nodes at which coarsening stops by default for a near-nullspace of ``k`` vectors (:data:`COARSE_ROWS`)."""
+    return max(1, COARSE_ROWS // k)
 
 
 def require_pyamg():
@@ -131,8 +138,9 @@ class AMG(Preconditioner):
         Jacobi steps before and after (1).
     omega : float
         Jacobi weight relative to the estimated ``rho(D^{-1} A)`` (4/3).
-    coarse_size : int
-        Coarsening stops once a level has at most this many nodes (see :data:`COARSE_SIZE`).
+    coarse_size : int, optional
+        Coarsening stops once a level has at most this many nodes (default: :data:`COARSE_ROWS`
+        rows' worth, :func:`default_coarse_size`).
     max_levels : int
         At most this many levels (10, PyAMG's).
     near_nullspace : array of shape (n,) or (n, k), optional
@@ -157,7 +165,7 @@ class AMG(Preconditioner):
     name = "amg"
     variants = {"cpu": VARIANTS, "gpu": ("classic",)}
 
-    def __init__(self, *, smoother="chebyshev", degree=3, sweeps=1, omega=JACOBI_OMEGA, coarse_size=COARSE_SIZE,
+    def __init__(self, *, smoother="chebyshev", degree=3, sweeps=1, omega=JACOBI_OMEGA, coarse_size=None,
                  max_levels=10, near_nullspace=None, lanczos_steps=LANCZOS_STEPS, setup="auto", theta=THETA,
                  hierarchy_dtype=None):
         if smoother not in SMOOTHERS:
@@ -168,7 +176,8 @@ class AMG(Preconditioner):
         if not 0 < omega < 2:
             raise InputError(f"AMG Jacobi weight omega must lie in (0, 2), got {omega}")
         self.omega = float(omega)
-        self.coarse_size = _check_count(coarse_size, "AMG coarse size", 1, MAX_COARSE_ROWS)
+        self.requested_coarse_size = None if coarse_size is None else _check_count(coarse_size, "AMG coarse size",
+                                                                                   1, MAX_COARSE_ROWS)
         self.max_levels = _check_count(max_levels, "AMG max_levels", 2)
         self.lanczos_steps = _check_count(lanczos_steps, "lanczos_steps", 1)
         self.near_nullspace = None if near_nullspace is None else check_near_nullspace(near_nullspace)
@@ -195,6 +204,13 @@ class AMG(Preconditioner):
         if self.reordering is not None:
             B = self.reordering.forward(B)
         return np.ascontiguousarray(B, dtype=A.dtype)
+
+    @property
+    def coarse_size(self):
+        """Nodes at which coarsening stops (the one given, else the default for the near-nullspace's size)."""
+        if self.requested_coarse_size is not None:
+            return self.requested_coarse_size
+        return default_coarse_size(1 if self.near_nullspace is None else self.near_nullspace.shape[1])
 
     def _setup(self, A):
         self._hierarchy(A, reuse=None)
