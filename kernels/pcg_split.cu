@@ -1,10 +1,11 @@
 // Classic PCG in three plain kernels an iteration, for a preconditioner that is a sequence of kernels
 // of its own (precond.cu) launched between the second and the third (see pcg_ref.py for the NumPy
 // meaning). Compiled after pcg.cu, whose State, row products, decisions and block reductions these
-// use, with the generated struct SplitRun { A, x, r, z, q, p0, p1, st, partials, history, progress }.
+// use, with the generated struct SplitRun { A, x, r, z, q, p0, p1, r_low, st, partials, history, progress }.
 //
 //   split_direction  p_new = z + beta p_old ; q = A p_new ; p_new.q ; alpha = rz / p_new.q
-//   split_update     x += alpha p_new ; r -= alpha q
+//   split_update     x += alpha p_new ; r -= alpha q (and r_low = float(r): the input of a preconditioner
+//                    stored in float32 inside float64 CG, when r_low is not null)
 //   (the preconditioner: z = M^-1 r, kernels that do nothing once st->status is set)
 //   split_decide     r.z, r.r ; stop reason ; beta = rz_new / rz
 //
@@ -31,7 +32,8 @@ split_direction(const SplitRun a, unsigned long long handle) {
     }
 }
 
-// x += alpha p_new, r -= alpha q.
+// x += alpha p_new, r -= alpha q; r_low = float(r) when given (the preconditioner's input, converted here
+// instead of by a launch of its own that would read r again).
 extern "C" __global__ void __launch_bounds__(BLOCK)
 split_update(const SplitRun a) {
     const State* st = a.st;
@@ -40,7 +42,9 @@ split_update(const SplitRun a) {
     const real_t* p = st->parity ? a.p0 : a.p1;
     for (int i = blockIdx.x * BLOCK + threadIdx.x; i < a.A.n; i += gridDim.x * BLOCK) {
         a.x[i] = fma(alpha, p[i], a.x[i]);
-        a.r[i] = fma(-alpha, a.q[i], a.r[i]);
+        const real_t ri = fma(-alpha, a.q[i], a.r[i]);
+        a.r[i] = ri;
+        if (a.r_low) a.r_low[i] = (float)ri;
     }
 }
 

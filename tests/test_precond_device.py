@@ -485,7 +485,7 @@ def test_cli_runs_amg_on_the_gpu_with_the_same_report(tmp_path, capsys):
 @pytest.mark.parametrize("precond", ["amg", "chebyshev"])
 def test_products_with_the_solvers_matrix_take_its_layout(problems, precond):
     """The finest operator is laid out once (the solver's layout, values in the hierarchy's precision);
-    the coarsest inverse, dense, is laid out as CSR."""
+    the coarsest inverse, dense, is laid out as CSR; a float32 hierarchy reads r as the update converted it."""
     A, B, b = problems["diffusion"]
     M = AMG(near_nullspace=B) if precond == "amg" else Chebyshev(3)
     solver = PCG(A, preconditioner=M, rtol=RTOL, device="gpu")
@@ -493,7 +493,8 @@ def test_products_with_the_solvers_matrix_take_its_layout(problems, precond):
     finest = impl.M.levels[0].A if precond == "amg" else impl.M.smoother.A
     held = impl.program.matrix(finest)  # laid out at set-up: the same object back
     assert held.format is impl.format and held.values.dtype == impl.M.storage_dtype
-    if precond == "amg":
+    if precond == "amg":  # float32 levels inside float64 CG: the update writes their input, no conversion
         assert impl.program.matrix(impl.M.coarse_inverse).format.name == "csr"
+        assert impl.program.input is impl.r_low and impl.r_low.dtype == np.float32
     res = solver.solve(b)
     assert res.converged and res.true_residual_norm <= 1e-7 * np.linalg.norm(b)

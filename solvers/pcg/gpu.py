@@ -88,8 +88,9 @@ VARIANTS = {cls.name: cls for cls in (Classic, SingleReduction)}
 
 
 def split_struct(matrix):
-    """``SplitRun`` of ``kernels/pcg_split.cu``: classic PCG's vectors, state and the blocks' partial sums."""
-    fields = [("A", matrix)] + [(v, "real_t*") for v in Classic.vectors]
+    """``SplitRun`` of ``kernels/pcg_split.cu``: classic PCG's vectors, r in float32 for a float32 preconditioner
+    (or null), state and the blocks' partial sums."""
+    fields = [("A", matrix)] + [(v, "real_t*") for v in Classic.vectors] + [("r_low", "float*")]
     fields += [("st", "State*"), ("partials", "double*"), ("history", "double*"), ("progress", "Progress*")]
     return Struct("SplitRun", fields)
 
@@ -307,6 +308,7 @@ class GPUPCG:
         self.progress = _HostMapped(PROGRESS.dtype)
         self.history = None
         self.partials = cupy.zeros(2 * self.grid_split, dtype=cupy.float64) if self.split else None
+        self.r_low = None  # r in float32 for a float32 preconditioner inside float64 CG (the update writes it)
         self._set_diagonal(M)
         if self.split:
             self._set_up_preconditioner(M)
@@ -322,7 +324,10 @@ class GPUPCG:
         products with the solver's matrix ``M`` reuse the solver's layout of it."""
         cupy = self.cupy
         stop = int(self.state.data.ptr) + STATE.dtype.fields["status"][1]  # the launches skip once it is set
-        self.program = DeviceProgram(self.r, self.vectors["z"], self.M.storage_dtype, stop, (M, self.format))
+        if np.dtype(self.M.storage_dtype) != self.dtype and self.r_low is None:
+            self.r_low = cupy.zeros(self.n, dtype=cupy.float32)
+        self.program = DeviceProgram(self.r, self.vectors["z"], self.M.storage_dtype, stop, (M, self.format),
+                                     self.r_low)
         self.M.device_apply(self.program)
         self.program.close()
         cupy.cuda.Device().synchronize()
@@ -335,7 +340,7 @@ class GPUPCG:
                                                progress=self.progress.device_ptr, **self.vectors)
         if self.split:
             self._split_args = self._split_struct.pack(
-                A=self._matrix_args, st=self.state, partials=self.partials, history=self.history,
+                A=self._matrix_args, r_low=self.r_low, st=self.state, partials=self.partials, history=self.history,
                 progress=self.progress.device_ptr, **{v: self.vectors[v] for v in Classic.vectors})
 
     @staticmethod
@@ -443,6 +448,8 @@ class GPUPCG:
             self.vectors[name].fill(0)
         self._reset_state(tol, maxiter)
         if self.split:  # z = M^-1 r and the first decision
+            if self.r_low is not None:  # the iterations' update writes it; here r is b - A x0
+                self.r_low[...] = self.r
             self.program.launch()
             self._split_kernels[2]((self.grid_split,), (BLOCK,), (self._split_args, np.uint64(0)))
         else:

@@ -116,6 +116,9 @@ class DeviceProgram:
     laid_out : tuple (matrix, layout), optional
         A matrix the solver has laid out already (its own) and that layout: products
         with that very matrix object use it (:class:`DeviceMatrix`'s ``layout``).
+    converted : cupy.ndarray, optional
+        ``r`` in ``dtype``, kept so by the caller (the solver's update writes both):
+        the sequence reads it as its input instead of converting ``r`` first.
 
     Attributes
     ----------
@@ -125,7 +128,7 @@ class DeviceProgram:
         What each launch is part of (the :meth:`section` it was appended in), for timings.
     """
 
-    def __init__(self, r, z, dtype, stop=0, laid_out=None):
+    def __init__(self, r, z, dtype, stop=0, laid_out=None, converted=None):
         cupy = require_cupy()
         self.cupy = cupy
         self._laid_out = laid_out
@@ -141,10 +144,12 @@ class DeviceProgram:
         self._uploads = {}   # id of a host or device object -> (the object, its device copy)
         self._scratch = {}
         same = r.dtype == self.dtype
-        self.input = r if same else cupy.zeros(self.n, dtype=self.dtype)
+        if converted is not None and (same or converted.dtype != self.dtype or converted.size != self.n):
+            raise ValueError("converted must be r in the program's precision, which differs from r's")
+        self.input = r if same else converted if converted is not None else cupy.zeros(self.n, dtype=self.dtype)
         self.output = z if same else cupy.zeros(self.n, dtype=self.dtype)
         self._z = None if same else z
-        if not same:
+        if not same and converted is None:
             self._add(self._pointwise, "to_inner", self.n, np.int32(self.n), r, self.input)
 
     # -- what the sequence works on -------------------------------------------
