@@ -61,33 +61,19 @@ def largest_scaled_eigenvalue(A, inverse_diagonal, steps=LANCZOS_STEPS, seed=0):
     v = start_vector(n, xp, seed)
     v /= xp.linalg.norm(v)
     v_prev = xp.zeros(n)
-    # The steps run without reading anything back (on the GPU no step waits for the host); the scalars
-    # are read once at the end and the recurrence is cut at its first breakdown. The steps after one
-    # divide by a tiny or zero beta: their values are never used.
     alphas, betas = [], []
     beta = 0.0
-    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        for _ in range(min(int(steps), n)):
-            w = scale * (A @ (scale * v)) - beta * v_prev
-            alpha = v @ w
-            w -= alpha * v
-            beta = xp.linalg.norm(w)
-            alphas.append(alpha)
-            betas.append(beta)
-            v_prev, v = v, w / beta
-    alphas = np.asarray(_host(xp.stack(alphas)), dtype=np.float64)
-    betas = np.asarray(_host(xp.stack(betas)), dtype=np.float64)
-    used = alphas.size
-    for k in range(alphas.size):
-        if not np.isfinite(alphas[k]) or not np.isfinite(betas[k]):
+    for _ in range(min(int(steps), n)):
+        w = scale * (A @ (scale * v)) - beta * v_prev
+        alpha = float(v @ w)
+        w -= alpha * v
+        alphas.append(alpha)
+        beta = float(xp.linalg.norm(w))
+        if not np.isfinite(alpha) or not np.isfinite(beta):
             raise InputError("the matrix's eigenvalue estimate is not finite (NaN or Inf from A @ v)")
-        if betas[k] <= 1e-12 * abs(alphas[k]):  # an invariant subspace: its Ritz values are exact
-            used = k + 1
+        if beta <= 1e-12 * abs(alpha):  # an invariant subspace: its Ritz values are exact
             break
-    ritz = scipy.linalg.eigvalsh_tridiagonal(alphas[:used], betas[:used - 1])
+        betas.append(beta)
+        v_prev, v = v, w / beta
+    ritz = scipy.linalg.eigvalsh_tridiagonal(np.array(alphas), np.array(betas[: len(alphas) - 1]))
     return float(ritz[-1])
-
-
-def _host(a):
-    """A NumPy array of a host or device array."""
-    return a.get() if hasattr(a, "get") else a
