@@ -9,8 +9,10 @@ method, and saves it under ``scripts/results/`` with the date, the GPU and the c
 
 Rows: ``--methods`` (Jacobi, AMG with its defaults, AMG variants, Chebyshev, PyAMG, cupyx).
 Columns: ``setup s`` is the solver's whole set-up (upload, matrix format, the
-preconditioner's set-up; each method is first set up and run once on a smaller problem of
-the same kind, so kernel compilation is not in it), ``precond setup s`` the
+preconditioner's set-up; each method is first set up and run once on the same problem, so
+kernel compilation is not in it: a smaller problem of the same kind can have fewer levels, or
+other row lengths on its coarse ones, and leave kernels of the timed hierarchy uncompiled),
+``precond setup s`` the
 preconditioner's own share of it (for AMG the hierarchy, on the GPU or by PyAMG on the
 CPU as ``--setup`` says, plus each level's eigenvalue estimate); ``solve s`` for AMG the median of ``--reps`` solves
 after a first one that also captures the graph, for the others (seconds long) the
@@ -63,9 +65,6 @@ METHODS = {
 }
 OTHERS = ("pyamg", "cupyx")  # not our GPU solver: PyAMG on the CPU, cupyx cg
 DEFAULT_METHODS = "jacobi,amg,amg-float64,amg-degree2,chebyshev,pyamg,cupyx"
-#: Warm-up grid sides: as large as needed for the PCG kernels compiled for them to be those of the
-#: timed sizes (the same block size and, the matrix larger than the L2 cache, the same loads).
-WARM_UP_SIDES = {"diffusion": 768, "elasticity": 384}
 
 
 def methods(B, setup, names):
@@ -73,14 +72,15 @@ def methods(B, setup, names):
     return [(METHODS[name][0], METHODS[name][1](B, setup)) for name in names if name in METHODS]
 
 
-def warm_up(diffusion, elasticity, setup, names):
-    """Set up and run every GPU method once on smaller problems of the same kinds, so the timed set-ups
-    find CuPy's, the PCG and the preconditioners' kernels compiled (a program's first set-up pays for
-    that once; CuPy keeps them on disk for the next)."""
-    sides = (min(diffusion, WARM_UP_SIDES["diffusion"]), min(elasticity, WARM_UP_SIDES["elasticity"]))
-    for _, A, B in problems(*sides):
+def warm_up(cases, setup, names):
+    """Set up and run every GPU method once on each of ``cases`` (``problems``' triples), so the timed
+    set-ups find CuPy's, the PCG and the preconditioners' kernels compiled (a program's first set-up
+    pays for that once; CuPy keeps them on disk for the next); the memory pool is emptied after."""
+    import cupy
+    for _, A, B in cases:
         for _, preconditioner in methods(B, setup, names):
             solvers.PCG(A, preconditioner=preconditioner, rtol=RTOL, device="gpu").solve(np.ones(A.shape[0]))
+    cupy.get_default_memory_pool().free_all_blocks()
 
 
 class Row(dict):
@@ -187,9 +187,10 @@ def main(argv=None):
     gpu = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["name"].decode()
     header = "| problem | n | " + " | ".join(Row.COLUMNS) + " |"
     rows, notes = [header, "|" + "---|" * (len(Row.COLUMNS) + 2)], []
+    cases = list(problems(args.diffusion, args.elasticity))
     if any(name in METHODS for name in names):
-        warm_up(args.diffusion, args.elasticity, args.setup, names)
-    for name, A, B in problems(args.diffusion, args.elasticity):
+        warm_up(cases, args.setup, names)
+    for name, A, B in cases:
         n = A.shape[0]
         b = np.random.default_rng(0).random(n)
         print(f"{name}: n={n:,} nnz={A.nnz:,}", file=sys.stderr, flush=True)

@@ -2,8 +2,8 @@
 
 Run on a GPU machine: ``python scripts/probe_setup.py [--diffusion N] [--elasticity N] [--methods jacobi,amg]``.
 For each of the benchmark's problems (``scripts/bench_precond.py``, the same names
-and sizes) and each method it sets the solver up ``--reps`` times after a warm-up
-on a smaller problem of the same kind (so kernel compilation is not counted), with
+and sizes) and each method it sets the solver up ``--reps`` times after the
+benchmark's warm-up (one set-up and solve of each, so kernel compilation is not counted), with
 the set-up's stages wrapped: each wrapped call synchronises the device before and
 after, so its time is the device work it launched as well as its host work. The
 times are inclusive (a stage contains the stages it calls) and are the medians
@@ -143,10 +143,11 @@ def main(argv=None):
         print(text, flush=True)
         lines.append(text)
 
-    warm_up(args.diffusion, args.elasticity, "gpu", names)
+    cases = list(problems(args.diffusion, args.elasticity))
+    warm_up(cases, "gpu", names)
     timer = StageTimer(STAGES)
     try:
-        for problem, A, B in problems(args.diffusion, args.elasticity):
+        for problem, A, B in cases:
             for name in names:
                 label, make = METHODS[name]
                 plain = sorted(set_up(A, make(B, "gpu")) for _ in range(args.reps))
