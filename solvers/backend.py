@@ -6,6 +6,8 @@ machines without it.
 import functools
 import os
 
+import numpy as np
+
 from .errors import DeviceError
 
 
@@ -70,3 +72,11 @@ def is_device_array(obj):
     except Exception:
         return False
     return int(dev_type) in (2, 3, 13)  # kDLCUDA, kDLCUDAHost, kDLCUDAManaged
+
+
+def array_module(a):
+    """NumPy for a host array, else CuPy (imported only for a device array)."""
+    if isinstance(a, np.ndarray):
+        return np
+    import cupy
+    return cupy

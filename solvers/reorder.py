@@ -14,6 +14,7 @@ import time
 import numpy as np
 import scipy.sparse as sp
 
+from .backend import array_module
 from .errors import InputError
 from .formats.base import window_sectors
 
@@ -43,17 +44,9 @@ def gather_sectors(indptr, indices, rows_per_warp=32, itemsize=8, samples=2048):
     gather a memory transaction of its own), well below 1 for banded matrices.
     Counted where the arrays are (NumPy, or CuPy for a matrix on the GPU).
     """
-    xp = _array_module(indptr)
+    xp = array_module(indptr)
     n = int(indptr.size) - 1
     return window_sectors(indptr, indices, xp.arange(n), rows_per_warp, xp, samples, itemsize)
-
-
-def _array_module(a):
-    """NumPy for a host array, else CuPy (imported only for a device array)."""
-    if isinstance(a, np.ndarray):
-        return np
-    import cupy
-    return cupy
 
 
 def _on_device(A):
@@ -141,7 +134,7 @@ def choose_reordering(A, requested, device):
     if requested == "auto":
         if device != "gpu":
             return None, "none (auto reorders on the GPU only)"
-        longest = int(_array_module(A.indptr).diff(A.indptr).max()) if A.shape[0] else 0
+        longest = int(array_module(A.indptr).diff(A.indptr).max()) if A.shape[0] else 0
         scattered = gather_sectors(A.indptr, A.indices)
         if scattered <= SCATTERED:
             return None, f"none (local reads: {scattered:.2f} sectors a nonzero)"

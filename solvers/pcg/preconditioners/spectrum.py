@@ -9,20 +9,13 @@ It runs where its arrays are: NumPy on the host, CuPy (a ``cupyx`` matrix) on th
 import numpy as np
 import scipy.linalg
 
+from ...backend import array_module
 from ...errors import InputError
 from ...kernels.amg_setup_ref import node_hash
 
 #: Lanczos steps by default: hypre's Chebyshev smoother estimates its bound with 10 CG
 #: steps (``cheby_eig_est``); PyAMG's ``approximate_spectral_radius`` takes up to 15.
 LANCZOS_STEPS = 10
-
-
-def _array_module(x):
-    """NumPy for a host array, else CuPy (imported only for a device array)."""
-    if isinstance(x, np.ndarray):
-        return np
-    import cupy
-    return cupy
 
 
 def start_vector(n, xp=np, seed=0):
@@ -56,7 +49,7 @@ def largest_scaled_eigenvalue(A, inverse_diagonal, steps=LANCZOS_STEPS, seed=0):
     n = A.shape[0]
     if n == 0:  # no eigenvalues: 1, the mean eigenvalue of any D^{-1} A, keeps the users' scalars finite
         return 1.0
-    xp = _array_module(inverse_diagonal)
+    xp = array_module(inverse_diagonal)
     scale = xp.sqrt(inverse_diagonal.astype(np.float64))
     v = start_vector(n, xp, seed)
     v /= xp.linalg.norm(v)
