@@ -75,13 +75,15 @@ def classic_decision(state, start, it, r, z):
     state.update(iteration=it, rnorm=rnorm, status=status)
 
 
-def split_update(x, r, q, p0, p1, state):
-    """x += alpha p; r -= alpha q (``split_update``)."""
+def split_update(x, r, q, p0, p1, state, r_low=None):
+    """x += alpha p; r -= alpha q; r_low = float32(r) when given (``split_update``)."""
     if state["status"] != RUNNING:
         return
     p = p0 if state["parity"] else p1
     x += state["alpha"] * p
     r -= state["alpha"] * q
+    if r_low is not None:
+        r_low[:] = r.astype(np.float32)
 
 
 def split_decide(r, z, state):

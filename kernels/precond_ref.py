@@ -39,7 +39,9 @@ def chebyshev_start_step(A, b, dinv, first, x_out, c1, c2):
 
 
 def chebyshev_step(A, dinv, d_old, rs, x_in, x_out, c1, c2, add_old):
-    """rs -= D^-1 A d_old, d_new = c1 d_old + c2 rs, x_out = x_in (+ d_old) + d_new; returns d_new."""
+    """rs -= D^-1 A d_old, d_new = c1 d_old + c2 rs, x_out = x_in (+ d_old) + d_new; returns d_new.
+
+    Also ``chebyshev_step_to_outer``, whose ``x_out`` is in the solver's precision (the same values, converted)."""
     rs -= dinv * (A @ d_old)
     d_new = c1 * d_old + c2 * rs
     x_out[:] = (x_in + d_old if add_old else x_in) + d_new

@@ -35,11 +35,13 @@ class HostProgram:
     """:class:`~solvers.pcg.preconditioners.device.DeviceProgram`'s interface over NumPy arrays: each
     launch is recorded as its kernel's NumPy meaning and replayed by :meth:`launch`."""
 
-    def __init__(self, r, z, dtype):
+    def __init__(self, r, z, dtype, converted=None):
         self.dtype = np.dtype(dtype)
-        self.input, self.output = np.zeros(r.size, self.dtype), np.zeros(r.size, self.dtype)
+        self.input = np.zeros(r.size, self.dtype) if converted is None else converted
+        self.output = np.zeros(r.size, self.dtype)
         self._r, self._z, self._scratch = r, z, {}
-        self._steps = [lambda: self.input.__setitem__(slice(None), self._r)]
+        # with ``converted`` the caller keeps r in the program's precision there (the split update does)
+        self._steps = [] if converted is not None else [lambda: self.input.__setitem__(slice(None), self._r)]
         self.kernels = []
 
     def matrix(self, M):
@@ -132,29 +134,48 @@ def test_the_launch_sequence_does_what_the_cpu_apply_does(problems, problem, nam
         assert M.details()["hierarchy_dtype"] == str(M.storage_dtype)
 
 
+def split_iterations(A, M, b, r_low):
+    """``(state, x)`` of pcg_split.cu's kernels (their NumPy meaning) around the replayed launches of ``M``;
+    ``r_low``: the update writes r in the levels' precision, which the launches read (else they convert r)."""
+    from solvers.kernels import pcg_ref
+
+    n = A.shape[0]
+    x, r, z, p0, p1 = np.zeros(n), b.copy(), np.zeros(n), np.zeros(n), np.zeros(n)
+    converted = np.zeros(n, M.storage_dtype) if r_low else None
+    program = HostProgram(r, z, M.storage_dtype, converted)
+    M.device_apply(program)
+    program.close()
+    state = dict(status=pcg_ref.RUNNING, iteration=-1, parity=0, tol=RTOL * np.linalg.norm(b), maxiter=500,
+                 rz=0.0, beta=0.0, alpha=0.0, pq=0.0, rnorm=0.0)
+    if r_low:  # the set-up pass: r = b, converted once by the solver
+        converted[:] = r
+    program.launch()
+    pcg_ref.split_decide(r, z, state)
+    while state["status"] == pcg_ref.RUNNING:
+        q = pcg_ref.direction_product(A, z, p0, p1, state)
+        pcg_ref.split_update(x, r, q, p0, p1, state, converted)
+        program.launch()
+        pcg_ref.split_decide(r, z, state)
+    return state, x
+
+
 def test_the_split_iteration_with_the_replayed_launches_is_classic_pcg(problems):
     """pcg_split.cu's kernels (their NumPy meaning) around the launch sequence take CPU PCG's iterations."""
     from solvers.kernels import pcg_ref
 
     A, B, b = problems["elasticity"]
-    M = AMG(near_nullspace=B).setup(A)
-    n = A.shape[0]
-    x, r, z, p0, p1 = np.zeros(n), b.copy(), np.zeros(n), np.zeros(n), np.zeros(n)
-    program = HostProgram(r, z, M.storage_dtype)
-    M.device_apply(program)
-    program.close()
-    state = dict(status=pcg_ref.RUNNING, iteration=-1, parity=0, tol=RTOL * np.linalg.norm(b), maxiter=500,
-                 rz=0.0, beta=0.0, alpha=0.0, pq=0.0, rnorm=0.0)
-    program.launch()
-    pcg_ref.split_decide(r, z, state)
-    while state["status"] == pcg_ref.RUNNING:
-        q = pcg_ref.direction_product(A, z, p0, p1, state)
-        pcg_ref.split_update(x, r, q, p0, p1, state)
-        program.launch()
-        pcg_ref.split_decide(r, z, state)
+    state, x = split_iterations(A, AMG(near_nullspace=B).setup(A), b, r_low=False)
     reference = cpu_solve(A, AMG(near_nullspace=B), b)[1]
     assert state["status"] == pcg_ref.CONVERGED and state["iteration"] == reference.iterations
     np.testing.assert_allclose(x, reference.x, rtol=1e-9, atol=1e-12)
+
+
+def test_float32_levels_read_r_as_the_update_converted_it(problems):
+    """The update writing r in float32 for the cycle gives the bits the cycle's own conversion gave."""
+    A, B, b = problems["diffusion"]
+    M = AMG(near_nullspace=B, hierarchy_dtype="float32").setup(A)
+    (state, x), (state_converted, x_converted) = (split_iterations(A, M, b, r_low) for r_low in (True, False))
+    assert state == state_converted and np.array_equal(x, x_converted)
 
 
 def test_the_cpu_apply_of_a_float32_hierarchy_returns_the_solvers_precision(problems):
