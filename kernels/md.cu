@@ -832,5 +832,7 @@ __device__ __forceinline__ void run_steps(const MdParams &p, u64 if_handle, u64 
 
 extern "C" __global__ void __launch_bounds__(RUN_BLOCK)
 md_run(__grid_constant__ const MdParams p, u64 if_handle, u64 while_handle) { run_steps<false>(p, if_handle, while_handle); }
-extern "C" __global__ void __launch_bounds__(RUN_BLOCK)
+// Minimum one block an SM: ptxas then gives the small systems' kernel 111 registers instead of 101 (two
+// blocks an SM either way) and a 4,000-particle step takes 3% less time (H200, MEASUREMENTS.md).
+extern "C" __global__ void __launch_bounds__(RUN_BLOCK, 1)
 md_run_rebuilding(__grid_constant__ const MdParams p, u64 if_handle, u64 while_handle) { run_steps<true>(p, if_handle, while_handle); }

@@ -42,10 +42,12 @@ def lattice_for(n):
     raise SystemExit(f"N = {n} is not 4 a b c")
 
 
-def timed(sim, seconds):
+def timed(sim, seconds, comm):
     sim.run(100)  # capture, NCCL warm-up
     rate = 100 / sim.run(100)
     steps = int(min(max(rate * seconds, 200), 20000))
+    if comm is not None:
+        steps = comm.bcast(steps, root=0)  # every rank runs the same steps (each timed its own warm-up)
     return steps / sim.run(steps), steps
 
 
@@ -76,7 +78,7 @@ def worker(args):
                 name = "ranks"
                 sim = Simulation(state, LennardJones(rc=RC), VelocityVerlet(DT), skin=SKIN, device=args.device,
                                  precision=args.precision, unroll=args.check_every, comm=comm)
-            sps, steps = timed(sim, args.seconds)
+            sps, steps = timed(sim, args.seconds, comm)
             row = dict(n=state.n, gpus=args.ranks, path=name, steps_per_s=sps, steps=steps,
                        grid="x".join(map(str, sim.rank_grid)), builds=sim.neighbor_builds,
                        migrations=sim.migrations, margin_skins=margin,

@@ -116,3 +116,11 @@ def test_too_many_ranks_for_the_box_is_an_input_error_everywhere():
     with pytest.raises(InputError, match="cannot split the box"):
         Simulation(lattice_state(cells=(3, 3, 3)), LennardJones(rc=2.5), VelocityVerlet(), skin=0.1,
                    device="cpu", comm=COMM)
+
+
+def test_ranks_asking_for_different_runs_is_an_input_error_everywhere():
+    sim = Simulation(lattice_state(cells=(6, 6, 6)), LennardJones(), VelocityVerlet(0.005), device="cpu", comm=COMM)
+    with pytest.raises(InputError, match="different runs"):
+        sim.run(10 + COMM.Get_rank())
+    sim.run(5)  # a refused call leaves the simulation usable
+    assert sim.step == 5

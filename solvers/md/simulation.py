@@ -228,6 +228,13 @@ class Simulation:
         """
         if steps < 0:
             raise InputError(f"steps must be >= 0, got {steps}", "--steps")
+        if self.comm is not None:
+            # A rank that stopped at another step would wait for the others forever.
+            asked = self.comm.allgather((int(steps), int(thermo_every), int(dump_every)))
+            if len(set(asked)) > 1:
+                from .parallel import agreed
+                raise agreed(InputError(f"the ranks asked for different runs (steps, thermo_every, dump_every): "
+                                        f"{sorted(set(asked))}; every rank must make the same call", "run"))
         start, end = self.step, self.step + int(steps)
 
         def record(row):
