@@ -57,7 +57,8 @@ _KERNELS = ("md_cell_clear", "md_cell_bin", "md_cell_sort", "md_neigh_build", "m
             "md_build_gate")
 # The ghost margin, in skins. Measured on two GPUs (MEASUREMENTS.md): 1 skin migrates at about 45% of
 # the list builds, 3 skins at 12% (32,000 atoms) to 13% (1M), 4 skins at 7% and 8%, each faster at
-# every size (32,000 atoms: 126.8, 83.2, 78.8 us a step).
+# every size (32,000 atoms: 126.8 and 79.3 us a step for 1 and 3 skins in one run, 83.2 and 78.8 for 3
+# and 4 in another).
 MARGIN_SKINS = 4.0
 
 
