@@ -74,6 +74,11 @@ def is_device_array(obj):
     return int(dev_type) in (2, 3, 13)  # kDLCUDA, kDLCUDAHost, kDLCUDAManaged
 
 
+def is_cupy_sparse(A):
+    """True for a ``cupyx.scipy.sparse`` matrix (told by its type's module: CuPy is not imported)."""
+    return type(A).__module__.startswith("cupyx.scipy.sparse")
+
+
 def array_module(a):
     """NumPy for a host array, else CuPy (imported only for a device array)."""
     if isinstance(a, np.ndarray):

@@ -14,7 +14,7 @@ import time
 import numpy as np
 import scipy.sparse as sp
 
-from .backend import array_module
+from .backend import array_module, is_cupy_sparse
 from .errors import InputError
 from .formats.base import window_sectors
 
@@ -49,10 +49,6 @@ def gather_sectors(indptr, indices, rows_per_warp=32, itemsize=8, samples=2048):
     return window_sectors(indptr, indices, xp.arange(n), rows_per_warp, xp, samples, itemsize)
 
 
-def _on_device(A):
-    return type(A).__module__.startswith("cupyx")
-
-
 class Reordering:
     """A symmetric permutation: row (and column) ``i`` of the reordered matrix is ``perm[i]`` of the original.
 
@@ -77,7 +73,7 @@ class Reordering:
     def matrix(self, A):
         """``P A P^T`` of a SciPy or cupyx sparse matrix, as CSR with sorted indices, where A lives."""
         t0 = time.perf_counter()
-        if type(A).__module__.startswith("cupyx"):
+        if is_cupy_sparse(A):
             import cupyx.scipy.sparse as csp
             coo = A.tocoo()
             inverse = self._index("inverse", coo.row)
@@ -126,11 +122,11 @@ def choose_reordering(A, requested, device):
         raise InputError(f"reorder must be one of {', '.join(REORDERINGS)}, not {requested!r}")
     if requested == "none":
         return None, "none"
-    if not (sp.issparse(A) or _on_device(A)):
+    if not (sp.issparse(A) or is_cupy_sparse(A)):
         if requested == "rcm":
             raise InputError("reorder='rcm' needs an explicit sparse matrix")
         return None, "none (not a sparse matrix)"
-    A = A.tocsr() if _on_device(A) else sp.csr_matrix(A)
+    A = A.tocsr() if is_cupy_sparse(A) else sp.csr_matrix(A)
     if requested == "auto":
         if device != "gpu":
             return None, "none (auto reorders on the GPU only)"
@@ -148,6 +144,6 @@ def choose_reordering(A, requested, device):
     from scipy.sparse.csgraph import reverse_cuthill_mckee
 
     t0 = time.perf_counter()
-    order = Reordering(reverse_cuthill_mckee(A.get() if _on_device(A) else A, symmetric_mode=True), "rcm")
+    order = Reordering(reverse_cuthill_mckee(A.get() if is_cupy_sparse(A) else A, symmetric_mode=True), "rcm")
     order.seconds = time.perf_counter() - t0  # the permutation of A adds its time (Reordering.matrix)
     return order, "rcm"

@@ -17,8 +17,8 @@ import numpy as np
 from ..kernels import cooperative, md_params, module
 from ..backend import require_cupy
 from ..engine import GraphEngine
-from ..kernels.md_params import (C_BAD, C_BUILDS, C_CELLMAX, C_FORCED, C_NBMAX, C_REBUILD, C_REQ, C_STATUS, C_STEP,
-                                 C_TARGET, CTL_SIZE, ST_DONE, ST_OVERFLOW, ST_RUNNING, ST_UNSTABLE)
+from ..kernels.md_params import (C_BAD, C_BUILDS, C_CELLMAX, C_NBMAX, C_REBUILD, C_STATUS, C_STEP, C_TARGET, CTL_SIZE,
+                                 ST_DONE, ST_OVERFLOW, ST_RUNNING, ST_UNSTABLE)
 from .thermo import UnstableRunError
 
 BLOCK = 128

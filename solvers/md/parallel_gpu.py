@@ -41,9 +41,9 @@ from ..distributed.comm import DeviceComm
 from ..engine import Communicate, Segment, SegmentDriver, StatusCopies
 from ..errors import DeviceError
 from ..kernels import md_params, md_ref, module
-from ..kernels.md_params import (C_BAD, C_BUILDS, C_CELLMAX, C_FAR, C_FORCED, C_NBMAX, C_REBUILD, C_REQ, C_STATUS,
-                                 C_STEP, C_TARGET, CTL_SIZE, RANK_FRAME, ROUTES, ST_DONE, ST_OVERFLOW, ST_REBUILD,
-                                 ST_RUNNING, ST_UNSTABLE)
+from ..kernels.md_params import (C_BUILDS, C_CELLMAX, C_FAR, C_FORCED, C_NBMAX, C_REBUILD, C_REQ, C_STATUS, C_STEP,
+                                 C_TARGET, CTL_SIZE, RANK_FRAME, ROUTES, ST_DONE, ST_OVERFLOW, ST_REBUILD, ST_RUNNING,
+                                 ST_UNSTABLE)
 from .domain import Domain, choose_grid
 from .gpu import BLOCK, DeviceAccess, kernel_program, param_values, threads_per_particle
 from .parallel import agreed, gathered_arrays

@@ -1,5 +1,5 @@
 """SciPy-compatible entry point over :class:`~solvers.pcg.solver.PCG`."""
-from ..backend import is_device_array
+from ..backend import is_cupy_sparse, is_device_array
 from .solver import PCG
 
 
@@ -41,7 +41,7 @@ def cg(A, b, x0=None, *, rtol=1e-5, atol=0.0, maxiter=None, M=None, callback=Non
         (-1: not positive definite, -2: NaN or Inf).
     """
     if device is None:
-        device = "gpu" if (is_device_array(b) or is_device_array(A) or type(A).__module__.startswith("cupyx")) else "cpu"
+        device = "gpu" if (is_device_array(b) or is_device_array(A) or is_cupy_sparse(A)) else "cpu"
     solver = PCG(A, preconditioner=preconditioner, M=M, rtol=rtol, atol=atol, maxiter=maxiter,
                  device=device, mode=mode, variant=variant)
     result = solver.solve(b, x0, callback=callback)

@@ -16,7 +16,7 @@ import numpy as np
 import scipy.sparse as sp
 import scipy.sparse.linalg as spla
 
-from ..backend import is_device_array
+from ..backend import is_cupy_sparse, is_device_array
 
 
 def safe_band(dtype):
@@ -52,7 +52,7 @@ def largest_entry(a):
     """
     if isinstance(a, spla.LinearOperator):
         return None
-    if sp.issparse(a) or type(a).__module__.startswith("cupyx.scipy.sparse"):
+    if sp.issparse(a) or is_cupy_sparse(a):
         return _largest_magnitude(a.data)
     if is_device_array(a):
         return _largest_magnitude(_device_array(a))
@@ -74,7 +74,7 @@ def scaled(a, k):
     """``a * 2**k`` exactly (a new matrix or array of the same kind; ``a`` itself when ``k`` is 0)."""
     if not k:
         return a
-    if sp.issparse(a) or type(a).__module__.startswith("cupyx.scipy.sparse"):
+    if sp.issparse(a) or is_cupy_sparse(a):
         out = a.copy()
         out.data = _ldexp(out.data, k)
         return out

@@ -12,7 +12,7 @@ import numpy as np
 import scipy.sparse as sp
 import scipy.sparse.linalg as spla
 
-from ..backend import is_device_array, require_cupy, resolve_device
+from ..backend import is_cupy_sparse, is_device_array, require_cupy, resolve_device
 from ..errors import DeviceError, InputError
 from ..reorder import choose_reordering
 from ..resources import require_device_memory, require_host_memory
@@ -95,11 +95,6 @@ def _as_array(v):
     if is_device_array(v):
         return scaling._device_array(v)
     return np.asarray(v)
-
-
-def _is_cupy_sparse(A):
-    mod = type(A).__module__
-    return mod.startswith("cupyx.scipy.sparse")
 
 
 def _host_matrix(A, dtype):
@@ -208,7 +203,7 @@ class PCG:
         if spec is not None and wants_gpu:  # the reason, before looking for a GPU
             refuse_unsupported(spec, "gpu", variant, self.dtype)
         self.device, self.device_note = self._choose_device(A, M, spec, device, mode)
-        given_on_device = _is_cupy_sparse(A) or is_device_array(A)
+        given_on_device = is_cupy_sparse(A) or is_device_array(A)
         A = self._uploaded(A)
         self._order, self.reordering = self._choose_reordering(A, reorder, given_on_device)
         if self._order is not None:
@@ -261,10 +256,10 @@ class PCG:
 
     def _where_solved(self, A):
         """A sparse matrix on the device the solve runs on (a reordering permutes it there)."""
-        if self.device == "gpu" and not _is_cupy_sparse(A):
+        if self.device == "gpu" and not is_cupy_sparse(A):
             import cupyx.scipy.sparse as csp
             return csp.csr_matrix(sp.csr_matrix(A))
-        return A.get() if _is_cupy_sparse(A) and self.device == "cpu" else A
+        return A.get() if is_cupy_sparse(A) and self.device == "cpu" else A
 
     def _uploaded(self, A):
         """A host sparse matrix copied to the GPU once for a GPU solve, else ``A`` as given: the set-up's
@@ -310,7 +305,7 @@ class PCG:
 
     @staticmethod
     def _choose_device(A, M, spec, device, mode):
-        on_device = is_device_array(A) or _is_cupy_sparse(A)
+        on_device = is_device_array(A) or is_cupy_sparse(A)
         host_only = isinstance(A, spla.LinearOperator) or M is not None
         if spec is not None and "gpu" not in spec.variants:
             if device == "gpu" or on_device or (mode not in ("auto", "eager") and device != "cpu"):

@@ -10,6 +10,7 @@ turns the declaration into a one-line refusal.
 import scipy.sparse as sp
 import numpy as np
 
+from ...backend import is_cupy_sparse
 from ...errors import InputError
 from .amg import AMG
 from .base import Identity, Jacobi, Preconditioner, jacobi_inverse_diagonal
@@ -73,7 +74,7 @@ def make_preconditioner(spec, A, reordering=None):
     :meth:`Preconditioner.setup`).
     """
     precond = as_preconditioner(spec)
-    on_device = type(A).__module__.startswith("cupyx.scipy.sparse")
+    on_device = is_cupy_sparse(A)
     if precond.needs_matrix and not (sp.issparse(A) or isinstance(A, np.ndarray) or on_device):
         raise InputError(f"preconditioner {precond.name!r} needs an explicit matrix, not an operator")
     return precond.setup(A, reordering)

@@ -16,6 +16,7 @@ import numpy as np
 import scipy.linalg
 import scipy.sparse as sp
 
+from ...backend import is_cupy_sparse
 from ...errors import InputError
 from ..cpu import VARIANTS
 from .base import Preconditioner
@@ -218,11 +219,11 @@ class AMG(Preconditioner):
     @staticmethod
     def _on_host(A):
         """PyAMG sets up on the host: a cupyx matrix is copied there."""
-        return A.get() if type(A).__module__.startswith("cupyx") else A
+        return A.get() if is_cupy_sparse(A) else A
 
     def _level_dtype(self, A):
         """The precision of the levels for a solver matrix ``A`` (on the device for a GPU solve)."""
-        on_device = type(A).__module__.startswith("cupyx")
+        on_device = is_cupy_sparse(A)
         dtype = self.hierarchy_dtype or (np.dtype(np.float32) if on_device else A.dtype)
         if dtype.itemsize > A.dtype.itemsize:
             raise InputError(f"AMG hierarchy_dtype {dtype} is more precise than the solver's {A.dtype}; "
@@ -238,13 +239,13 @@ class AMG(Preconditioner):
         """
         fine = self.levels[0].A if self.levels else self._coarse_matrix
         # compared where the levels are; set up from A as given (a GPU solve's matrix keeps its precision rule)
-        seen = A if type(fine).__module__.startswith("cupyx") else self._on_host(A)
+        seen = A if is_cupy_sparse(fine) else self._on_host(A)
         same = (bool(self.levels) and seen.shape == fine.shape and seen.nnz == fine.nnz
                 and np.array_equal(seen.indptr, fine.indptr) and np.array_equal(seen.indices, fine.indices))
         self._timed(lambda M: self._hierarchy(M, reuse=self._reusable if same else None), A)
 
     def _hierarchy(self, A, reuse):
-        if self.setup_device == "gpu" or (self.setup_device == "auto" and type(A).__module__.startswith("cupyx")):
+        if self.setup_device == "gpu" or (self.setup_device == "auto" and is_cupy_sparse(A)):
             return self._device_hierarchy(A, reuse)
         pyamg = require_pyamg()
         dtype = self._level_dtype(A)

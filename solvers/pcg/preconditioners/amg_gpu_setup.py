@@ -31,6 +31,7 @@ what the tests check the device against. The hierarchy is built in float64.
 """
 import numpy as np
 
+from ...backend import is_cupy_sparse
 from ...errors import InputError
 from ...kernels import amg_setup_ref
 from .spectrum import largest_scaled_eigenvalue
@@ -419,7 +420,7 @@ def build_on_device(A, B, backend=None, dtype=None, **options):
     """
     from .base import jacobi_inverse_diagonal
     backend = device_backend() if backend is None else backend
-    dtype, on_device = A.dtype if dtype is None else np.dtype(dtype), type(A).__module__.startswith("cupyx")
+    dtype, on_device = A.dtype if dtype is None else np.dtype(dtype), is_cupy_sparse(A)
     fine = backend.sparse.csr_matrix(A).astype(np.float64)
     jacobi_inverse_diagonal(fine.diagonal(), user="AMG")
     built = build_hierarchy(fine, None if B is None else backend.xp.asarray(B, dtype=np.float64), backend, **options)
