@@ -17,7 +17,7 @@ import sys
 from .. import interrupts, watchdog
 from ..errors import DeviceError, InputError
 from ..cli_common import option_name, timeout_seconds
-from .comm import RankError, abort, abort_on_error, agree, world
+from .comm import RankError, abort, abort_on_error, agree, world_or_report
 
 EXIT_CONVERGED, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -77,10 +77,8 @@ def run_distributed(parser, argv, cli):
         with contextlib.ExitStack() as guard:
             with interrupts.deferred(act_at_exit=False):
                 args, failure = _parse(parser, argv)
-                try:
-                    comm = world()
-                except DeviceError as exc:
-                    print(f"error: {exc}", file=sys.stderr)
+                comm = world_or_report()
+                if comm is None:
                     return EXIT_BAD_INPUT
                 root = comm.Get_rank() == 0
                 try:

@@ -40,6 +40,16 @@ def world():
     return MPI.COMM_WORLD
 
 
+def world_or_report():
+    """:func:`world` for a command line: None, after printing why on stderr, where MPI is unusable (the
+    caller then exits with its bad-input code)."""
+    try:
+        return world()
+    except DeviceError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return None
+
+
 class RankError(RuntimeError):
     """A set-up step failed on some rank; raised on every rank with the same message."""
 

@@ -17,7 +17,7 @@ import sys
 import numpy as np
 
 from .. import interrupts
-from ..distributed.comm import RankError, abort_on_error, world
+from ..distributed.comm import RankError, abort_on_error, world_or_report
 from ..errors import DeviceError, InputError
 from ..kernels import md_ref
 from .cpu import CpuBackend, integration, langevin_force, pair_forces
@@ -233,10 +233,8 @@ def run_distributed(args, run):
     detected by all ranks together (exit code 1); anything else on one rank
     aborts the job.
     """
-    try:
-        comm = world()
-    except DeviceError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    comm = world_or_report()
+    if comm is None:
         return EXIT_BAD_INPUT
     root = comm.Get_rank() == 0
     try:
