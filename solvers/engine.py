@@ -1,9 +1,9 @@
 """Graph engine: run one iteration body eagerly, as a relaunched graph, or in a WHILE node;
 or, across ranks, graph segments with communication between them (:class:`SegmentDriver`).
 
-The engine is generic: it knows bodies, not algorithms. A *body* is any object
-with a ``launch(stream, loop)`` method that enqueues one iteration of kernels on
-the CuPy ``stream``, working only on buffers allocated at setup. ``loop`` is a
+The engine is generic: it knows bodies, not algorithms. A *body* is any callable
+``launch(stream, loop)`` that enqueues one iteration of kernels on the CuPy
+``stream``, working only on buffers allocated at setup. ``loop`` is a
 :class:`LoopContext` that gives the body
 
 * ``loop.handle``: the WHILE node's condition handle as ``numpy.uint64``, to be
@@ -149,8 +149,8 @@ class GraphEngine:
 
     Parameters
     ----------
-    body : object
-        Has ``launch(stream, loop)`` (see module docstring).
+    body : callable
+        ``body(stream, loop)`` enqueues one iteration (see module docstring).
     mode : {"auto", "eager", "graph", "while"}
     unroll : int
         Iterations per graph launch in ``graph`` mode and per pass of the
@@ -202,13 +202,13 @@ class GraphEngine:
                 # k iterations per pass amortise the loop's own cost; passes after the stop are no-ops.
                 # Each copy gets its own context: a condition handle may drive only one IF node.
                 for _ in range(self.unroll):
-                    self.body.launch(s, LoopContext(body_builder, int(cond.handle)))
+                    self.body(s, LoopContext(body_builder, int(cond.handle)))
             body_builder.end_building()
         else:
             loop = LoopContext()
             with _cupy_stream(builder) as s:
                 for _ in range(self.unroll):
-                    self.body.launch(s, loop)
+                    self.body(s, loop)
         self._graph = builder.end_building().complete()
         self._core_stream = dev.create_stream(_StreamRef(self.stream.ptr))
         self.instantiations += 1
@@ -263,7 +263,7 @@ class GraphEngine:
                 while launched < max_iterations:
                     steps = min(check_every, max_iterations - launched)
                     for _ in range(steps):
-                        self.body.launch(self.stream, loop)
+                        self.body(self.stream, loop)
                     launched += steps
                     self._wait(on_wait, poll_interval)
                     if done():

@@ -98,16 +98,6 @@ def param_values(backend, *, pos, pos_alt, n_local, by_cell, count, skin, box, e
             "planned": 0 if planned is None else planned.data.ptr, "margin_sq": margin ** 2}
 
 
-class _StepBody:
-    """The engine's view of one timestep."""
-
-    def __init__(self, backend):
-        self._backend = backend
-
-    def launch(self, stream, loop):
-        self._backend._launch_step(stream, loop)
-
-
 class DeviceAccess:
     """What a simulation reads from a GPU backend, on one GPU or on GPU ranks."""
 
@@ -170,7 +160,7 @@ class GpuBackend(DeviceAccess):
         self._k = {name: mod.get_function(name) for name in _KERNELS}
         # md_run takes `unroll` steps a launch: the engine launches the body once a pass.
         self.unroll = int(unroll)
-        self.engine = GraphEngine(_StepBody(self), mode, 1)
+        self.engine = GraphEngine(self._launch_step, mode, 1)
         self.mode, self.stream = self.engine.mode, self.engine.stream
         self.ff, self.integ, self.mass, self.n = forcefield, integrator, state.mass, state.n
         self._params = None  # the packed MdParams; rebuilt when buffers move

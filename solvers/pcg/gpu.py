@@ -4,10 +4,10 @@ Everything is allocated and compiled here at set-up; a solve copies ``b`` (and
 ``x0``) into the fixed buffers, resets the device state and runs the engine.
 
 Two iteration bodies. With a pointwise preconditioner (none, Jacobi) an iteration
-is part of one persistent kernel (:class:`PCGBody`). With any other, it is classic
+is part of one persistent kernel (:meth:`GPUPCG.launch_run`). With any other, it is classic
 PCG split into three plain kernels with the preconditioner's own launches
 (:meth:`~.preconditioners.Preconditioner.device_apply`) between the second and the
-third (:class:`SplitPCGBody`, ``kernels/pcg_split.cu``). Each level of a V-cycle
+third (:meth:`GPUPCG.launch_split`, ``kernels/pcg_split.cu``). Each level of a V-cycle
 then takes the grid that suits its size, and the kernel boundaries are a small
 share of a cycle where AMG pays (on an H200 a diffusion iteration, 40 to 60
 launches, takes 340 us at 512^2 and 4.3 ms at 2048^2: MEASUREMENTS.md).
@@ -144,26 +144,6 @@ class _HostMapped:
         self.device_ptr = self._mem.ptr
 
 
-class PCGBody:
-    """One launch of the variant's persistent kernel: ``iterations_per_launch`` PCG iterations."""
-
-    def __init__(self, solver):
-        self.s = solver
-
-    def launch(self, stream, loop):
-        self.s.launch_run(self.s.iterations_per_launch, loop.handle, stream)
-
-
-class SplitPCGBody:
-    """One classic iteration: direction and product, update, the preconditioner's launches, decision."""
-
-    def __init__(self, solver):
-        self.s = solver
-
-    def launch(self, stream, loop):
-        self.s.launch_split(loop.handle, stream)
-
-
 class GPUPCG:
     """Set-up-once PCG on the GPU, driven by :class:`~solvers.engine.GraphEngine`.
 
@@ -231,9 +211,12 @@ class GPUPCG:
         # pass. The split body is one iteration: the engine captures `unroll` of them.
         self.unroll = self.iterations_per_launch = int(unroll)
         if self.split:
-            self.engine = GraphEngine(SplitPCGBody(self), mode=mode, unroll=self.unroll)
+            self.engine = GraphEngine(lambda stream, loop: self.launch_split(loop.handle, stream),
+                                      mode=mode, unroll=self.unroll)
         else:
-            self.engine = GraphEngine(PCGBody(self), mode=mode, unroll=1)
+            self.engine = GraphEngine(
+                lambda stream, loop: self.launch_run(self.iterations_per_launch, loop.handle, stream),
+                mode=mode, unroll=1)
         self.mode_note = self.engine.note
 
     # -- set-up ---------------------------------------------------------------

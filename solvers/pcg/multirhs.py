@@ -44,16 +44,6 @@ def refuse_columns(columns):
                          f"(solve the columns in groups)")
 
 
-class MultiRHSBody:
-    """One iteration: the direction pass, then the update pass with the decisions."""
-
-    def __init__(self, solver):
-        self.s = solver
-
-    def launch(self, stream, loop):
-        self.s.launch_iteration(loop.handle, stream)
-
-
 class GPUMultiRHS:
     """Classic PCG on ``columns`` right-hand sides over the matrix of a :class:`~.gpu.GPUPCG`.
 
@@ -104,7 +94,8 @@ class GPUMultiRHS:
         self._args = MULTI_RUN.pack(rowptr=self.rowptr, col=self.col, val=self.val, dinv=self.dinv, st=self.states,
                                     partials=self.partials, ticket=self.ticket, n=self.n, **self.vectors)
         self.unroll = int(unroll)
-        self.engine = GraphEngine(MultiRHSBody(self), mode=mode, unroll=self.unroll)
+        self.engine = GraphEngine(lambda stream, loop: self.launch_iteration(loop.handle, stream),
+                                  mode=mode, unroll=self.unroll)
         self.mode, self.mode_note = self.engine.mode, self.engine.note
 
     @property
