@@ -206,10 +206,11 @@ def test_gpu_columns_agree_with_cpu_and_single_solves(cupy, matrix, precondition
 
 
 @pytest.mark.gpu
-def test_gpu_kernels_match_their_numpy_reference(cupy):
-    A = diffusion((20, 18))
-    B = columns(A.shape[0], 3)
-    tol = np.zeros(3)
+@pytest.mark.parametrize("shape, k", [((20, 18), 3), ((300, 300), 16)])  # the second: several rows a thread
+def test_gpu_kernels_match_their_numpy_reference(cupy, shape, k):
+    A = diffusion(shape)
+    B = columns(A.shape[0], k)
+    tol = np.zeros(k)
     for steps in (0, 1, 4):  # rtol 0: each column stops at maxiter
         res = gpu_solver(A, rtol=0.0, path="grid").solve(B, maxiter=steps)
         x, states = run_reference(A, 1.0 / A.diagonal(), B, tol, steps)
