@@ -29,10 +29,6 @@
 
 #define MR_BLOCK 512
 #define MR_ROWS (MR_BLOCK / NRHS)
-// MR_IN_FLIGHT (defined by the loader): rows a thread has in flight at once. All their loads are
-// issued before any of their stores, so a thread waits for memory twice (the matrix entries, then the
-// gathers they point to) per MR_IN_FLIGHT rows instead of twice a row. The rows are the same sequence
-// as one at a time, so every sum is added in the same order.
 static_assert(NRHS >= 1 && 2 * NRHS <= MR_BLOCK, "NRHS: 1 to MR_BLOCK / 2 columns");
 
 __host__ __device__ constexpr int next_pow2(int v) { return v <= 1 ? 1 : 2 * next_pow2((v + 1) / 2); }
@@ -107,14 +103,9 @@ __device__ void end_when_all_stopped(const State* s, unsigned long long handle) 
     if (!any && handle && threadIdx.x == 0) cudaGraphSetConditional(handle, 0);
 }
 
-// z = M^-1 r at row i: Jacobi where the loader defines MR_JACOBI, else the identity (decided at compile
-// time: a branch on dinv at every gathered entry would keep the compiler from issuing the loads together).
+// z = M^-1 r at row i (Jacobi when dinv is set, else the identity).
 __device__ __forceinline__ real_t mr_precondition(const real_t* dinv, int i, real_t r) {
-#ifdef MR_JACOBI
-    return __ldg(&dinv[i]) * r;
-#else
-    return r;
-#endif
+    return dinv ? __ldg(&dinv[i]) * r : r;
 }
 
 // (A v)_i over column c's entries v(j) of the row. The matrix is the solver's own ELL layout when it
@@ -146,29 +137,17 @@ mr_direction(const MultiRun a, unsigned long long handle) {
     double pq[1] = {0.0};
     if (row < MR_ROWS && running(s[c]) && s[c].iteration >= 0) {
         const int parity = s[c].parity;
-        const real_t* __restrict__ p_old = parity ? a.p1 : a.p0;
-        real_t* __restrict__ p_new = parity ? a.p0 : a.p1;
-        const real_t* __restrict__ r = a.r;
+        const real_t* p_old = parity ? a.p1 : a.p0;
+        real_t* p_new = parity ? a.p0 : a.p1;
         const real_t beta = (real_t)s[c].beta;
+        const real_t* r = a.r;
         auto direction = [&](int j) {
             return fma(beta, p_old[(size_t)j * NRHS + c], mr_precondition(a.dinv, j, r[(size_t)j * NRHS + c]));
         };
-        const int stride = gridDim.x * MR_ROWS;
-        for (int i0 = blockIdx.x * MR_ROWS + row; i0 < a.n; i0 += MR_IN_FLIGHT * stride) {
-            real_t pi[MR_IN_FLIGHT], qi[MR_IN_FLIGHT];
-#pragma unroll
-            for (int k = 0; k < MR_IN_FLIGHT; ++k) {  // every load first (rows past n read the last row)
-                const int i = min(i0 + k * stride, a.n - 1);
-                pi[k] = direction(i);
-                qi[k] = row_product(a, i, direction);
-            }
-#pragma unroll
-            for (int k = 0; k < MR_IN_FLIGHT; ++k) {
-                const int i = i0 + k * stride;
-                if (i >= a.n) break;
-                p_new[(size_t)i * NRHS + c] = pi[k];
-                pq[0] += (double)pi[k] * (double)qi[k];
-            }
+        for (int i = blockIdx.x * MR_ROWS + row; i < a.n; i += gridDim.x * MR_ROWS) {
+            const real_t pi = direction(i), qi = row_product(a, i, direction);
+            p_new[(size_t)i * NRHS + c] = pi;
+            pq[0] += (double)pi * (double)qi;
         }
     }
     if (!column_sums<1>(a, pq, total)) return;
@@ -193,38 +172,20 @@ mr_update(const MultiRun a, unsigned long long handle) {
     double sums[2] = {0.0, 0.0};  // r.z, r.r of the new r
     if (row < MR_ROWS && running(s[c])) {
         const bool start = s[c].iteration < 0;
-        const real_t* __restrict__ p = s[c].parity ? a.p0 : a.p1;  // the direction pass's p_new
-        real_t* __restrict__ x = a.x;
-        real_t* __restrict__ r = a.r;
+        const real_t* p = s[c].parity ? a.p0 : a.p1;  // the direction pass's p_new
         const real_t alpha = (real_t)s[c].alpha;
-        const int stride = gridDim.x * MR_ROWS;
-        for (int i0 = blockIdx.x * MR_ROWS + row; i0 < a.n; i0 += MR_IN_FLIGHT * stride) {
-            real_t ri[MR_IN_FLIGHT], qi[MR_IN_FLIGHT], pi[MR_IN_FLIGHT], xi[MR_IN_FLIGHT];
-#pragma unroll
-            for (int k = 0; k < MR_IN_FLIGHT; ++k) {  // every load first (rows past n read the last row)
-                const int i = min(i0 + k * stride, a.n - 1);
-                const size_t at = (size_t)i * NRHS + c;
-                ri[k] = r[at];
-                if (!start) {
-                    qi[k] = row_product(a, i, [&](int j) { return p[(size_t)j * NRHS + c]; });
-                    pi[k] = p[at];
-                    xi[k] = x[at];
-                }
+        for (int i = blockIdx.x * MR_ROWS + row; i < a.n; i += gridDim.x * MR_ROWS) {
+            const size_t at = (size_t)i * NRHS + c;
+            real_t ri = a.r[at];
+            if (!start) {
+                const real_t qi = row_product(a, i, [&](int j) { return p[(size_t)j * NRHS + c]; });
+                a.x[at] = fma(alpha, p[at], a.x[at]);
+                ri = fma(-alpha, qi, ri);
+                a.r[at] = ri;
             }
-#pragma unroll
-            for (int k = 0; k < MR_IN_FLIGHT; ++k) {
-                const int i = i0 + k * stride;
-                if (i >= a.n) break;
-                const size_t at = (size_t)i * NRHS + c;
-                if (!start) {
-                    x[at] = fma(alpha, pi[k], xi[k]);
-                    ri[k] = fma(-alpha, qi[k], ri[k]);
-                    r[at] = ri[k];
-                }
-                const real_t zi = mr_precondition(a.dinv, i, ri[k]);
-                sums[0] += (double)ri[k] * (double)zi;
-                sums[1] += (double)ri[k] * (double)ri[k];
-            }
+            const real_t zi = mr_precondition(a.dinv, i, ri);
+            sums[0] += (double)ri * (double)zi;
+            sums[1] += (double)ri * (double)ri;
         }
     }
     if (!column_sums<2>(a, sums, total)) return;

@@ -21,7 +21,6 @@ from ..resources import require_device_memory
 
 MR_BLOCK = 512  # threads a block of the kernels (MR_BLOCK in kernels/multirhs.cu)
 MAX_COLUMNS = MR_BLOCK // 2  # a block reduces two sums of every column at once
-ROWS_IN_FLIGHT = 2  # rows a thread loads at once (MR_IN_FLIGHT in kernels/multirhs.cu)
 _VECTORS = ("x", "r", "p0", "p1")
 
 MULTI_RUN = Struct("MultiRun", [
@@ -30,13 +29,10 @@ MULTI_RUN = Struct("MultiRun", [
     ("n", "int"), ("pad", "int")])
 
 
-def kernel_program(real, columns, ell_width=None, jacobi=True):
+def kernel_program(real, columns, ell_width=None):
     """Arguments of :func:`kernels.module` for the kernels over ``columns`` right-hand sides, reading
-    the matrix as ELL of ``ell_width`` entries a row, or as CSR (None), with the Jacobi preconditioner
-    or none."""
-    defines = (("NRHS", str(columns)), ("MR_IN_FLIGHT", str(ROWS_IN_FLIGHT)))
-    defines += (("MR_ELL_WIDTH", str(ell_width)),) if ell_width else ()
-    defines += (("MR_JACOBI", "1"),) if jacobi else ()
+    the matrix as ELL of ``ell_width`` entries a row, or as CSR (None)."""
+    defines = (("NRHS", str(columns)),) + ((("MR_ELL_WIDTH", str(ell_width)),) if ell_width else ())
     return dict(name="multirhs", real=real, defines=defines, before=("stopping",),
                 structs=(STATE, PROGRESS, MULTI_RUN))
 
@@ -82,7 +78,7 @@ class GPUMultiRHS:
             self.val = solver.val[position] if position is not None else solver.val.copy()
         self.dinv = solver.dinv
         mod = kernels.module(**kernel_program(kernels.ctype(self.dtype), self.columns,
-                                              solver.format.width if ell else None, self.dinv is not None))
+                                              solver.format.width if ell else None))
         self._direction, self._update, self._residual = (mod.get_function(k) for k in
                                                          ("mr_direction", "mr_update", "mr_residual"))
         rows_per_block = MR_BLOCK // self.columns
