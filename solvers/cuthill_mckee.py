@@ -132,13 +132,18 @@ class _DeviceLevels(_Arrays):
         counts = self.count[result["prev_lo"]:result["prev_hi"]]
         starts = result["lo"] + xp.cumsum(counts) - counts
         big = xp.flatnonzero(counts > SORT_IN_THREAD)
-        sizes = counts[big]
-        bounds = xp.concatenate((xp.zeros(1, dtype=xp.int64), xp.cumsum(sizes, dtype=xp.int64)))
-        group = entry_rows(bounds, xp)
-        positions = starts[big][group] + xp.arange(group.size) - bounds[group]
+        group, positions = segments(starts[big], counts[big], xp)
         vertices = order[positions]
-        ordering = xp.lexsort(xp.stack((vertices, self.degree[vertices], group.astype(xp.int32))))
+        ordering = xp.lexsort(xp.stack((vertices, self.degree[vertices], group)))
         order[positions] = vertices[ordering]
+
+
+def segments(starts, sizes, xp):
+    """The positions of the segments ``[starts[k], starts[k] + sizes[k])``, one after the other, and the
+    segment ``k`` of each (int32)."""
+    bounds = xp.concatenate((xp.zeros(1, dtype=xp.int64), xp.cumsum(sizes, dtype=xp.int64)))
+    group = entry_rows(bounds, xp)
+    return group, starts.astype(xp.int64)[group] + xp.arange(group.size) - bounds[group]
 
 
 def cuthill_mckee(indptr, indices, max_levels=None, max_passes=None):

@@ -3,8 +3,11 @@
 A :class:`Reordering` is a symmetric permutation ``P A P^T`` applied once at
 set-up; right-hand sides and initial guesses are permuted on the way in and
 solutions permuted back on the way out, so callers never see it. Reverse
-Cuthill-McKee (``scipy.sparse.csgraph``) brings each row's neighbours close in
-memory, so the product's gathers share cache lines.
+Cuthill-McKee brings each row's neighbours close in memory, so the product's
+gathers share cache lines: on the GPU our own (:mod:`solvers.cuthill_mckee`,
+milliseconds for millions of rows), on the CPU SciPy's
+(``scipy.sparse.csgraph``). The two break ties differently, so their orders
+differ; both are deterministic.
 
 :func:`gather_sectors` measures how scattered a product's reads are; the PCG
 solver's ``reorder="auto"`` decides from it (see :func:`choose_reordering`).
@@ -15,38 +18,50 @@ import numpy as np
 import scipy.sparse as sp
 
 from .backend import array_module, is_cupy_sparse
+from .cuthill_mckee import SORT_IN_THREAD, cuthill_mckee, program, segments
 from .errors import InputError
 from .formats.base import window_sectors
 
 REORDERINGS = ("auto", "none", "rcm")
 #: 32-byte memory sectors a warp's gathers touch per nonzero above which a matrix counts as scattered.
 SCATTERED = 0.4
-#: Longest row ``auto`` reorders: Cuthill-McKee orders each vertex's neighbours by degree, which on
-#: a graph with a hub row costs minutes (126 s for a 1M-row power-law graph).
+#: Longest row ``auto`` reorders. No numbering brings a hub's columns together (a row of k entries
+#: spans at least k - 1 columns, so its reads stay scattered), and a graph with hubs has few levels
+#: to find locality in.
 AUTO_MAX_ROW_LENGTH = 1024
-# The cost model of ``auto`` (H200 and its host, scripts/probe_formats.py, MEASUREMENTS.md): SciPy's
-# reverse Cuthill-McKee takes about 34 ns a nonzero (1.0 s for a 2M-row random geometric graph,
-# 29.6M nonzeros); a sector of gathered reads saved saves about 4.7 ps an iteration (that graph: 324
-# us an iteration at 0.95 sectors a nonzero, 213 us after RCM at 0.16).
-RCM_SECONDS_PER_NONZERO = 34e-9
-SECONDS_PER_SECTOR = 4.7e-12
+# The cost model of ``auto``, H200 (scripts/probe_reorder.py, MEASUREMENTS.md). Cuthill-McKee on the
+# GPU costs about GPU_SECONDS_PER_LEVEL a breadth-first level (three grid barriers and the level's
+# work), GPU_SECONDS_PER_PASS a pass (a launch, a read of its outcome, the next start) and
+# GPU_SECONDS_PER_NONZERO for what scales with the matrix (degrees, the permutation of A, counting
+# the sectors it reads). A sector of gathered reads saved saves about SECONDS_PER_SECTOR an
+# iteration (random geometric graph, 2M rows, 29.6M nonzeros: 284 us an iteration at 0.95 sectors a
+# nonzero, 190 us after RCM at 0.16).
+GPU_SECONDS_PER_LEVEL = 6e-6
+GPU_SECONDS_PER_PASS = 60e-6
+GPU_SECONDS_PER_NONZERO = 0.15e-9
+SECONDS_PER_SECTOR = 4.0e-12
 SECTORS_AFTER_RCM = 0.16
 #: Iterations the reordering must pay for itself within: the solve's own count is unknown at set-up.
 AUTO_ITERATIONS = 1000
 
 
-def gather_sectors(indptr, indices, rows_per_warp=32, itemsize=8, samples=2048):
+def gather_sectors(indptr, indices, rows_per_warp=32, itemsize=8, samples=2048, reordering=None):
     """Distinct 32-byte sectors of the multiplied vector that a warp's rows read, per nonzero.
 
     The rows are taken ``rows_per_warp`` at a time, in storage order, as one warp
     of the product kernels reads them; ``samples`` such groups, evenly spaced, are
     counted (all of them for smaller matrices). About 1 for random numbering (each
     gather a memory transaction of its own), well below 1 for banded matrices.
-    Counted where the arrays are (NumPy, or CuPy for a matrix on the GPU).
+    Counted where the arrays are (NumPy, or CuPy for a matrix on the GPU); with a
+    :class:`Reordering`, for ``P A P^T`` (without forming it).
     """
     xp = array_module(indptr)
     n = int(indptr.size) - 1
-    return window_sectors(indptr, indices, xp.arange(n), rows_per_warp, xp, samples, itemsize)
+    if reordering is None:
+        return window_sectors(indptr, indices, xp.arange(n), rows_per_warp, xp, samples, itemsize)
+    renumbered = reordering.like("inverse", indptr)[indices]
+    return window_sectors(indptr, renumbered, reordering.like("perm", indptr), rows_per_warp, xp, samples,
+                          itemsize)
 
 
 class Reordering:
@@ -54,64 +69,111 @@ class Reordering:
 
     Parameters
     ----------
-    perm : ndarray of int
+    perm : ndarray of int (NumPy or CuPy)
         A permutation of ``range(n)``.
     name : str
         What produced it (for reports).
     seconds : float
         Time it took to compute and apply (set by :func:`choose_reordering`).
+
+    Attributes
+    ----------
+    levels, passes : int or None
+        Breadth-first levels and passes the GPU's Cuthill-McKee took (None for SciPy's).
     """
 
     def __init__(self, perm, name, seconds=0.0):
-        self.perm = np.asarray(perm, dtype=np.int64)
-        self.inverse = np.empty_like(self.perm)
-        self.inverse[self.perm] = np.arange(self.perm.size)
+        xp = array_module(perm)
+        self.perm = xp.ascontiguousarray(perm, dtype=np.int64 if xp is np else xp.int32)
+        self.inverse = xp.empty_like(self.perm)
+        self.inverse[self.perm] = xp.arange(self.perm.size, dtype=self.perm.dtype)
         self.name = name
         self.seconds = seconds
-        self._device = {}
+        self.levels = self.passes = None
+        self._copies = {}
+
+    def like(self, which, array):
+        """``perm`` or ``inverse`` where ``array`` is (a host or device copy, made once)."""
+        own = getattr(self, which)
+        xp = array_module(array)
+        if array_module(own) is xp:
+            return own
+        if which not in self._copies:
+            self._copies[which] = own.get() if xp is np else xp.asarray(own)
+        return self._copies[which]
 
     def matrix(self, A):
         """``P A P^T`` of a SciPy or cupyx sparse matrix, as CSR with sorted indices, where A lives."""
         t0 = time.perf_counter()
         if is_cupy_sparse(A):
-            import cupyx.scipy.sparse as csp
-            coo = A.tocoo()
-            inverse = self._index("inverse", coo.row)
-            out = csp.coo_matrix((coo.data, (inverse[coo.row], inverse[coo.col])), shape=A.shape).tocsr()
+            import cupy
+            out = _permuted_on_device(canonical(A), self.like("perm", A.indptr),
+                                      self.like("inverse", A.indptr))
+            cupy.cuda.Device().synchronize()
         else:
             coo = sp.coo_matrix(A)
-            out = sp.csr_matrix((coo.data, (self.inverse[coo.row], self.inverse[coo.col])), shape=A.shape)
-        out.sort_indices()
+            inverse = self.like("inverse", coo.row)
+            out = sp.csr_matrix((coo.data, (inverse[coo.row], inverse[coo.col])), shape=A.shape)
+            out.sort_indices()
         self.seconds += time.perf_counter() - t0
         return out
 
-    def _index(self, which, like):
-        if isinstance(like, np.ndarray):
-            return getattr(self, which)
-        key = (which, id(type(like)))
-        if key not in self._device:
-            import cupy
-            self._device[key] = cupy.asarray(getattr(self, which))
-        return self._device[key]
-
     def forward(self, v):
         """``P v``: a vector in the original numbering, in the reordered one (NumPy or CuPy)."""
-        return v[self._index("perm", v)]
+        return v[self.like("perm", v)]
 
     def backward(self, v):
         """``P^T v``: a vector in the reordered numbering, back in the original one."""
-        return v[self._index("inverse", v)]
+        return v[self.like("inverse", v)]
+
+
+def canonical(A):
+    """A SciPy or cupyx CSR matrix with sorted column indices and no duplicates (a copy when ``A`` is not)."""
+    A = A.tocsr()
+    if not A.has_canonical_format:
+        A = A.copy()
+        A.sum_duplicates()
+    return A
+
+
+def _permuted_on_device(A, perm, inverse):
+    """``P A P^T`` of a canonical cupyx CSR matrix: rows gathered, columns renumbered and sorted (``permute_rows``)."""
+    import cupy
+    import cupyx.scipy.sparse as csp
+
+    from . import kernels
+    n, nnz = A.shape[0], int(A.nnz)
+    if nnz >= 2**31 - 1:
+        raise InputError("matrices with 2^31 or more entries are not supported (int32 indices)")
+    indptr = A.indptr.astype(cupy.int32, copy=False)
+    lengths = cupy.diff(indptr)[perm]
+    new_indptr = cupy.zeros(n + 1, dtype=cupy.int32)
+    new_indptr[1:] = cupy.cumsum(lengths)
+    new_indices = cupy.empty(nnz, dtype=cupy.int32)
+    source = cupy.empty(nnz, dtype=cupy.int32)
+    if n:
+        kernel = kernels.module(**program()).get_function("permute_rows")
+        blocks = min(-(-n // 256), 65535)
+        kernel((blocks,), (256,), (np.int32(n), perm, inverse, indptr, A.indices.astype(cupy.int32, copy=False),
+                                   new_indptr, new_indices, source))
+        long_rows = cupy.flatnonzero(lengths > SORT_IN_THREAD)
+        if long_rows.size:  # the kernel left them in the original order
+            row, positions = segments(new_indptr[long_rows], lengths[long_rows], cupy)
+            ordering = cupy.lexsort(cupy.stack((new_indices[positions], row)))
+            new_indices[positions] = new_indices[positions][ordering]
+            source[positions] = source[positions][ordering]
+    out = csp.csr_matrix((A.data[source], new_indices, new_indptr), shape=A.shape)
+    out.has_canonical_format = True
+    return out
 
 
 def choose_reordering(A, requested, device):
     """The reordering of ``A`` (SciPy or cupyx CSR) that ``requested`` asks for, with why, or None.
 
-    ``auto`` reorders on the GPU only, a matrix whose product reads are scattered
-    (:func:`gather_sectors` above :data:`SCATTERED`), with no row longer than
-    :data:`AUTO_MAX_ROW_LENGTH`, and only when the model above predicts that the
-    reordering costs less than it saves over :data:`AUTO_ITERATIONS` iterations.
-    The measurements run where ``A`` is (a GPU solve uploads a host matrix first,
-    so they read it there); reverse Cuthill-McKee itself runs on the host (SciPy).
+    ``rcm`` is reverse Cuthill-McKee: on the GPU for ``device="gpu"`` (a host
+    matrix is uploaded first; :func:`solvers.cuthill_mckee.cuthill_mckee`), SciPy's
+    on the host otherwise. ``auto`` reorders on the GPU only, as
+    :func:`auto_reordering` decides.
 
     Returns
     -------
@@ -126,24 +188,79 @@ def choose_reordering(A, requested, device):
         if requested == "rcm":
             raise InputError("reorder='rcm' needs an explicit sparse matrix")
         return None, "none (not a sparse matrix)"
-    A = A.tocsr() if is_cupy_sparse(A) else sp.csr_matrix(A)
-    if requested == "auto":
-        if device != "gpu":
+    if device != "gpu":
+        if requested == "auto":
             return None, "none (auto reorders on the GPU only)"
-        longest = int(array_module(A.indptr).diff(A.indptr).max()) if A.shape[0] else 0
-        scattered = gather_sectors(A.indptr, A.indices)
-        if scattered <= SCATTERED:
-            return None, f"none (local reads: {scattered:.2f} sectors a nonzero)"
-        if longest > AUTO_MAX_ROW_LENGTH:
-            return None, f"none (scattered reads, but a row of {longest:,} entries makes RCM slow)"
-        cost = RCM_SECONDS_PER_NONZERO * A.nnz
-        saving = SECONDS_PER_SECTOR * max(scattered - SECTORS_AFTER_RCM, 0.0) * A.nnz
-        if cost > saving * AUTO_ITERATIONS:
-            return None, (f"none (scattered reads, {scattered:.2f} sectors a nonzero, but RCM would pay for "
-                          f"itself only after about {cost / saving:,.0f} iterations)")
+        return _scipy_rcm(A), "rcm"
+    import cupyx.scipy.sparse as csp
+
+    A = canonical(A if is_cupy_sparse(A) else csp.csr_matrix(sp.csr_matrix(A)))
+    if requested == "rcm":
+        return _cuthill_mckee_reversed(A, None, None), "rcm"
+    return auto_reordering(A)
+
+
+def auto_reordering(A):
+    """What ``reorder="auto"`` does with a canonical CSR matrix: ``(Reordering or None, note)``.
+
+    Measured and ordered where ``A`` is (cupyx: on the GPU; SciPy: with the NumPy
+    reference, the same decisions). It reorders a matrix whose product reads are
+    scattered (:func:`gather_sectors` above :data:`SCATTERED`), with no row longer
+    than :data:`AUTO_MAX_ROW_LENGTH`, when the model above predicts that reverse
+    Cuthill-McKee costs less than it saves over :data:`AUTO_ITERATIONS` iterations:
+    the ordering gives up once its levels or passes would cost more, and is
+    dropped when the reads it leaves (counted on the reordered pattern) save too
+    little to pay for permuting ``A``.
+    """
+    xp = array_module(A.indptr)
+    nnz = int(A.nnz)
+    longest = int(xp.diff(A.indptr).max()) if A.shape[0] else 0
+    scattered = gather_sectors(A.indptr, A.indices)
+    if scattered <= SCATTERED:
+        return None, f"none (local reads: {scattered:.2f} sectors a nonzero)"
+    if longest > AUTO_MAX_ROW_LENGTH:
+        return None, f"none (scattered reads, but a row of {longest:,} entries stays scattered in any order)"
+    budget = (SECONDS_PER_SECTOR * max(scattered - SECTORS_AFTER_RCM, 0.0) * AUTO_ITERATIONS
+              - GPU_SECONDS_PER_NONZERO) * nnz
+    max_levels, max_passes = int(budget / GPU_SECONDS_PER_LEVEL), int(budget / GPU_SECONDS_PER_PASS)
+    if max_levels < 1 or max_passes < 1:
+        return None, (f"none (scattered reads, {scattered:.2f} sectors a nonzero, but too few nonzeros for "
+                      f"RCM to pay for itself within {AUTO_ITERATIONS:,} iterations)")
+    order = _cuthill_mckee_reversed(A, max_levels, max_passes)
+    if order is None:
+        return None, (f"none (scattered reads, {scattered:.2f} sectors a nonzero, but RCM would take more than "
+                      f"{max_levels:,} levels or {max_passes:,} passes, more than it saves in "
+                      f"{AUTO_ITERATIONS:,} iterations)")
+    t0 = time.perf_counter()
+    after = gather_sectors(A.indptr, A.indices, reordering=order)
+    order.seconds += time.perf_counter() - t0
+    if SECONDS_PER_SECTOR * (scattered - after) * AUTO_ITERATIONS <= GPU_SECONDS_PER_NONZERO:
+        return None, (f"none (RCM found little locality: {scattered:.2f} -> {after:.2f} sectors a nonzero, "
+                      f"too little to pay for permuting A within {AUTO_ITERATIONS:,} iterations)")
+    return order, f"rcm ({scattered:.2f} -> {after:.2f} sectors a nonzero)"
+
+
+def _scipy_rcm(A):
+    """SciPy's reverse Cuthill-McKee of a host (or device) matrix, timed."""
     from scipy.sparse.csgraph import reverse_cuthill_mckee
 
     t0 = time.perf_counter()
-    order = Reordering(reverse_cuthill_mckee(A.get() if is_cupy_sparse(A) else A, symmetric_mode=True), "rcm")
+    host = A.get() if is_cupy_sparse(A) else sp.csr_matrix(A)
+    order = Reordering(reverse_cuthill_mckee(host, symmetric_mode=True), "rcm")
     order.seconds = time.perf_counter() - t0  # the permutation of A adds its time (Reordering.matrix)
-    return order, "rcm"
+    return order
+
+
+def _cuthill_mckee_reversed(A, max_levels, max_passes):
+    """Our reverse Cuthill-McKee of a canonical CSR matrix where it is, timed; None past the limits."""
+    xp = array_module(A.indptr)
+    t0 = time.perf_counter()
+    ordering = cuthill_mckee(A.indptr, A.indices, max_levels, max_passes)
+    if ordering is None:
+        return None
+    order = Reordering(ordering.order[::-1], "rcm")
+    order.levels, order.passes = ordering.levels, ordering.passes
+    if xp is not np:
+        xp.cuda.Device().synchronize()
+    order.seconds = time.perf_counter() - t0  # the permutation of A adds its time (Reordering.matrix)
+    return order
