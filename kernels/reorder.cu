@@ -70,6 +70,16 @@ __device__ void sort_group(int* group, int k, const int* degree) {
     }
 }
 
+// degree[i]: the entries of row i off the diagonal (its neighbours).
+extern "C" __global__ void cm_degree(int n, const int* __restrict__ indptr, const int* __restrict__ indices,
+                                     int* __restrict__ degree) {
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+        int d = 0;
+        for (int e = indptr[i]; e < indptr[i + 1]; ++e) d += indices[e] != i;
+        degree[i] = d;
+    }
+}
+
 // One pass from [a.lo, a.hi) of a.order on (a fresh pass first puts a.root at a.order[a.lo]), until
 // a level has no unvisited neighbour (DONE), the pass would have more than a.max_levels levels
 // (LIMIT), or a level holds a group of more than CM_SORT_IN_THREAD vertices (SORT: left in

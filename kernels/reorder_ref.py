@@ -21,6 +21,13 @@ def vertex_keys(degree, vertices):
     return (np.asarray(degree)[vertices].astype(np.int64) << 32) | vertices
 
 
+def cm_degree(indptr, indices):
+    """``cm_degree``: the entries of each row off the diagonal (int32)."""
+    n = indptr.size - 1
+    rows = np.repeat(np.arange(n), np.diff(indptr))
+    return np.bincount(rows[indices[:rows.size] != rows], minlength=n).astype(np.int32)
+
+
 def _entries(indptr, rows):
     """The CSR entries of ``rows``, row after row, and the position in ``rows`` each belongs to."""
     starts = indptr[rows].astype(np.int64)

@@ -22,7 +22,6 @@ import collections
 import numpy as np
 
 from .backend import array_module
-from .formats.base import entry_rows
 from .kernels import reorder_ref
 from .kernels.structs import Struct
 
@@ -57,10 +56,16 @@ def program():
 def degrees(indptr, indices):
     """Neighbours of each vertex: its row's entries off the diagonal (int32, where the arrays are)."""
     xp = array_module(indptr)
+    if xp is np:
+        return reorder_ref.cm_degree(indptr, indices)
+    from . import kernels
     n = int(indptr.size) - 1
-    rows = entry_rows(indptr, xp)
-    loops = xp.bincount(rows[indices[:rows.size] == rows], minlength=n)
-    return (xp.diff(indptr) - loops[:n]).astype(xp.int32)
+    degree = xp.zeros(n, dtype=xp.int32)
+    if n:
+        kernel = kernels.module(**program()).get_function("cm_degree")
+        kernel((min(-(-n // 256), 65535),), (256,), (np.int32(n), xp.ascontiguousarray(indptr, dtype=xp.int32),
+                                                     xp.ascontiguousarray(indices, dtype=xp.int32), degree))
+    return degree
 
 
 class _Arrays:
@@ -141,9 +146,11 @@ class _DeviceLevels(_Arrays):
 def segments(starts, sizes, xp):
     """The positions of the segments ``[starts[k], starts[k] + sizes[k])``, one after the other, and the
     segment ``k`` of each (int32)."""
-    bounds = xp.concatenate((xp.zeros(1, dtype=xp.int64), xp.cumsum(sizes, dtype=xp.int64)))
-    group = entry_rows(bounds, xp)
-    return group, starts.astype(xp.int64)[group] + xp.arange(group.size) - bounds[group]
+    bounds = xp.cumsum(sizes, dtype=xp.int64)
+    total = int(bounds[-1]) if bounds.size else 0
+    everything = xp.arange(total, dtype=xp.int64)
+    group = xp.searchsorted(bounds, everything, side="right").astype(xp.int32)
+    return group, starts.astype(xp.int64)[group] + everything - (bounds - sizes)[group]
 
 
 def cuthill_mckee(indptr, indices, max_levels=None, max_passes=None):
@@ -177,11 +184,10 @@ def cuthill_mckee(indptr, indices, max_levels=None, max_passes=None):
     placed = components = int(isolated.size)
     order[:placed] = isolated
     stamp[isolated] = reorder_ref.PLACED
-    keys = reorder_ref.vertex_keys(degree, np.arange(n)) if xp is np else \
-        (degree.astype(xp.int64) << 32) | xp.arange(n, dtype=xp.int64)
+    keys = (degree.astype(xp.int64) << 32) | xp.arange(n, dtype=xp.int64)  # (degree, index), as cm_key
     levels = passes = pass_id = 0
     while placed < n:
-        root = int(xp.argmin(xp.where(stamp == reorder_ref.PLACED, np.iinfo(np.int64).max, keys)))
+        root = int(xp.argmin(xp.where(stamp == reorder_ref.PLACED, np.int64(np.iinfo(np.int64).max), keys)))
         best = None  # (buffer, result) of the deepest pass so far
         for _ in range(1 + PERIPHERAL_SEARCHES):
             if passes >= max_passes or levels >= max_levels:

@@ -143,6 +143,8 @@ def _permuted_on_device(A, perm, inverse):
 
     from . import kernels
     n, nnz = A.shape[0], int(A.nnz)
+    if nnz == 0:
+        return csp.csr_matrix(A.shape, dtype=A.dtype)
     if nnz >= 2**31 - 1:
         raise InputError("matrices with 2^31 or more entries are not supported (int32 indices)")
     indptr = A.indptr.astype(cupy.int32, copy=False)
@@ -151,17 +153,16 @@ def _permuted_on_device(A, perm, inverse):
     new_indptr[1:] = cupy.cumsum(lengths)
     new_indices = cupy.empty(nnz, dtype=cupy.int32)
     source = cupy.empty(nnz, dtype=cupy.int32)
-    if n:
-        kernel = kernels.module(**program()).get_function("permute_rows")
-        blocks = min(-(-n // 256), 65535)
-        kernel((blocks,), (256,), (np.int32(n), perm, inverse, indptr, A.indices.astype(cupy.int32, copy=False),
-                                   new_indptr, new_indices, source))
-        long_rows = cupy.flatnonzero(lengths > SORT_IN_THREAD)
-        if long_rows.size:  # the kernel left them in the original order
-            row, positions = segments(new_indptr[long_rows], lengths[long_rows], cupy)
-            ordering = cupy.lexsort(cupy.stack((new_indices[positions], row)))
-            new_indices[positions] = new_indices[positions][ordering]
-            source[positions] = source[positions][ordering]
+    kernel = kernels.module(**program()).get_function("permute_rows")
+    blocks = min(-(-n // 256), 65535)
+    kernel((blocks,), (256,), (np.int32(n), perm, inverse, indptr, A.indices.astype(cupy.int32, copy=False),
+                               new_indptr, new_indices, source))
+    long_rows = cupy.flatnonzero(lengths > SORT_IN_THREAD)
+    if long_rows.size:  # the kernel left them in the original order
+        row, positions = segments(new_indptr[long_rows], lengths[long_rows], cupy)
+        ordering = cupy.lexsort(cupy.stack((new_indices[positions], row)))
+        new_indices[positions] = new_indices[positions][ordering]
+        source[positions] = source[positions][ordering]
     out = csp.csr_matrix((A.data[source], new_indices, new_indptr), shape=A.shape)
     out.has_canonical_format = True
     return out

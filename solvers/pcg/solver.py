@@ -167,11 +167,12 @@ class PCG:
         Storage of A on the GPU (:mod:`solvers.formats`): ``auto`` takes ELL for
         rows of nearly equal length (stencils), else SELL; ``format`` says which.
     reorder : {"auto", "none", "rcm"}
-        Symmetric reordering applied at set-up (reverse Cuthill-McKee), hidden
-        from the caller: ``b``, ``x0`` and ``x`` stay in the original numbering.
-        ``auto`` decides from how scattered the product's reads are
-        (:func:`solvers.reorder.choose_reordering`); ``reordering`` says what was
-        done and why, ``reorder_time`` what it cost.
+        Symmetric reordering applied at set-up (reverse Cuthill-McKee: computed on
+        the GPU for a GPU solve, by SciPy for a CPU one), hidden from the caller:
+        ``b``, ``x0`` and ``x`` stay in the original numbering. ``auto`` reorders on
+        the GPU where the product's reads are scattered and the ordering pays for
+        itself within the solve (:func:`solvers.reorder.auto_reordering`);
+        ``reordering`` says what was done and why, ``reorder_time`` what it cost.
     path : {"auto", "grid", "on-chip"}
         GPU kernel: ``grid``, the persistent kernel over the whole GPU (grid-wide
         barriers), or ``on-chip``, the whole iteration inside one thread block or

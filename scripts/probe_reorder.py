@@ -1,0 +1,131 @@
+"""What reverse Cuthill-McKee on the GPU costs and what it buys a PCG iteration, beside SciPy's, cuSPARSE and cupyx.
+
+Run on a GPU machine: ``python scripts/probe_reorder.py [--only NAME ...] [--out DIR]``.
+For each matrix (random numbering as generated): the GPU ordering (its levels
+and passes) and the permutation of A on the GPU, each the best of three after a
+warm-up; SciPy's ordering on the host (not for a matrix with a hub row, where it
+takes minutes); the 32-byte sectors a nonzero the product reads as numbered and
+reordered (``solvers.reorder.gather_sectors``); PCG microseconds an iteration
+(while mode, Jacobi, float64, 200 iterations that do not stop, the faster
+variant) as numbered and reordered; one cuSPARSE SpMV and one iteration of
+cupyx ``cg`` as numbered; and what ``reorder="auto"`` does with the matrix in a
+solver's set-up, with its ``reorder_time``. These are the measurements of the
+cost model in ``solvers/reorder.py``. Prints a markdown table and saves it
+under ``--out`` (``scripts/results/``) with the date, the GPU and the commit.
+"""
+import argparse
+import datetime
+import pathlib
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
+import provenance  # noqa: E402
+import solvers  # noqa: E402
+from bench_pcg import gpu_name  # noqa: E402
+from probe_formats import ITERATIONS, peers, per_iteration  # noqa: E402
+from solvers.gallery import power_law_laplacian, random_geometric_laplacian  # noqa: E402
+from solvers.reorder import choose_reordering, gather_sectors  # noqa: E402
+
+REPEATS = 3
+
+
+def matrices():
+    yield "geometric 50k", lambda: random_geometric_laplacian(50_000)
+    yield "geometric 2M", lambda: random_geometric_laplacian(2_000_000)
+    yield "power-law 1M", lambda: power_law_laplacian(1_000_000)
+
+
+def best_of(fn):
+    """The least time of ``REPEATS`` calls after one warm-up, and the last result."""
+    import cupy
+    out, times = fn(), []
+    for _ in range(REPEATS):
+        cupy.cuda.Device().synchronize()
+        t0 = time.perf_counter()
+        out = fn()
+        cupy.cuda.Device().synchronize()
+        times.append(time.perf_counter() - t0)
+    return min(times), out
+
+
+def best_iteration(M, b):
+    """PCG seconds an iteration on ``M`` (the faster variant, automatic format) and the format it took."""
+    timed = [per_iteration(M, b, "auto", "auto", variant) for variant in ("classic", "single-reduction")]
+    t, _, layout = min(timed, key=lambda r: r[0])
+    return t, layout
+
+
+def probe(name, A):
+    import cupy
+    import cupyx.scipy.sparse as csp
+    n, nnz = A.shape[0], A.nnz
+    b = A @ np.ones(n)
+    Ad = csp.csr_matrix(A)
+    longest = int(np.diff(A.indptr).max())
+    orders = [choose_reordering(Ad, "rcm", "gpu")[0] for _ in range(1 + REPEATS)]  # the first compiles
+    order, order_s = orders[-1], min(o.seconds for o in orders[1:])  # the ordering's own clock
+    permute_s, B = best_of(lambda: order.matrix(Ad))
+    scipy_s = None
+    if longest <= 1024:  # SciPy orders a hub's neighbours by degree one by one: minutes for 1M rows
+        t0 = time.perf_counter()
+        choose_reordering(A, "rcm", "cpu")
+        scipy_s = time.perf_counter() - t0
+    before, after = gather_sectors(Ad.indptr, Ad.indices), gather_sectors(B.indptr, B.indices)
+    given_it, given_layout = best_iteration(A, b)
+    rcm_it, rcm_layout = best_iteration(B, order.forward(cupy.asarray(b)))
+    spmv, cupyx_it = peers(A, b)
+    solver = solvers.PCG(A, device="gpu", mode="while", rtol=1e-8)
+    saved = given_it - rcm_it
+    pays = f"{(order_s + permute_s) / saved:,.0f}" if saved > 0 else "never"
+    row = (f"| {name} | {n:,} | {nnz:,} | {longest:,} | {order_s * 1e3:.1f} | {order.levels:,} / {order.passes} "
+           f"| {permute_s * 1e3:.1f} | {'-' if scipy_s is None else f'{scipy_s * 1e3:.0f}'} "
+           f"| {before:.2f} -> {after:.2f} | {given_it * 1e6:.1f} | {rcm_it * 1e6:.1f} | {spmv * 1e6:.1f} "
+           f"| {cupyx_it * 1e6:.1f} | {given_it / spmv:.2f} / {rcm_it / spmv:.2f} "
+           f"| {cupyx_it / given_it:.1f}x / {cupyx_it / rcm_it:.1f}x | {pays} | {solver.reordering} "
+           f"| {solver.reorder_time * 1e3:.1f} |")
+    layouts = f"{name}: as numbered {given_layout}; reordered {rcm_layout}"
+    return row, layouts
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", nargs="*", help="matrix names to run (substring match)")
+    ap.add_argument("--out", default=str(pathlib.Path(__file__).resolve().parent / "results"))
+    args = ap.parse_args(argv)
+    import cupy
+    header = ("| matrix | n | nnz | longest row | GPU RCM ms | levels / passes | permute A ms | SciPy RCM ms "
+              "| sectors a nonzero | PCG us/it as numbered | PCG us/it reordered | cuSPARSE SpMV us "
+              "| cupyx cg us/it | ours / SpMV (numbered / reordered) | cupyx / ours (numbered / reordered) "
+              "| iterations to pay for RCM | auto's decision | auto's reorder ms |")
+    rows, notes = [header, "|" + "---|" * (header.count("|") - 1)], []
+    print(header, flush=True)
+    for name, make in matrices():
+        if args.only and not any(o in name for o in args.only):
+            continue
+        t0 = time.perf_counter()
+        A = make()
+        print(f"# {name}: generated in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+        row, layouts = probe(name, A)
+        rows.append(row)
+        notes.append(layouts)
+        print(row, flush=True)
+        cupy.get_default_memory_pool().free_all_blocks()
+    commit, gpu = provenance.commit(), gpu_name(cupy)
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d_%H%M")
+    text = (f"# Reverse Cuthill-McKee on the GPU, {stamp} UTC, {gpu}, commit {commit}\n\n"
+            f"PCG: while mode, Jacobi, float64, {ITERATIONS} iterations that do not stop, the faster variant, "
+            f"automatic format; the GPU ordering and the permutation of A the best of {REPEATS} after a warm-up; "
+            f"'iterations to pay' = (ordering + permutation) / (us saved an iteration); auto's decision and "
+            f"reorder time from a solver's set-up (PCG(A, device='gpu')).\n\n"
+            + "\n".join(rows) + "\n\nFormats: " + "; ".join(notes) + "\n")
+    path = provenance.save(args.out, f"probe_reorder_{stamp}_{gpu.replace(' ', '_')}_{commit}.md", text)
+    print("\n" + text)
+    print(f"saved {path}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,249 @@
+"""Cuthill-McKee ordering and the reordering of a matrix: the NumPy reference on the CPU.
+
+The reference (``kernels/reorder_ref.py`` driven by ``solvers.cuthill_mckee``) is
+checked against the textbook definition, written here one vertex at a time; the
+GPU is checked against the reference in ``test_reorder_gpu.py``.
+"""
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scipy.sparse.csgraph import reverse_cuthill_mckee
+
+from solvers import reorder
+from solvers.cuthill_mckee import PERIPHERAL_SEARCHES, cuthill_mckee, degrees, segments
+from solvers.gallery import poisson, power_law_laplacian, random_geometric_laplacian, stencil27
+from solvers.kernels import reorder_ref
+from solvers.reorder import Reordering, auto_reordering, canonical, choose_reordering, gather_sectors
+
+
+def textbook_cuthill_mckee(A):
+    """Cuthill-McKee as a queue: each vertex in turn appends its unvisited neighbours by (degree, index).
+
+    Vertices without neighbours first; then each component from its unordered vertex
+    of least (degree, index), moved by George and Liu's search to a vertex of least
+    (degree, index) in the last level while that makes more levels.
+    """
+    A = sp.csr_matrix(A)
+    n = A.shape[0]
+    neighbours = [[int(w) for w in A.indices[A.indptr[v]:A.indptr[v + 1]] if w != v] for v in range(n)]
+    degree = [len(x) for x in neighbours]
+    key = lambda v: (degree[v], v)  # noqa: E731
+    placed = [degree[v] == 0 for v in range(n)]
+    order = [v for v in range(n) if placed[v]]
+
+    def search(root):
+        seen, queue, level = {root}, [root], {root: 0}
+        for v in queue:
+            for w in sorted({w for w in neighbours[v] if w not in seen and not placed[w]}, key=key):
+                seen.add(w)
+                queue.append(w)
+                level[w] = level[v] + 1
+        depth = max(level.values())
+        return queue, depth + 1, min((w for w in queue if level[w] == depth), key=key)
+
+    while len(order) < n:
+        best = search(min((v for v in range(n) if not placed[v]), key=key))
+        for _ in range(PERIPHERAL_SEARCHES):
+            trial = search(best[2])
+            if trial[1] <= best[1]:
+                break
+            best = trial
+        for v in best[0]:
+            placed[v] = True
+        order += best[0]
+    return np.array(order, dtype=np.int64)
+
+
+def symmetric_pattern(n, pairs, diagonal):
+    """A canonical symmetric CSR matrix with the given off-diagonal pairs and diagonal entries."""
+    rows = [i for i, j in pairs] + [j for i, j in pairs] + list(diagonal)
+    cols = [j for i, j in pairs] + [i for i, j in pairs] + list(diagonal)
+    A = sp.csr_matrix((np.ones(len(rows)), (rows, cols)), shape=(n, n))
+    A.sum_duplicates()
+    return A
+
+
+def shuffled(A, seed):
+    p = np.random.default_rng(seed).permutation(A.shape[0])
+    B = sp.csr_matrix(sp.csr_matrix(A)[p][:, p])
+    B.sort_indices()
+    return B
+
+
+def path(n):
+    return symmetric_pattern(n, [(i, i + 1) for i in range(n - 1)], range(n))
+
+
+def star(n):
+    return symmetric_pattern(n, [(0, i) for i in range(1, n)], range(n))
+
+
+def gallery_graphs():
+    return {"geometric 3000": random_geometric_laplacian(3000, seed=2),
+            "power-law 2000": power_law_laplacian(2000, seed=3),
+            "Poisson 30^2 shuffled": shuffled(poisson((30, 30)), 1),
+            "27-point 10^3 shuffled": shuffled(stencil27((10, 10, 10)), 2)}
+
+
+def small_graphs():
+    """Graphs that reach every branch: components, empty rows, rows of the diagonal only, hubs, n of 0 and 1."""
+    rng = np.random.default_rng(5)
+    pairs = [tuple(int(v) for v in rng.integers(0, 60, 2)) for _ in range(70)]
+    return {"empty": symmetric_pattern(0, [], []),
+            "one vertex": symmetric_pattern(1, [], [0]),
+            "one empty row": sp.csr_matrix((1, 1)),
+            "diagonal only": symmetric_pattern(5, [], range(5)),
+            "path 40": shuffled(path(40), 3),
+            "star 200": shuffled(star(200), 4),  # a group of 199 at one level
+            "random with components": symmetric_pattern(60, [(i, j) for i, j in pairs if i != j], range(0, 60, 2)),
+            "two stars and isolated rows": symmetric_pattern(300, [(0, i) for i in range(1, 120)]
+                                                             + [(150, i) for i in range(151, 290)], [7, 299])}
+
+
+@pytest.mark.parametrize("name, A", list({**small_graphs(), **gallery_graphs()}.items()))
+def test_reference_is_the_textbook_order(name, A):
+    ordering = cuthill_mckee(A.indptr, A.indices)
+    np.testing.assert_array_equal(ordering.order, textbook_cuthill_mckee(A), err_msg=name)
+    assert ordering.order.dtype == np.int32
+    assert (ordering.components >= 1) == (A.shape[0] >= 1)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 40).flatmap(lambda n: st.tuples(
+    st.just(n), st.lists(st.tuples(st.integers(0, n - 1), st.integers(0, n - 1)), max_size=3 * n),
+    st.lists(st.integers(0, n - 1), max_size=n))))
+def test_reference_is_the_textbook_order_on_any_pattern(case):
+    n, pairs, diagonal = case
+    A = symmetric_pattern(n, [(i, j) for i, j in pairs if i != j], diagonal)
+    ordering = cuthill_mckee(A.indptr, A.indices)
+    np.testing.assert_array_equal(ordering.order, textbook_cuthill_mckee(A))
+
+
+def test_components_and_isolated_rows_are_counted():
+    A = small_graphs()["two stars and isolated rows"]
+    ordering = cuthill_mckee(A.indptr, A.indices)
+    isolated = np.flatnonzero(degrees(A.indptr, A.indices) == 0)
+    assert ordering.components == isolated.size + 2
+    np.testing.assert_array_equal(ordering.order[:isolated.size], isolated)  # first, in index order
+
+
+def test_segments_list_their_positions_in_turn():
+    group, positions = segments(np.array([10, 3, 50]), np.array([2, 3, 1]), np)
+    np.testing.assert_array_equal(group, [0, 0, 1, 1, 1, 2])
+    np.testing.assert_array_equal(positions, [10, 11, 3, 4, 5, 50])
+
+
+def test_degrees_leave_the_diagonal_out():
+    A = symmetric_pattern(4, [(0, 1), (0, 2), (1, 2)], [0, 3])
+    np.testing.assert_array_equal(degrees(A.indptr, A.indices), [2, 2, 2, 0])
+
+
+def bandwidth_and_profile(A, perm):
+    B = sp.coo_matrix(sp.csr_matrix(A)[perm][:, perm])
+    reach = np.zeros(A.shape[0], dtype=np.int64)
+    np.maximum.at(reach, B.row, B.row - B.col)
+    return int(np.abs(B.row - B.col).max()), int(reach.sum())
+
+
+@pytest.mark.parametrize("name, A", list(gallery_graphs().items()))
+def test_reverse_order_is_as_narrow_as_scipys(name, A):
+    """Bandwidth and profile within 10% of SciPy's reverse Cuthill-McKee (it starts at a least degree
+    vertex without the search and breaks ties otherwise)."""
+    ours = cuthill_mckee(A.indptr, A.indices).order[::-1]
+    scipys = reverse_cuthill_mckee(A, symmetric_mode=True)
+    given = bandwidth_and_profile(A, np.arange(A.shape[0]))
+    mine, theirs = bandwidth_and_profile(A, ours), bandwidth_and_profile(A, scipys)
+    assert mine[0] <= 1.1 * theirs[0] and mine[1] <= 1.1 * theirs[1], (name, mine, theirs)
+    if "power-law" not in name:  # a hub spans the matrix in any order
+        assert mine[0] < given[0] / 3, (name, mine, given)
+
+
+def test_limits_give_up_as_they_say():
+    A = shuffled(path(100), 1)
+    full = cuthill_mckee(A.indptr, A.indices)
+    assert full.passes == 2 and full.levels == 200  # from an end of the path: 100 levels, again from the other
+    assert cuthill_mckee(A.indptr, A.indices, max_levels=199) is None
+    assert cuthill_mckee(A.indptr, A.indices, max_passes=1) is None
+    again = cuthill_mckee(A.indptr, A.indices, max_levels=200, max_passes=2)
+    np.testing.assert_array_equal(again.order, full.order)
+
+
+@pytest.mark.parametrize("name, A", list({**small_graphs(), **gallery_graphs()}.items()))
+def test_permuted_rows_are_scipys_permuted_matrix(name, A):
+    A = sp.csr_matrix(A)
+    A.data = np.arange(1.0, A.nnz + 1)  # every entry told apart
+    perm = np.random.default_rng(7).permutation(A.shape[0])
+    inverse = np.argsort(perm)
+    indptr, indices, source = reorder_ref.permute_rows(perm, inverse, A.indptr, A.indices)
+    expected = sp.csr_matrix(A[perm][:, perm])
+    expected.sort_indices()
+    np.testing.assert_array_equal(indptr, expected.indptr)
+    np.testing.assert_array_equal(indices, expected.indices)
+    np.testing.assert_array_equal(A.data[source], expected.data)
+
+
+def test_host_reordering_is_scipys_and_undoes_itself():
+    A = random_geometric_laplacian(2000, seed=1)
+    order, note = choose_reordering(A, "rcm", "cpu")
+    assert note == "rcm" and order.levels is None
+    np.testing.assert_array_equal(order.perm, reverse_cuthill_mckee(A, symmetric_mode=True))
+    v = np.random.default_rng(2).standard_normal((A.shape[0], 3))
+    np.testing.assert_array_equal(order.backward(order.forward(v)), v)
+    B = order.matrix(A)
+    np.testing.assert_allclose(B @ order.forward(v), order.forward(A @ v), rtol=1e-13, atol=1e-13)
+    assert choose_reordering(A, "auto", "cpu") == (None, "none (auto reorders on the GPU only)")
+
+
+def test_sectors_of_a_reordering_are_counted_without_forming_it():
+    A = random_geometric_laplacian(3000, seed=6)
+    order = Reordering(cuthill_mckee(A.indptr, A.indices).order[::-1], "rcm")
+    B = order.matrix(A)
+    assert gather_sectors(A.indptr, A.indices, reordering=order) == gather_sectors(B.indptr, B.indices)
+    assert gather_sectors(B.indptr, B.indices) < 0.5 * gather_sectors(A.indptr, A.indices)
+
+
+def test_canonical_sums_duplicates_without_touching_the_given_matrix():
+    A = sp.csr_matrix((np.ones(3), np.array([1, 0, 1]), np.array([0, 3, 3])), shape=(2, 2))
+    B = canonical(A)
+    assert B.has_canonical_format and B.nnz == 2 and A.nnz == 3
+    assert canonical(B) is not None and canonical(B).nnz == 2
+
+
+def test_auto_takes_a_scattered_graph_and_says_why():
+    """The decisions of auto, made on the host with the reference (the GPU makes the same ones)."""
+    order, note = auto_reordering(canonical(random_geometric_laplacian(20000, seed=4)))
+    assert order is not None and note.startswith("rcm (0.9") and order.levels > 0 and order.passes >= 2
+    assert auto_reordering(canonical(sp.csr_matrix(poisson((60, 60)))))[1].startswith("none (local reads")
+    hub, note = auto_reordering(canonical(power_law_laplacian(20000, seed=1)))
+    assert hub is None and "stays scattered in any order" in note
+
+
+def test_auto_gives_up_where_it_would_not_pay(monkeypatch):
+    A = canonical(random_geometric_laplacian(20000, seed=4))
+    monkeypatch.setattr(reorder, "GPU_SECONDS_PER_LEVEL", 2e-5)  # the budget allows 40 of its 120 levels
+    order, note = auto_reordering(A)
+    assert order is None and "but RCM would take more than" in note
+    # levels and passes free, permuting A as dear as most of what the locality saves: the ordering
+    # runs, then what it measures (0.91 -> 0.15 sectors a nonzero) must pay for the permutation
+    monkeypatch.setattr(reorder, "GPU_SECONDS_PER_LEVEL", 1e-12)
+    monkeypatch.setattr(reorder, "GPU_SECONDS_PER_PASS", 1e-12)
+    monkeypatch.setattr(reorder, "SECTORS_AFTER_RCM", 0.0)  # predicted: 0.91 sectors saved
+    saved = reorder.SECONDS_PER_SECTOR * reorder.AUTO_ITERATIONS
+    monkeypatch.setattr(reorder, "GPU_SECONDS_PER_NONZERO", 0.7 * saved)
+    assert auto_reordering(A)[0] is not None
+    monkeypatch.setattr(reorder, "GPU_SECONDS_PER_NONZERO", 0.8 * saved)
+    order, note = auto_reordering(A)
+    assert order is None and note.startswith("none (RCM found little locality: 0.91 -> 0.15")
+    monkeypatch.setattr(reorder, "GPU_SECONDS_PER_NONZERO", saved)
+    assert "too few nonzeros" in auto_reordering(A)[1]
+
+
+def test_kernels_compile(tmp_path):
+    from test_kernels_compile import NVCC, compile_ok
+    if NVCC is None:
+        pytest.skip("nvcc (CUDA toolkit) not installed")
+    from solvers import kernels
+    from solvers.cuthill_mckee import program
+    compile_ok(kernels.program(**program()), tmp_path)

@@ -1,0 +1,121 @@
+"""Cuthill-McKee and the permutation of a matrix on the GPU: the NumPy reference's results, entry for entry."""
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from test_reorder import gallery_graphs, path, shuffled, small_graphs, star
+
+import solvers
+from solvers.cuthill_mckee import SORT_IN_THREAD, cuthill_mckee
+from solvers.gallery import power_law_laplacian, random_geometric_laplacian
+from solvers.kernels import reorder_ref
+from solvers.reorder import Reordering, auto_reordering, canonical, choose_reordering
+
+pytestmark = pytest.mark.gpu
+
+
+def device_graphs():
+    """The CPU tests' graphs, and ones with many levels or groups too large for one thread."""
+    return {**small_graphs(), **gallery_graphs(), "path 3000": shuffled(path(3000), 5),
+            "star 5000": shuffled(star(5000), 6), "power-law 20000": power_law_laplacian(20000, seed=1),
+            "geometric 20000": random_geometric_laplacian(20000, seed=4)}
+
+
+@pytest.mark.parametrize("name", list(device_graphs()))
+def test_device_order_is_the_reference(cupy, name):
+    A = device_graphs()[name]
+    expected = cuthill_mckee(A.indptr, A.indices)
+    got = cuthill_mckee(cupy.asarray(A.indptr), cupy.asarray(A.indices))
+    np.testing.assert_array_equal(got.order.get(), expected.order, err_msg=name)
+    assert (got.levels, got.passes, got.components) == (expected.levels, expected.passes, expected.components)
+
+
+def test_device_order_gives_up_where_the_reference_does(cupy):
+    A = shuffled(path(100), 1)
+    indptr, indices = cupy.asarray(A.indptr), cupy.asarray(A.indices)
+    assert cuthill_mckee(indptr, indices, max_levels=199) is None
+    assert cuthill_mckee(indptr, indices, max_passes=1) is None
+    np.testing.assert_array_equal(cuthill_mckee(indptr, indices, max_levels=200).order.get(),
+                                  cuthill_mckee(A.indptr, A.indices).order)
+
+
+def test_device_order_is_repeatable(cupy):
+    A = random_geometric_laplacian(200_000, seed=9)
+    indptr, indices = cupy.asarray(A.indptr), cupy.asarray(A.indices)
+    first = cuthill_mckee(indptr, indices).order.get()
+    assert np.array_equal(np.sort(first), np.arange(A.shape[0]))
+    for _ in range(2):
+        np.testing.assert_array_equal(cuthill_mckee(indptr, indices).order.get(), first)
+    np.testing.assert_array_equal(first, cuthill_mckee(A.indptr, A.indices).order)
+
+
+@pytest.mark.parametrize("name", ["power-law 20000", "star 5000", "geometric 20000", "random with components",
+                                  "empty", "one empty row"])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_device_permutation_is_the_reference(cupy, name, dtype):
+    import cupyx.scipy.sparse as csp
+    A = sp.csr_matrix(device_graphs()[name], dtype=dtype)
+    A.data = np.arange(1, A.nnz + 1, dtype=dtype)  # every entry told apart
+    perm = np.random.default_rng(3).permutation(A.shape[0])
+    indptr, indices, source = reorder_ref.permute_rows(perm, np.argsort(perm), A.indptr, A.indices)
+    B = Reordering(cupy.asarray(perm), "test").matrix(csp.csr_matrix(A))
+    assert B.has_canonical_format and B.dtype == dtype
+    np.testing.assert_array_equal(B.indptr.get(), indptr)
+    np.testing.assert_array_equal(B.indices.get(), indices)
+    np.testing.assert_array_equal(B.data.get(), A.data[source])
+    if name == "power-law 20000":
+        assert np.diff(indptr).max() > SORT_IN_THREAD  # the rows the host sorts
+
+
+def test_rcm_on_the_gpu_is_our_order_reversed(cupy):
+    import cupyx.scipy.sparse as csp
+    A = random_geometric_laplacian(5000, seed=2)
+    expected = cuthill_mckee(A.indptr, A.indices).order[::-1]
+    # the last entry twice (the same pattern once summed)
+    with_duplicates = csp.csr_matrix((cupy.ones(A.nnz + 1), cupy.asarray(np.append(A.indices, A.indices[-1])),
+                                      cupy.asarray(np.append(A.indptr[:-1], A.nnz + 1))), shape=A.shape)
+    for given in (A, csp.csr_matrix(A), with_duplicates):
+        order, note = choose_reordering(given, "rcm", "gpu")
+        assert note == "rcm" and order.seconds > 0 and order.levels > 0 and order.passes >= 2
+        np.testing.assert_array_equal(order.perm.get(), expected)
+    v = cupy.random.default_rng(1).standard_normal((A.shape[0], 2))
+    assert cupy.array_equal(order.backward(order.forward(v)), v)
+    np.testing.assert_array_equal(order.forward(v.get()), order.forward(v).get())  # host vectors too
+
+
+def expander(n, seed):
+    """Random graph, four random neighbours a vertex: little locality for any numbering."""
+    rng = np.random.default_rng(seed)
+    rows = np.repeat(np.arange(n), 4)
+    M = sp.coo_matrix((np.ones(rows.size), (rows, rng.integers(0, n, rows.size))), shape=(n, n))
+    return sp.csr_matrix(M + M.T + 20 * sp.eye(n))
+
+
+@pytest.mark.parametrize("make", [lambda: random_geometric_laplacian(50_000, seed=1),
+                                  lambda: power_law_laplacian(20000, seed=1), lambda: expander(20000, 3),
+                                  lambda: shuffled(path(3000), 5)])
+def test_auto_decides_on_the_gpu_as_the_reference_does(cupy, make):
+    import cupyx.scipy.sparse as csp
+    A = canonical(make())
+    host_order, host_note = auto_reordering(A)
+    device_order, device_note = auto_reordering(canonical(csp.csr_matrix(A)))
+    assert device_note == host_note
+    assert (device_order is None) == (host_order is None)
+    if host_order is not None:
+        np.testing.assert_array_equal(device_order.perm.get(), host_order.perm)
+
+
+def test_auto_reordered_solve_is_the_plain_solve(cupy):
+    A = random_geometric_laplacian(50_000, seed=1)
+    b = np.random.default_rng(4).standard_normal(A.shape[0])
+    plain = solvers.PCG(A, device="gpu", rtol=1e-9, reorder="none", path="grid").solve(b)
+    solver = solvers.PCG(A, device="gpu", rtol=1e-9, path="grid")
+    assert solver.reordering.startswith("rcm (0.9") and solver.reorder_time > 0
+    res = solver.solve(b)
+    assert res.converged and abs(res.iterations - plain.iterations) <= max(2, plain.iterations // 50)
+    np.testing.assert_allclose(res.x.get(), plain.x.get(), rtol=1e-6, atol=1e-8 * float(np.abs(plain.x.get()).max()))
+    xs = [solvers.PCG(A, device="gpu", rtol=1e-9, reorder="rcm", mode=mode, path="grid").solve(b).x
+          for mode in ("eager", "graph", "while")]
+    assert all(cupy.array_equal(x, xs[-1]) for x in xs)  # the same bits in every mode
+    solver.update_values(2 * A)  # the new values are reordered as the old ones were
+    np.testing.assert_allclose(solver.solve(b).x.get(), res.x.get() / 2, rtol=1e-6,
+                               atol=1e-8 * float(np.abs(plain.x.get()).max()))
