@@ -45,7 +45,7 @@ def cm_levels(indptr, indices, degree, order, stamp, parent, *, root, base, lo, 
     of the level among their neighbours, and each position's group follows the
     level in (degree, index) order; they are stamped ``pass_id``. The kernel
     stops with ``SORT`` after a level holding a group of more than
-    ``CM_SORT_IN_THREAD`` vertices, left for the host to sort; here every group
+    ``CM_SORT_ON_DEVICE`` vertices, left for the host to sort; here every group
     is sorted, so this returns what the kernel and the host give together.
 
     Returns
@@ -85,7 +85,8 @@ def cm_levels(indptr, indices, degree, order, stamp, parent, *, root, base, lo, 
 
 
 def permute_rows(perm, inverse, indptr, indices):
-    """``permute_rows``: the pattern of ``P A P^T``, row ``i`` from row ``perm[i]``, columns renumbered and sorted.
+    """``permute_rows`` (with the host's sort of rows longer than ``CM_SORT_ON_DEVICE``): the pattern of
+    ``P A P^T``, row ``i`` from row ``perm[i]``, columns renumbered and sorted.
 
     Returns
     -------

@@ -18,7 +18,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from .backend import array_module, is_cupy_sparse
-from .cuthill_mckee import SORT_IN_THREAD, cuthill_mckee, program, segments
+from .cuthill_mckee import SORT_ON_DEVICE, cuthill_mckee, program, segments
 from .errors import InputError
 from .formats.base import window_sectors
 
@@ -154,10 +154,10 @@ def _permuted_on_device(A, perm, inverse):
     new_indices = cupy.empty(nnz, dtype=cupy.int32)
     source = cupy.empty(nnz, dtype=cupy.int32)
     kernel = kernels.module(**program()).get_function("permute_rows")
-    blocks = min(-(-n // 256), 65535)
+    blocks = min(-(-n // 8), 65535)  # a warp a row
     kernel((blocks,), (256,), (np.int32(n), perm, inverse, indptr, A.indices.astype(cupy.int32, copy=False),
                                new_indptr, new_indices, source))
-    long_rows = cupy.flatnonzero(lengths > SORT_IN_THREAD)
+    long_rows = cupy.flatnonzero(lengths > SORT_ON_DEVICE)
     if long_rows.size:  # the kernel left them in the original order
         row, positions = segments(new_indptr[long_rows], lengths[long_rows], cupy)
         ordering = cupy.lexsort(cupy.stack((new_indices[positions], row)))
