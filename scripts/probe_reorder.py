@@ -34,6 +34,7 @@ REPEATS = 3
 
 def matrices():
     yield "geometric 50k", lambda: random_geometric_laplacian(50_000)
+    yield "geometric 500k", lambda: random_geometric_laplacian(500_000)
     yield "geometric 2M", lambda: random_geometric_laplacian(2_000_000)
     yield "power-law 1M", lambda: power_law_laplacian(1_000_000)
 

@@ -29,17 +29,19 @@ SCATTERED = 0.4
 #: spans at least k - 1 columns, so its reads stay scattered), and a graph with hubs has few levels
 #: to find locality in.
 AUTO_MAX_ROW_LENGTH = 1024
-# The cost model of ``auto``, H200 (scripts/probe_reorder.py, MEASUREMENTS.md). Cuthill-McKee on the
-# GPU costs about GPU_SECONDS_PER_LEVEL a breadth-first level (three grid barriers and the level's
-# work), GPU_SECONDS_PER_PASS a pass (a launch, a read of its outcome, the next start) and
-# GPU_SECONDS_PER_NONZERO for what scales with the matrix (degrees, the permutation of A, counting
-# the sectors it reads). A sector of gathered reads saved saves about SECONDS_PER_SECTOR an
-# iteration (random geometric graph, 2M rows, 29.6M nonzeros: 284 us an iteration at 0.95 sectors a
-# nonzero, 190 us after RCM at 0.16).
-GPU_SECONDS_PER_LEVEL = 6e-6
-GPU_SECONDS_PER_PASS = 60e-6
-GPU_SECONDS_PER_NONZERO = 0.15e-9
-SECONDS_PER_SECTOR = 4.0e-12
+# The cost model of ``auto``, H200 (scripts/probe_reorder.py; MEASUREMENTS.md, "reverse Cuthill-McKee
+# on the GPU"). Cuthill-McKee on the GPU costs about GPU_SECONDS_PER_LEVEL a breadth-first level
+# (three grid barriers and the level's dependent reads), GPU_SECONDS_PER_PASS a pass (a launch, the
+# read of its outcome, the next start) and GPU_SECONDS_PER_NONZERO what grows with the matrix (the
+# degrees, the permutation of A, counting the sectors the reordered matrix reads). A sector of
+# gathered reads saved saves about SECONDS_PER_SECTOR an iteration where the matrix does not fit in
+# the L2 cache (random geometric graph, 2M rows, 29.6M nonzeros: 279.9 us an iteration at 0.95
+# sectors a nonzero, 210.7 us after RCM at 0.16, probe at cd43bcb); where it fits, the gathers hit
+# the cache in any order (50k rows: 12.6 and 12.1 us).
+GPU_SECONDS_PER_LEVEL = 10e-6
+GPU_SECONDS_PER_PASS = 100e-6
+GPU_SECONDS_PER_NONZERO = 0.2e-9
+SECONDS_PER_SECTOR = 3.0e-12
 SECTORS_AFTER_RCM = 0.16
 #: Iterations the reordering must pay for itself within: the solve's own count is unknown at set-up.
 AUTO_ITERATIONS = 1000
@@ -193,25 +195,27 @@ def choose_reordering(A, requested, device):
         if requested == "auto":
             return None, "none (auto reorders on the GPU only)"
         return _scipy_rcm(A), "rcm"
+    import cupy
     import cupyx.scipy.sparse as csp
 
     A = canonical(A if is_cupy_sparse(A) else csp.csr_matrix(sp.csr_matrix(A)))
     if requested == "rcm":
         return _cuthill_mckee_reversed(A, None, None), "rcm"
-    return auto_reordering(A)
+    return auto_reordering(A, int(cupy.cuda.Device().attributes["L2CacheSize"]))
 
 
-def auto_reordering(A):
+def auto_reordering(A, cache_bytes):
     """What ``reorder="auto"`` does with a canonical CSR matrix: ``(Reordering or None, note)``.
 
     Measured and ordered where ``A`` is (cupyx: on the GPU; SciPy: with the NumPy
     reference, the same decisions). It reorders a matrix whose product reads are
     scattered (:func:`gather_sectors` above :data:`SCATTERED`), with no row longer
-    than :data:`AUTO_MAX_ROW_LENGTH`, when the model above predicts that reverse
-    Cuthill-McKee costs less than it saves over :data:`AUTO_ITERATIONS` iterations:
-    the ordering gives up once its levels or passes would cost more, and is
-    dropped when the reads it leaves (counted on the reordered pattern) save too
-    little to pay for permuting ``A``.
+    than :data:`AUTO_MAX_ROW_LENGTH`, too large for the GPU's L2 cache of
+    ``cache_bytes`` to hold its values and indices, when the model above predicts
+    that reverse Cuthill-McKee costs less than it saves over
+    :data:`AUTO_ITERATIONS` iterations: the ordering gives up once its levels or
+    passes would cost more, and is dropped when the reads it leaves (counted on
+    the reordered pattern) save too little to pay for permuting ``A``.
     """
     xp = array_module(A.indptr)
     nnz = int(A.nnz)
@@ -221,6 +225,10 @@ def auto_reordering(A):
         return None, f"none (local reads: {scattered:.2f} sectors a nonzero)"
     if longest > AUTO_MAX_ROW_LENGTH:
         return None, f"none (scattered reads, but a row of {longest:,} entries stays scattered in any order)"
+    matrix_bytes = nnz * (A.data.dtype.itemsize + 4)
+    if matrix_bytes <= cache_bytes:
+        return None, (f"none (scattered reads, {scattered:.2f} sectors a nonzero, but the matrix fits in the L2 "
+                      f"cache ({matrix_bytes / 2**20:.1f} of {cache_bytes / 2**20:.0f} MiB), where they cost little)")
     budget = (SECONDS_PER_SECTOR * max(scattered - SECTORS_AFTER_RCM, 0.0) * AUTO_ITERATIONS
               - GPU_SECONDS_PER_NONZERO) * nnz
     max_levels, max_passes = int(budget / GPU_SECONDS_PER_LEVEL), int(budget / GPU_SECONDS_PER_PASS)

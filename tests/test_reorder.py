@@ -213,17 +213,25 @@ def test_canonical_sums_duplicates_without_touching_the_given_matrix():
 
 def test_auto_takes_a_scattered_graph_and_says_why():
     """The decisions of auto, made on the host with the reference (the GPU makes the same ones)."""
-    order, note = auto_reordering(canonical(random_geometric_laplacian(20000, seed=4)))
-    assert order is not None and note.startswith("rcm (0.9") and order.levels > 0 and order.passes >= 2
-    assert auto_reordering(canonical(sp.csr_matrix(poisson((60, 60)))))[1].startswith("none (local reads")
-    hub, note = auto_reordering(canonical(power_law_laplacian(20000, seed=1)))
+    order, note = auto_reordering(canonical(random_geometric_laplacian(200_000, seed=3)), 2**20)
+    assert order is not None and note == "rcm (0.94 -> 0.16 sectors a nonzero)" and order.passes == 2
+    A = canonical(random_geometric_laplacian(20000, seed=4))  # 283,464 nonzeros, 3.2 MiB in float64
+    order, note = auto_reordering(A, 2**20)
+    assert order is None and "but RCM would take more than" in note  # too small to pay for its levels
+    order, note = auto_reordering(A, 4 * 2**20)
+    assert order is None and note.endswith("fits in the L2 cache (3.2 of 4 MiB), where they cost little)")
+    assert auto_reordering(canonical(sp.csr_matrix(poisson((60, 60)))), 0)[1].startswith("none (local reads")
+    hub, note = auto_reordering(canonical(power_law_laplacian(20000, seed=1)), 0)
     assert hub is None and "stays scattered in any order" in note
 
 
 def test_auto_gives_up_where_it_would_not_pay(monkeypatch):
     A = canonical(random_geometric_laplacian(20000, seed=4))
-    monkeypatch.setattr(reorder, "GPU_SECONDS_PER_LEVEL", 2e-5)  # the budget allows 40 of its 120 levels
-    order, note = auto_reordering(A)
+    budget = ((reorder.SECONDS_PER_SECTOR * (0.91 - reorder.SECTORS_AFTER_RCM) * reorder.AUTO_ITERATIONS
+               - reorder.GPU_SECONDS_PER_NONZERO) * A.nnz)
+    ordering = cuthill_mckee(A.indptr, A.indices)
+    monkeypatch.setattr(reorder, "GPU_SECONDS_PER_LEVEL", 2 * budget / ordering.levels)  # half the levels
+    order, note = auto_reordering(A, 0)
     assert order is None and "but RCM would take more than" in note
     # levels and passes free, permuting A as dear as most of what the locality saves: the ordering
     # runs, then what it measures (0.91 -> 0.15 sectors a nonzero) must pay for the permutation
@@ -232,12 +240,12 @@ def test_auto_gives_up_where_it_would_not_pay(monkeypatch):
     monkeypatch.setattr(reorder, "SECTORS_AFTER_RCM", 0.0)  # predicted: 0.91 sectors saved
     saved = reorder.SECONDS_PER_SECTOR * reorder.AUTO_ITERATIONS
     monkeypatch.setattr(reorder, "GPU_SECONDS_PER_NONZERO", 0.7 * saved)
-    assert auto_reordering(A)[0] is not None
+    assert auto_reordering(A, 0)[0] is not None
     monkeypatch.setattr(reorder, "GPU_SECONDS_PER_NONZERO", 0.8 * saved)
-    order, note = auto_reordering(A)
+    order, note = auto_reordering(A, 0)
     assert order is None and note.startswith("none (RCM found little locality: 0.91 -> 0.15")
     monkeypatch.setattr(reorder, "GPU_SECONDS_PER_NONZERO", saved)
-    assert "too few nonzeros" in auto_reordering(A)[1]
+    assert "too few nonzeros" in auto_reordering(A, 0)[1]
 
 
 def test_kernels_compile(tmp_path):

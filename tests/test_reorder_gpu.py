@@ -96,26 +96,36 @@ def expander(n, seed):
 def test_auto_decides_on_the_gpu_as_the_reference_does(cupy, make):
     import cupyx.scipy.sparse as csp
     A = canonical(make())
-    host_order, host_note = auto_reordering(A)
-    device_order, device_note = auto_reordering(canonical(csp.csr_matrix(A)))
+    host_order, host_note = auto_reordering(A, 0)
+    device_order, device_note = auto_reordering(canonical(csp.csr_matrix(A)), 0)
     assert device_note == host_note
     assert (device_order is None) == (host_order is None)
     if host_order is not None:
         np.testing.assert_array_equal(device_order.perm.get(), host_order.perm)
 
 
-def test_auto_reordered_solve_is_the_plain_solve(cupy):
-    A = random_geometric_laplacian(50_000, seed=1)
+def test_auto_reorders_a_matrix_larger_than_the_cache_out_of_sight(cupy):
+    A = random_geometric_laplacian(600_000, seed=1)  # 8.9M nonzeros, 107 MB in float64
     b = np.random.default_rng(4).standard_normal(A.shape[0])
-    plain = solvers.PCG(A, device="gpu", rtol=1e-9, reorder="none", path="grid").solve(b)
-    solver = solvers.PCG(A, device="gpu", rtol=1e-9, path="grid")
+    plain = solvers.PCG(A, device="gpu", rtol=1e-9, reorder="none").solve(b)
+    solver = solvers.PCG(A, device="gpu", rtol=1e-9)
     assert solver.reordering.startswith("rcm (0.9") and solver.reorder_time > 0
     res = solver.solve(b)
+    scale = float(np.abs(plain.x.get()).max())
     assert res.converged and abs(res.iterations - plain.iterations) <= max(2, plain.iterations // 50)
-    np.testing.assert_allclose(res.x.get(), plain.x.get(), rtol=1e-6, atol=1e-8 * float(np.abs(plain.x.get()).max()))
+    np.testing.assert_allclose(res.x.get(), plain.x.get(), rtol=1e-6, atol=1e-8 * scale)
+    solver.update_values(2 * A)  # the new values are reordered as the old ones were
+    np.testing.assert_allclose(solver.solve(b).x.get(), res.x.get() / 2, rtol=1e-6, atol=1e-8 * scale)
+
+
+def test_auto_leaves_a_matrix_the_cache_holds(cupy):
+    solver = solvers.PCG(random_geometric_laplacian(50_000, seed=1), device="gpu")
+    assert solver.reordering.startswith("none (scattered reads, 0.93 sectors a nonzero, but the matrix fits")
+
+
+def test_reordered_solves_give_the_same_bits_in_every_mode(cupy):
+    A = random_geometric_laplacian(50_000, seed=1)
+    b = np.random.default_rng(4).standard_normal(A.shape[0])
     xs = [solvers.PCG(A, device="gpu", rtol=1e-9, reorder="rcm", mode=mode, path="grid").solve(b).x
           for mode in ("eager", "graph", "while")]
-    assert all(cupy.array_equal(x, xs[-1]) for x in xs)  # the same bits in every mode
-    solver.update_values(2 * A)  # the new values are reordered as the old ones were
-    np.testing.assert_allclose(solver.solve(b).x.get(), res.x.get() / 2, rtol=1e-6,
-                               atol=1e-8 * float(np.abs(plain.x.get()).max()))
+    assert all(cupy.array_equal(x, xs[-1]) for x in xs)
