@@ -29,20 +29,28 @@ SCATTERED = 0.4
 #: spans at least k - 1 columns, so its reads stay scattered), and a graph with hubs has few levels
 #: to find locality in.
 AUTO_MAX_ROW_LENGTH = 1024
-# The cost model of ``auto``, H200 (scripts/probe_reorder.py; MEASUREMENTS.md, "reverse Cuthill-McKee
-# on the GPU"). Cuthill-McKee on the GPU costs about GPU_SECONDS_PER_LEVEL a breadth-first level
-# (three grid barriers and the level's dependent reads), GPU_SECONDS_PER_PASS a pass (a launch, the
-# read of its outcome, the next start) and GPU_SECONDS_PER_NONZERO what grows with the matrix (the
-# degrees, the permutation of A, counting the sectors the reordered matrix reads). A sector of
-# gathered reads saved saves about SECONDS_PER_SECTOR an iteration where the matrix does not fit in
-# the L2 cache (random geometric graph, 2M rows, 29.6M nonzeros: 279.9 us an iteration at 0.95
-# sectors a nonzero, 210.7 us after RCM at 0.16, probe at cd43bcb); where it fits, the gathers hit
-# the cache in any order (50k rows: 12.6 and 12.1 us).
-GPU_SECONDS_PER_LEVEL = 10e-6
-GPU_SECONDS_PER_PASS = 100e-6
-GPU_SECONDS_PER_NONZERO = 0.2e-9
-SECONDS_PER_SECTOR = 3.0e-12
+# The cost model of ``auto``, H200 (scripts/probe_reorder.py at 448832d,
+# scripts/results/probe_reorder_2026-11-30_1955_NVIDIA_H200_448832d.md; MEASUREMENTS.md). Our
+# Cuthill-McKee on the GPU costs GPU_SECONDS_PER_LEVEL a breadth-first level and GPU_SECONDS_PER_PASS
+# a pass (least squares over the random geometric graphs of 50k, 500k and 2M rows: 2.4, 4.4 and 9.6
+# ms for 104, 222 and 367 levels in 2, 2 and 10 passes); permuting A GPU_SECONDS_PER_NONZERO a stored
+# entry (1.2 ms for 29.6M); and counting the sectors the reordered matrix reads, with the launches
+# around it, GPU_SECONDS_FIXED (auto's whole reordering took 8.4 and 13.9 ms at 500k and 2M rows,
+# 3.3 and 3.1 ms more than the ordering and the permutation). A sector of gathered reads saved saves
+# SECONDS_PER_SECTOR_FROM_MEMORY an iteration where an iteration's vectors do not fit in the L2 cache
+# together (2M rows: 283.5 us at 0.95 sectors a nonzero, 212.3 us at 0.16), and
+# SECONDS_PER_SECTOR_FROM_CACHE where they do (500k rows: 58.1 and 51.0 us; 50k rows: 12.6 and 11.7
+# us, 1.6 ps a sector).
+GPU_SECONDS_PER_LEVEL = 17e-6
+GPU_SECONDS_PER_PASS = 0.35e-3
+GPU_SECONDS_PER_NONZERO = 0.05e-9
+GPU_SECONDS_FIXED = 3.5e-3
+SECONDS_PER_SECTOR_FROM_MEMORY = 3.0e-12
+SECONDS_PER_SECTOR_FROM_CACHE = 1.2e-12
 SECTORS_AFTER_RCM = 0.16
+#: Vectors of n float64 entries an iteration streams besides gathering one (x, r, z, p, q, the
+#: inverse diagonal).
+ITERATION_VECTORS = 6
 #: Iterations the reordering must pay for itself within: the solve's own count is unknown at set-up.
 AUTO_ITERATIONS = 1000
 
@@ -208,33 +216,31 @@ def auto_reordering(A, cache_bytes):
     """What ``reorder="auto"`` does with a canonical CSR matrix: ``(Reordering or None, note)``.
 
     Measured and ordered where ``A`` is (cupyx: on the GPU; SciPy: with the NumPy
-    reference, the same decisions). It reorders a matrix whose product reads are
-    scattered (:func:`gather_sectors` above :data:`SCATTERED`), with no row longer
-    than :data:`AUTO_MAX_ROW_LENGTH`, too large for the GPU's L2 cache of
-    ``cache_bytes`` to hold its values and indices, when the model above predicts
-    that reverse Cuthill-McKee costs less than it saves over
-    :data:`AUTO_ITERATIONS` iterations: the ordering gives up once its levels or
-    passes would cost more, and is dropped when the reads it leaves (counted on
-    the reordered pattern) save too little to pay for permuting ``A``.
+    reference, the same decisions), for a GPU with an L2 cache of ``cache_bytes``.
+    It reorders a matrix whose product reads are scattered (:func:`gather_sectors`
+    above :data:`SCATTERED`), with no row longer than :data:`AUTO_MAX_ROW_LENGTH`,
+    when the model above predicts that reverse Cuthill-McKee costs less than it
+    saves over :data:`AUTO_ITERATIONS` iterations: the ordering gives up once its
+    levels or passes would cost more, and is dropped when the reads it leaves
+    (counted on the reordered pattern) save too little to pay for permuting ``A``.
     """
     xp = array_module(A.indptr)
-    nnz = int(A.nnz)
-    longest = int(xp.diff(A.indptr).max()) if A.shape[0] else 0
+    n, nnz = A.shape[0], int(A.nnz)
+    longest = int(xp.diff(A.indptr).max()) if n else 0
     scattered = gather_sectors(A.indptr, A.indices)
     if scattered <= SCATTERED:
         return None, f"none (local reads: {scattered:.2f} sectors a nonzero)"
     if longest > AUTO_MAX_ROW_LENGTH:
         return None, f"none (scattered reads, but a row of {longest:,} entries stays scattered in any order)"
-    matrix_bytes = nnz * (A.data.dtype.itemsize + 4)
-    if matrix_bytes <= cache_bytes:
-        return None, (f"none (scattered reads, {scattered:.2f} sectors a nonzero, but the matrix fits in the L2 "
-                      f"cache ({matrix_bytes / 2**20:.1f} of {cache_bytes / 2**20:.0f} MiB), where they cost little)")
-    budget = (SECONDS_PER_SECTOR * max(scattered - SECTORS_AFTER_RCM, 0.0) * AUTO_ITERATIONS
-              - GPU_SECONDS_PER_NONZERO) * nnz
+    from_memory = n * 8 * ITERATION_VECTORS > cache_bytes
+    per_sector = SECONDS_PER_SECTOR_FROM_MEMORY if from_memory else SECONDS_PER_SECTOR_FROM_CACHE
+    saving = per_sector * max(scattered - SECTORS_AFTER_RCM, 0.0) * nnz  # an iteration
+    budget = saving * AUTO_ITERATIONS - GPU_SECONDS_PER_NONZERO * nnz - GPU_SECONDS_FIXED
     max_levels, max_passes = int(budget / GPU_SECONDS_PER_LEVEL), int(budget / GPU_SECONDS_PER_PASS)
     if max_levels < 1 or max_passes < 1:
-        return None, (f"none (scattered reads, {scattered:.2f} sectors a nonzero, but too few nonzeros for "
-                      f"RCM to pay for itself within {AUTO_ITERATIONS:,} iterations)")
+        return None, (f"none (scattered reads, {scattered:.2f} sectors a nonzero, but RCM would save about "
+                      f"{saving * 1e6:.1f} us an iteration, too little to pay for itself within "
+                      f"{AUTO_ITERATIONS:,} iterations)")
     order = _cuthill_mckee_reversed(A, max_levels, max_passes)
     if order is None:
         return None, (f"none (scattered reads, {scattered:.2f} sectors a nonzero, but RCM would take more than "
@@ -243,7 +249,7 @@ def auto_reordering(A, cache_bytes):
     t0 = time.perf_counter()
     after = gather_sectors(A.indptr, A.indices, reordering=order)
     order.seconds += time.perf_counter() - t0
-    if SECONDS_PER_SECTOR * (scattered - after) * AUTO_ITERATIONS <= GPU_SECONDS_PER_NONZERO:
+    if per_sector * (scattered - after) * AUTO_ITERATIONS <= GPU_SECONDS_PER_NONZERO:
         return None, (f"none (RCM found little locality: {scattered:.2f} -> {after:.2f} sectors a nonzero, "
                       f"too little to pay for permuting A within {AUTO_ITERATIONS:,} iterations)")
     return order, f"rcm ({scattered:.2f} -> {after:.2f} sectors a nonzero)"
