@@ -7,15 +7,35 @@ matrix loads' cache hint, and reverse Cuthill-McKee reordering, each timed over
 a fixed number of iterations in while mode, beside one cuSPARSE SpMV and one
 iteration of cupyx ``cg`` on the same matrix. Prints a markdown table; this is
 the measurement ``auto``'s choices rest on (MEASUREMENTS.md).
+
+``--sell``: the SELL path of the irregular matrices (random geometric graph 2M
+rows, power-law graph 1M rows; 200k and 100k with ``--quick``). First where the
+format conversion's time goes: the conversion from the device CSR arrays as the
+solver's set-up does it (``choose_format`` and the values), plain, then under
+cProfile (host time by function, device waits included), then with its stages
+each timed between two device synchronisations (:data:`SELL_STAGES`, inclusive
+and own time). Then one PCG iteration for each layout of :func:`sell_sweep`, both
+variants, with the product alone (the residual kernel) beside one cuSPARSE SpMV
+and one iteration of cupyx ``cg``. Saved under ``scripts/results/`` with the date,
+the GPU and the commit.
 """
 import argparse
+import contextlib
+import cProfile
+import datetime
+import io
 import pathlib
+import pstats
 import sys
 import time
 
 import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
+import provenance  # noqa: E402
+from probe_setup import StageTimer  # noqa: E402
+from solvers import formats  # noqa: E402
+from solvers.formats.sell import SELL  # noqa: E402
 from solvers.gallery import poisson, power_law_laplacian, random_geometric_laplacian, stencil27  # noqa: E402
 from solvers.pcg.gpu import GPUPCG  # noqa: E402
 from solvers.reorder import choose_reordering, gather_sectors  # noqa: E402
@@ -66,7 +86,9 @@ def configs(A):
     return out
 
 
-def per_iteration(A, b, fmt, gather, variant, stream=None, lanes=None, block=None, rows="auto"):
+def per_iteration(A, b, fmt, gather, variant, stream=None, lanes=None, block=None, rows="auto", solver=False):
+    """Seconds an iteration (the fastest of three solves of ITERATIONS), the format conversion, the layout;
+    with ``solver``, the set-up solver too."""
     import cupy
     g = GPUPCG(A, "jacobi", np.float64, "while", 32, False, variant, fmt, gather, stream, lanes, block=block,
                sell_rows=rows)
@@ -75,9 +97,10 @@ def per_iteration(A, b, fmt, gather, variant, stream=None, lanes=None, block=Non
     times = []
     for _ in range(3):
         cupy.cuda.Device().synchronize()
-        g.solve(bd, None, 0.0, ITERATIONS, None, False)
-        times.append(g.last_loop_time / ITERATIONS)
-    return min(times), g.format_time, g.describe()
+        iterations = g.solve(bd, None, 0.0, ITERATIONS, None, False)[2]
+        times.append(g.last_loop_time / max(iterations, 1))  # a solve may stop early (breakdown at tiny r)
+    out = (min(times), g.format_time, g.describe())
+    return out + (g,) if solver else out
 
 
 def peers(A, b):
@@ -102,13 +125,239 @@ def peers(A, b):
     return spmv, (time.perf_counter() - t0) / 100
 
 
+#: Stages of a SELL conversion (``module:attribute``, as :class:`probe_setup.StageTimer` takes them) and the
+#: stage each is called from (None: the whole conversion); stages the code does not have are left out.
+SELL_STAGES = {
+    "solvers.formats:choose_format": None,
+    "solvers.formats.sell:SELL.__init__": "solvers.formats:choose_format",
+    "solvers.formats.sell:SELL._neighbour_order": "solvers.formats.sell:SELL.__init__",
+    "solvers.formats.sell:SELL._neighbour_key": "solvers.formats.sell:SELL._neighbour_order",
+    "solvers.formats.sell:window_sectors": "solvers.formats.sell:SELL.__init__",
+    "solvers.formats.sell:SELL._choose_sigma": "solvers.formats.sell:SELL.__init__",
+    "solvers.formats.sell:SELL._sort_in_windows": "solvers.formats.sell:SELL.__init__",
+    "solvers.formats.sell:SELL._deal_slices": "solvers.formats.sell:SELL.__init__",
+    "solvers.formats.sell:SELL._place_entries_on_device": "solvers.formats.sell:SELL.__init__",
+    "solvers.formats.base:MatrixFormat.values": None,
+}
+
+
+def stage_label(path):
+    module_name, attribute = path.split(":")
+    return attribute + f" ({module_name.rsplit('.', 1)[-1]})"  # as StageTimer labels it
+
+
+def convert(indptr, indices, data):
+    """The solver set-up's conversion (``GPUPCG._setup``) of device arrays: the automatic format and row order,
+    then the values. ``choose_format`` is looked up at each call, so that a stage timer's wrapper is seen."""
+    import cupy
+    layout = formats.choose_format(indptr, indices, cupy, "auto", None, "auto")
+    return layout, layout.values(data)
+
+
+def conversion_report(A, reps, say):
+    """Time the conversion of ``A`` from device arrays: plain, under cProfile, by stages."""
+    import cupy
+    indptr, indices = cupy.asarray(A.indptr, dtype=cupy.int32), cupy.asarray(A.indices, dtype=cupy.int32)
+    data = cupy.asarray(A.data)
+    sync = cupy.cuda.Device().synchronize
+
+    def timed():
+        sync()
+        t0 = time.perf_counter()
+        layout, _ = convert(indptr, indices, data)
+        sync()
+        return time.perf_counter() - t0, layout
+
+    first, layout = timed()  # compiles the layout kernels and CuPy's own
+    plain = sorted(timed()[0] for _ in range(reps))
+    say(f"conversion ms: first {first * 1e3:.1f} (compiles), then {', '.join(f'{t * 1e3:.2f}' for t in plain)}; "
+        f"layout: {layout.describe()}")
+    say()
+    profile = cProfile.Profile()
+    sync()
+    profile.enable()
+    convert(indptr, indices, data)
+    sync()
+    profile.disable()
+    text = io.StringIO()
+    pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(25)
+    say("cProfile of one plain conversion, by own time (a call that waits for the device holds the wait):")
+    say()
+    say("```")
+    for row in text.getvalue().splitlines():
+        if row.strip() and not row.startswith(("   Ordered by", "   List reduced")):
+            say(row.rstrip()[:170])
+    say("```")
+    say()
+    timer = StageTimer(SELL_STAGES)
+    runs = []
+    try:
+        for _ in range(reps):
+            timer.seconds.clear()
+            timer.calls.clear()
+            timer.active = True
+            total = timed()[0]
+            timer.active = False
+            runs.append((total, dict(timer.seconds), dict(timer.calls)))
+    finally:
+        timer.restore()
+    say(f"stages, each between two synchronisations (median of {reps}; wrapped total "
+        f"{1e3 * np.median([r[0] for r in runs]):.2f} ms):")
+    say()
+    say("| stage | calls | inclusive ms | own ms (less the stages it calls) |")
+    say("|---|---|---|---|")
+    for path, parent in SELL_STAGES.items():
+        label = stage_label(path)
+        if label not in runs[-1][1]:
+            continue
+        inclusive = float(np.median([r[1].get(label, 0.0) for r in runs]))
+        children = [stage_label(p) for p, up in SELL_STAGES.items() if up == path]
+        own = inclusive - sum(float(np.median([r[1].get(c, 0.0) for r in runs])) for c in children)
+        depth = 0
+        while parent:
+            depth, parent = depth + 1, SELL_STAGES[parent]
+        say(f"| {'. ' * depth}{label} | {runs[-1][2][label]} | {inclusive * 1e3:.2f} | {own * 1e3:.2f} |")
+    say()
+    return min(plain)
+
+
+@contextlib.contextmanager
+def replaced(owner, attributes):
+    """``owner``'s attributes replaced for the duration (a layout variation of the sweep)."""
+    saved = {name: owner.__dict__[name] for name in attributes}
+    try:
+        for name, value in attributes.items():
+            setattr(owner, name, value)
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(owner, name, value)
+
+
+def sell_sweep(name):
+    """``(label, SELL attributes replaced, sell_rows, lanes, stream, gather, variants)`` timed on ``name``."""
+    both = ("classic", "single-reduction")
+    auto = [("auto", {}, "auto", None, None, "stored", both)]
+    if not name.startswith("power-law"):
+        return auto
+
+    def window(sigma):
+        return lambda self, short_len: sigma
+
+    undealt = {"_deal_slices": lambda self: self.xp.arange(self.slices)}
+    one_window = {"_choose_sigma": window(2**30), **undealt}  # every row sorted by length together
+    return auto + [
+        ("rows by length, sigma 4096, dealt", {"_choose_sigma": window(4096)}, "length", None, None, "stored", both),
+        ("rows by length, sigma 4096, not dealt", {"_choose_sigma": window(4096), **undealt}, "length", None, None,
+         "stored", both),
+        ("rows by length, sigma 65536, dealt", {"_choose_sigma": window(65536)}, "length", None, None, "stored",
+         both),
+        ("rows by length, sigma 65536, not dealt", {"_choose_sigma": window(65536), **undealt}, "length", None,
+         None, "stored", both),
+        ("rows by length, one window", one_window, "length", None, None, "stored", both),
+        ("rows by length, one window, 1 lane", one_window, "length", 1, None, "stored", both[:1]),
+        ("rows by length, one window, 4 lanes", one_window, "length", 4, None, "stored", both[:1]),
+        ("rows by length, one window, not streamed", one_window, "length", None, False, "stored", both[:1]),
+        ("rows by length, one window, formed", one_window, "length", None, None, "formed", both[:1]),
+    ]
+
+
+def product_time(g, reps=50):
+    """Seconds of one product alone: the residual kernel r = b - A x over the solver's layout."""
+    import cupy
+    x, out = cupy.ones(g.n), cupy.empty(g.n)
+    for _ in range(3):
+        g._residual(x, out)
+    start, end = cupy.cuda.Event(), cupy.cuda.Event()
+    start.record()
+    for _ in range(reps):
+        g._residual(x, out)
+    end.record()
+    end.synchronize()
+    return cupy.cuda.get_elapsed_time(start, end) * 1e-3 / reps
+
+
+def sell_probe(args):
+    """``--sell``: conversion stages and the per-iteration sweep on the irregular matrices; saves the results."""
+    import cupy
+    gpu = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["name"].decode()
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d_%H%M")
+    lines = []
+
+    def say(text=""):
+        print(text, flush=True)
+        lines.append(text)
+
+    cases = [("geometric 200k" if args.quick else "geometric 2M",
+              lambda: random_geometric_laplacian(200_000 if args.quick else 2_000_000)),
+             ("power-law 100k" if args.quick else "power-law 1M",
+              lambda: power_law_laplacian(100_000 if args.quick else 1_000_000))]
+    for name, make in cases:
+        if args.only and not any(o in name for o in args.only):
+            continue
+        A = make()
+        n = A.shape[0]
+        b = A @ np.ones(n)
+        say(f"## {name} (n = {n:,}, nnz = {A.nnz:,}, longest row {int(np.diff(A.indptr).max()):,})")
+        say()
+        conversion = conversion_report(A, args.reps, say)
+        spmv, cupyx_it = peers(A, b)
+        say(f"| layout | variant | us/it | our product us | x SpMV | cupyx / ours | conversion ms | conversion "
+            f"in iterations | described |")
+        say("|---|---|---|---|---|---|---|---|---|")
+        for label, attributes, rows, lanes, stream, gather, variants in sell_sweep(name):
+            for variant in variants:
+                try:
+                    with replaced(SELL, attributes):
+                        t, conv, layout, g = per_iteration(A, b, "sell", gather, variant, stream, lanes, rows=rows,
+                                                           solver=True)
+                    product = product_time(g)
+                except Exception as exc:  # report and go on: one failing configuration is a result too
+                    say(f"| {label} | {variant} | failed: {type(exc).__name__}: {exc} | | | | | | |")
+                    continue
+                del g
+                cupy.get_default_memory_pool().free_all_blocks()
+                say(f"| {label} | {variant} | {t * 1e6:.1f} | {product * 1e6:.1f} | {t / spmv:.2f} "
+                    f"| {cupyx_it / t:.2f} | {conv * 1e3:.2f} | {conv / t:.0f} | {layout} |")
+        say(f"| cuSPARSE SpMV | | {spmv * 1e6:.1f} | | 1.00 | | | | |")
+        say(f"| cupyx cg | | {cupyx_it * 1e6:.1f} | | {cupyx_it / spmv:.2f} | 1.00 | | | |")
+        say()
+        say(f"Fastest plain conversion {conversion * 1e3:.2f} ms.")
+        say()
+        cupy.get_default_memory_pool().free_all_blocks()
+        path = save_sell(args, gpu, stamp, lines)  # after every matrix: a cut run keeps what it measured
+        print(f"saved {path}", file=sys.stderr)
+    return 0
+
+
+def save_sell(args, gpu, stamp, lines):
+    """Write ``--sell``'s results so far under ``args.out``; returns the file's path."""
+    commit = provenance.commit()
+    text = (f"# SELL probe, {stamp} UTC, {gpu}, commit {commit}\n\n"
+            f"`python scripts/probe_formats.py {' '.join(argv_text(args))}`: the format conversion of the irregular "
+            f"matrices by stages, then one PCG iteration ({ITERATIONS} a solve, while mode, Jacobi, float64) "
+            f"for each layout, with the product alone, one cuSPARSE SpMV and one cupyx cg iteration.\n\n"
+            + "\n".join(lines) + "\n")
+    return provenance.save(args.out, f"probe_formats_sell_{stamp}_{gpu.replace(' ', '_')}_{commit}.md", text)
+
+
+def argv_text(args):
+    return ["--sell"] + (["--quick"] if args.quick else []) + (["--only", *args.only] if args.only else [])
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--only", nargs="*", help="matrix names to run (substring match)")
     ap.add_argument("--sweep", action="store_true", help="irregular matrices only: SELL lanes, occupancy, hint")
     ap.add_argument("--rows", action="store_true", help="irregular matrices only: SELL's row orders, no reordering")
+    ap.add_argument("--sell", action="store_true",
+                    help="SELL on the irregular matrices: conversion stages and a per-iteration sweep (saved)")
+    ap.add_argument("--reps", type=int, default=3, help="--sell: timed conversions of each kind")
+    ap.add_argument("--out", default=str(pathlib.Path(__file__).resolve().parent / "results"))
     args = ap.parse_args(argv)
+    if args.sell:
+        return sell_probe(args)
     rows = ["| matrix | n | nnz | sectors/nnz | order | format | gather | variant | stream | lanes | block "
             "| us/it | x SpMV | cupyx/ours | conversion ms | layout |", "|" + "---|" * 16]
     print(rows[0], flush=True)
