@@ -95,41 +95,33 @@ def test_sell_lanes_follow_mean_row_length():
     assert SELL(*arrays(A), np).lanes == SELL.auto_lanes(A.nnz, A.shape[0])
 
 
+def slice_widths_sorted_together(lengths, lanes):
+    """Slots of the slices when every row of at most SELL.LONG_ROW entries is sorted by length together."""
+    short = np.sort(lengths[lengths <= SELL.LONG_ROW])[::-1]
+    first = short[::32 // lanes]  # a slice's first row is its longest
+    return 32 * (-(-first // lanes))
+
+
 @pytest.mark.parametrize("row_order", ["length", "neighbours"])
-def test_sell_slices_sorted_within_windows_and_padding_small(row_order):
+@pytest.mark.parametrize("lanes", [1, 4])
+def test_sell_rows_sorted_by_length_within_windows(row_order, lanes):
     A = random_geometric_laplacian(20000, seed=1)
-    layout = SELL(*arrays(A), np, lanes=1, row_order=row_order)
+    layout = SELL(*arrays(A), np, lanes=lanes, row_order=row_order)
     lengths = np.diff(A.indptr)
-    rows = layout.slice_rows
+    rows = layout.slice_rows[::lanes]
     slot_len = np.where(rows >= 0, lengths[np.maximum(rows, 0)], 0)
     for w in range(0, rows.size, layout.sigma):  # non-increasing within each window
         chunk = slot_len[w:w + layout.sigma]
         assert np.all(np.diff(chunk[rows[w:w + layout.sigma] >= 0]) <= 0)
     assert sorted(rows[rows >= 0].tolist()) == list(range(A.shape[0]))  # every row once
-    if row_order == "neighbours":  # the smallest windows, whatever the padding
-        assert layout.sigma == SELL.SIGMAS[0] and layout.padding <= 2 * SELL.MAX_PADDING
+    if row_order == "neighbours":
+        assert layout.sigma == SELL.NEIGHBOUR_WINDOW
         return
-    assert layout.padding <= SELL.MAX_PADDING
-    slots = dict(zip(SELL.SIGMAS, SELL._slots_per_window(lengths.astype(np.int64), np)))
-    assert layout.sigma == min(s for s in SELL.SIGMAS if slots[s] <= 1.05 * A.nnz)
-    # with 4 lanes a row the rounding alone pads ~10%: the window only has to come close to the widest's
-    four = SELL(*arrays(A), np, lanes=4, row_order="length")
-    slots = dict(zip(SELL.SIGMAS, SELL._slots_per_window(lengths.astype(np.int64), np, 4)))
-    assert four.sigma < SELL.SIGMAS[-1]
-    assert slots[four.sigma] <= slots[SELL.SIGMAS[-1]] + 0.025 * A.nnz
-
-
-@pytest.mark.parametrize("lanes", [1, 2, 4])
-def test_sell_slots_per_window_equal_slices_laid_out_one_by_one(lanes):
-    lengths = np.random.default_rng(2).integers(0, SELL.LONG_ROW + 1, size=5000)
-    rows_per_slice = 32 // lanes
-    for sigma, slots in zip(SELL.SIGMAS, SELL._slots_per_window(lengths, np, lanes)):
-        expected = 0
-        for w in range(0, lengths.size, sigma):
-            window = np.sort(lengths[w:w + sigma])[::-1]
-            for s in range(0, window.size, rows_per_slice):  # a slice is as wide as its longest row
-                expected += 32 * -(-int(window[s]) // lanes)
-        assert slots == expected, sigma
+    # every row sorted together: the slices are those of the sorted lengths, the least padding there is
+    widths = slice_widths_sorted_together(lengths, lanes)
+    assert layout.sigma == A.shape[0]
+    np.testing.assert_array_equal(np.diff(layout.slice_ptr), widths)
+    assert layout.padding == (widths.sum() - A.nnz) / A.nnz
 
 
 def sectors_a_window(A, layout):
@@ -164,15 +156,13 @@ def test_sell_auto_orders_rows_by_neighbours_only_where_windows_read_far_fewer_s
     assert SELL(*arrays(no_locality), np, row_order="auto").row_order == "length"
 
 
-def test_sell_groups_of_32_slices_hold_long_and_short_slices_alike():
+def test_sell_rows_by_length_give_slices_of_falling_width_then_the_long_rows_in_order():
     A = power_law_laplacian(100000, seed=1)
     layout = SELL(*arrays(A), np, lanes=2, row_order="length")
-    per_window = layout.sigma // 16
-    assert per_window > 32  # windows of several groups, whose slices are dealt out
-    widths = np.diff(layout.slice_ptr)[:layout.slices // per_window * per_window].reshape(-1, per_window)
-    group_work = widths.reshape(widths.shape[0], -1, 32).sum(axis=2)
-    assert group_work.max() <= 1.5 * group_work.min()
-    assert np.all(np.diff(widths.reshape(widths.shape[0], -1, 32), axis=2) <= 0)  # longest first in a group
+    lengths = np.diff(A.indptr)
+    assert np.all(np.diff(np.diff(layout.slice_ptr)) <= 0)  # the warps, taking slices in turn, share alike
+    np.testing.assert_array_equal(layout.long_rows, np.flatnonzero(lengths > SELL.LONG_ROW))
+    np.testing.assert_array_equal(np.diff(layout.row_pieces), -(-lengths[layout.long_rows] // SELL.PIECE_LENGTH))
     np.testing.assert_allclose(layout.product(layout.values(A.data), np.arange(A.shape[0]) % 7.0),
                                A @ (np.arange(A.shape[0]) % 7.0))
 
@@ -185,7 +175,8 @@ def test_sell_neighbour_key_is_the_least_rank_of_a_short_rows_columns(name):
     key = layout._neighbour_key(*arrays(A), rank)
     for r in range(A.shape[0]):
         cols = A.indices[A.indptr[r]:A.indptr[r + 1]]
-        assert key[r] == (rank[cols].min() if 0 < cols.size <= SELL.LONG_ROW else A.shape[0])
+        expected = A.shape[0] + 1 if cols.size > SELL.LONG_ROW else rank[cols].min() if cols.size else A.shape[0]
+        assert key[r] == expected
 
 
 @pytest.mark.parametrize("name", MATRICES)
@@ -254,3 +245,19 @@ def test_sell_neighbour_key_kernel_equals_numpy(cupy, name):
     dev = SELL(*(cupy.asarray(a) for a in arrays(A)), cupy)
     np.testing.assert_array_equal(dev._neighbour_key(*(cupy.asarray(a) for a in arrays(A)), cupy.asarray(rank)).get(),
                                   ref)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["geometric", "power_law", "one_long_row", "empty_rows", "big_geometric"])
+def test_sell_sample_kernel_counts_the_sectors_window_sectors_counts(cupy, name):
+    from solvers.formats.base import window_sectors
+    A = random_geometric_laplacian(20000, seed=1) if name == "big_geometric" else MATRICES[name]()  # 79 windows
+    indptr, indices = arrays(A)
+    short = np.flatnonzero(np.diff(indptr) <= SELL.LONG_ROW).astype(np.int32)
+    shuffled = np.random.default_rng(3).permutation(short).astype(np.int32)
+    expected = tuple(window_sectors(indptr, indices, rows, SELL.NEIGHBOUR_WINDOW, np, samples=SELL.SAMPLE_WINDOWS)
+                     for rows in (short, shuffled))
+    dev = SELL(cupy.asarray(indptr), cupy.asarray(indices), cupy)
+    assert dev.short == short.size
+    got = dev._sample_sectors(cupy.asarray(indptr), cupy.asarray(indices), cupy.asarray(short), cupy.asarray(shuffled))
+    assert got == expected and expected[0] > 0

@@ -6,15 +6,23 @@ from ..kernels.structs import Struct
 from .base import MatrixFormat, entry_rows, host, window_sectors
 
 SLICE = 32  # rows a slice: one warp, a thread a row
-# The layout kernel's argument (kernels/sell_layout.cu).
-LAYOUT = Struct("SellLayout", [("n", "int"), ("lanes", "int"), ("sliced", "int"), ("indptr", "const int*"),
-                               ("indices", "const int*"), ("slot", "const int*"), ("slice_ptr", "const int*"),
-                               ("long_start", "const int*"), ("long_rows", "const int*"), ("longs", "int"),
-                               ("col", "int*"), ("pos", "int*")])
+# The layout kernels' argument (kernels/sell_layout.cu).
+LAYOUT = Struct("SellLayout", [("n", "int"), ("lanes", "int"), ("short_rows", "int"), ("sliced", "int"),
+                               ("indptr", "const int*"), ("indices", "const int*"), ("slot", "const int*"),
+                               ("slice_ptr", "const int*"), ("long_start", "const int*"),
+                               ("long_rows", "const int*"), ("longs", "int"), ("col", "int*"), ("pos", "int*")])
+# The long rows' pieces kernel's argument (kernels/sell_layout.cu).
+PIECES = Struct("SellPieces", [("longs", "int"), ("sliced", "int"), ("piece_length", "int"),
+                               ("long_start", "const int*"), ("row_pieces", "const int*"), ("piece_ptr", "int*"),
+                               ("piece_row", "int*")])
 # The neighbour key kernel's argument (kernels/sell_layout.cu).
 KEY = Struct("SellKey", [("n", "int"), ("long_row", "int"), ("indptr", "const int*"), ("indices", "const int*"),
                          ("rank", "const int*"), ("key", "int*")])
-LAYOUT_STRUCTS = (LAYOUT, KEY)
+# The sampled windows' sector count kernel's argument (kernels/sell_layout.cu).
+SAMPLE = Struct("SellSample", [("rows", "int"), ("window", "int"), ("samples", "int"), ("table", "int"),
+                               ("itemsize", "int"), ("indptr", "const int*"), ("indices", "const int*"),
+                               ("given", "const int*"), ("grouped", "const int*"), ("counts", "unsigned int*")])
+LAYOUT_STRUCTS = (LAYOUT, PIECES, KEY, SAMPLE)
 ROW_ORDERS = ("auto", "neighbours", "length")
 
 
@@ -24,36 +32,61 @@ def layout_kernel(name):
     return kernels.module("sell_layout", structs=LAYOUT_STRUCTS).get_function(name)
 
 
+def grid_for(items, block=256, most=4096):
+    """Blocks of a grid-stride layout kernel over ``items``."""
+    return (max(1, min(-(-int(items) // block), most)),)
+
+
+def stable_argsort(key, xp):
+    """Indices that sort ``key``, equal keys in their given order (CuPy's sorts are all stable)."""
+    return np.argsort(key, kind="stable") if xp is np else key.argsort()
+
+
+def offsets(counts, xp):
+    """``[0, counts[0], counts[0] + counts[1], ...]`` in int64."""
+    return xp.concatenate((xp.zeros(1, dtype=xp.int64), xp.cumsum(counts, dtype=xp.int64)))
+
+
 class SELL(MatrixFormat):
-    """Rows sorted by length within windows of ``sigma`` rows, stored in slices of one warp.
+    """Rows sorted by length, stored in slices of one warp; long rows split into pieces.
 
     A slice holds ``32 / lanes`` rows, ``lanes`` threads a row: entry k of the
     row at position j of slice s sits at ``slice_ptr[s] + 32 (k // lanes) +
     j lanes + k % lanes`` (column-major within the slice), so a warp's loads are
     coalesced; sorting makes the rows of a slice nearly equally long, so the
-    padding (value 0) stays small. ``sigma`` is the smallest window in
-    :attr:`SIGMAS` that keeps the padding at most :attr:`MAX_PADDING` (small
-    windows keep the results each warp writes close together). More lanes a row
-    shorten each thread's chain of dependent loads (small systems, where there
-    are few rows a thread); one lane a row wastes no lanes on short rows.
+    padding (value 0) stays small. More lanes a row shorten each thread's chain
+    of dependent loads (small systems, where there are few rows a thread); one
+    lane a row wastes no lanes on short rows.
+
+    With ``row_order="length"`` all short rows are sorted by length together,
+    longest first, ties in the given order (sigma = n in Kreutzer et al.'s
+    terms): the least padding, and slices of nearly equal work follow each other,
+    so the product's warps, which take the slices in turn, get nearly equal
+    shares (H200, power-law graph of 1M rows, per iteration: windows of 4096 rows
+    dealt out to the warps 119 us, of 65536 rows 103 us; MEASUREMENTS.md).
 
     With ``row_order="neighbours"`` the short rows are first put in an order that
-    keeps neighbours together (:meth:`_neighbour_order`) and the windows are the
-    smallest, :attr:`SIGMAS` [0] rows: the rows a block of the product works on at
-    once then share many of the columns they gather, which the SM's L1 cache
-    serves once, although the vectors keep the caller's numbering. With
-    ``"length"`` windows follow the given order. ``"auto"`` takes the neighbours'
-    order where its windows read at most :attr:`NEIGHBOUR_GAIN` times the 32-byte
-    sectors that windows of the given order read (:func:`~.base.window_sectors`,
-    on a sample): a graph with locality but numbered at random, not one already
-    numbered well or one without locality (a power-law graph). A matrix with more
-    columns than rows keeps ``"length"``.
+    keeps neighbours together (:meth:`_neighbour_order`) and sorted by length
+    only within windows of :attr:`NEIGHBOUR_WINDOW` rows: the rows a block of
+    the product works on at once then share many of the columns they gather,
+    which the SM's L1 cache serves once, although the vectors keep the caller's
+    numbering. ``"auto"`` takes the neighbours' order where its windows read at
+    most :attr:`NEIGHBOUR_GAIN` times the 32-byte sectors that windows of the
+    given order read (:func:`~.base.window_sectors`, on :attr:`SAMPLE_WINDOWS`
+    windows, after the order's first pass): a graph with locality but numbered
+    at random, not one already numbered well or one without locality (a
+    power-law graph), which keep ``"length"``. A matrix with more columns than
+    rows keeps ``"length"``.
 
     Rows longer than :attr:`LONG_ROW` entries are kept apart, in CSR order after
     the slices, and cut into pieces of at most :attr:`PIECE_LENGTH` entries, a
     warp a piece: a row far longer than the rest (a graph's hub) is shared by
     many warps instead of holding one back; the pieces' sums are added in a fixed
     order.
+
+    On the device the layout is a few sorts and kernel passes
+    (``kernels/sell_layout.cu``), with two or three reads of sizes back to the
+    host; the NumPy path computes the same arrays and is the kernels' reference.
     """
 
     name = "sell"
@@ -61,13 +94,14 @@ class SELL(MatrixFormat):
               ("slice_rows", "const int*"), ("col", "const int*"), ("val", "const real_t*"),
               ("piece_ptr", "const int*"), ("piece_row", "const int*"), ("long_rows", "const int*"),
               ("row_pieces", "const int*"), ("piece_sums", "real_t*"), ("tickets", "unsigned int*"))
-    SIGMAS = (256, 1024, 4096, 16384, 65536)  # each a multiple of the first (_slots_per_window)
-    MAX_PADDING = 0.05
+    NEIGHBOUR_WINDOW = 256
     LONG_ROW = 64
     PIECE_LENGTH = 512
     NEIGHBOUR_GAIN = 0.6
     NEIGHBOUR_PASSES = 2  # passes of _neighbour_order (random geometric graph, 256 rows: 0.92 -> 0.36 -> 0.26
     #                       distinct 32-byte sectors of gathered columns a nonzero after one and two passes)
+    SAMPLE_WINDOWS = 64
+    SAMPLE_TABLE = 2 ** 14  # hash slots of the sample kernel: at least NEIGHBOUR_WINDOW * LONG_ROW keys fit
 
     @staticmethod
     def auto_lanes(nnz, n):
@@ -90,75 +124,164 @@ class SELL(MatrixFormat):
             raise InputError(f"SELL row order must be one of {', '.join(ROW_ORDERS)}, not {row_order!r}")
         self.lanes, self.sectors = lanes, None
         self.defines = (("SELL_LANES", str(lanes)),)
-        rows_per_slice = SLICE // lanes
-        n = self.n
-        i32 = lambda a: xp.ascontiguousarray(a, dtype=xp.int32)  # noqa: E731
-        lengths = xp.diff(indptr).astype(xp.int64)
+        lengths = xp.diff(indptr)
         is_long = lengths > self.LONG_ROW
-        short_rows = xp.nonzero(~is_long)[0]
-        long_rows = xp.nonzero(is_long)[0]
-        if row_order != "length" and self.nnz and int(indices.max()) >= n:
+        # one read back: the short rows, and the largest column where the rows are to be ordered by neighbours
+        wanted = [self.n - xp.count_nonzero(is_long)]
+        if row_order != "length" and self.nnz:
+            wanted.append(indices.max())
+        counts = host(xp.stack([xp.asarray(w, dtype=xp.int64) for w in wanted]))
+        self.short = int(counts[0])
+        if len(counts) > 1 and int(counts[1]) >= self.n:
             if row_order == "neighbours":
                 raise InputError("SELL rows by neighbours need a square matrix (columns numbered as rows)")
             row_order = "length"  # auto: a rectangular matrix's columns are not its rows
-        if row_order != "length":
-            grouped = short_rows[self._neighbour_order(indptr, indices, short_rows, is_long)]
-            if row_order == "auto":
-                self.sectors = tuple(window_sectors(indptr, indices, rows, self.SIGMAS[0], xp, samples=64)
-                                     for rows in (short_rows, grouped))
-                row_order = "neighbours" if self.sectors[1] <= self.NEIGHBOUR_GAIN * self.sectors[0] else "length"
-            if row_order == "neighbours":
-                short_rows = grouped
+        order = None
+        if row_order != "length" and self.nnz:
+            order, row_order = self._neighbour_order(indptr, indices, lengths, is_long, row_order)
+        if order is None:
+            order, row_order = self._length_order(lengths), "length"
         self.row_order = row_order
-        short_len = lengths[short_rows]
+        self.sigma = self.NEIGHBOUR_WINDOW if row_order == "neighbours" else max(self.short, 1)
+        self._lay_out(indptr, indices, lengths, order)
 
-        self.sigma = self.SIGMAS[0] if row_order == "neighbours" else self._choose_sigma(short_len)
-        order = self._sort_in_windows(short_len, self.sigma)
-        sorted_rows = short_rows[order]
-        ns = int(sorted_rows.size)
+    # -- row order ------------------------------------------------------------
+    def _length_order(self, lengths):
+        """Every row, by position in the layout: short rows longest first, then the long rows (each in the given
+        order among equals). One stable sort of one-byte keys."""
+        xp, top = self.xp, self.LONG_ROW
+        key = xp.where(lengths > top, top + 1, top - lengths).astype(xp.uint8)
+        return stable_argsort(key, xp).astype(xp.int32)
+
+    def _neighbour_order(self, indptr, indices, lengths, is_long, row_order):
+        """``(order, "neighbours")``: every row by position in the layout (short rows first); ``(None,
+        "length")`` where ``"auto"`` does not take the neighbours' order.
+
+        Each pass sorts the rows by the least rank of their columns (ties by row),
+        the ranks being the column numbers at first, then the previous pass's
+        positions: rows sharing a neighbour become adjacent, and a second pass
+        draws the groups of adjacent rows together. Long rows' columns take no
+        part (a hub is everyone's neighbour), and the long rows come last. With
+        ``"auto"`` the first pass's windows are compared with the given order's
+        (on a sample) before the second pass is made. Then the short rows are
+        sorted by length, longest first, within windows of
+        :attr:`NEIGHBOUR_WINDOW` rows.
+        """
+        xp, n, ns = self.xp, self.n, self.short
+        rank = xp.where(is_long, n, xp.arange(n, dtype=xp.int32)).astype(xp.int32)
+        for done in range(self.NEIGHBOUR_PASSES):
+            order = stable_argsort(self._neighbour_key(indptr, indices, rank), xp).astype(xp.int32)
+            if done == 0 and row_order == "auto":
+                given = stable_argsort(is_long.astype(xp.uint8), xp).astype(xp.int32)  # short rows first
+                self.sectors = self._sample_sectors(indptr, indices, given, order)
+                if self.sectors[1] > self.NEIGHBOUR_GAIN * self.sectors[0]:
+                    return None, "length"
+            if done + 1 < self.NEIGHBOUR_PASSES:
+                rank = xp.full(n, n, dtype=xp.int32)
+                rank[order[:ns]] = xp.arange(ns, dtype=xp.int32)
+        window, top = self.NEIGHBOUR_WINDOW, self.LONG_ROW
+        position = xp.arange(n, dtype=xp.int32)
+        last = -(-ns // window) * (top + 1)  # above every short row's key
+        key = xp.where(position < ns, position // window * (top + 1) + top - lengths[order], last)
+        return order[stable_argsort(key.astype(xp.int32), xp)], "neighbours"
+
+    def _neighbour_key(self, indptr, indices, rank):
+        """Least ``rank`` of each row's columns (``kernels/sell_layout.cu``).
+
+        ``n`` for an empty row, ``n + 1`` for a row over :attr:`LONG_ROW` entries
+        (long rows take no part in the order and sort after the others).
+        """
+        xp, n = self.xp, self.n
+        if xp is np:
+            values = np.append(rank[indices], np.int32(n))
+            least = np.minimum.reduceat(values, indptr[:-1]) if n else values[:0]
+            length = np.diff(indptr)
+            return np.where(length > self.LONG_ROW, n + 1, np.where(length > 0, least, n)).astype(np.int32)
+        key = xp.empty(n, dtype=xp.int32)
+        layout_kernel("sell_neighbour_key")(grid_for(n), (256,), (KEY.pack(n=n, long_row=self.LONG_ROW,
+                                                                          indptr=indptr, indices=indices,
+                                                                          rank=rank, key=key),))
+        return key
+
+    def _sample_sectors(self, indptr, indices, given, grouped):
+        """Sectors a nonzero that :attr:`SAMPLE_WINDOWS` windows of the short rows read in each of two orders.
+
+        ``given`` and ``grouped`` list the short rows first. The NumPy path is
+        :func:`~.base.window_sectors`; on the device one kernel counts both
+        (``sell_sample_sectors``: a block a sampled window, its distinct sectors
+        in a hash table in shared memory), with one read back.
+        """
+        xp, ns, window = self.xp, self.short, self.NEIGHBOUR_WINDOW
+        if xp is np:
+            return tuple(window_sectors(indptr, indices, rows[:ns], window, np, samples=self.SAMPLE_WINDOWS)
+                         for rows in (given, grouped))
+        windows = -(-ns // window)
+        samples = min(windows, self.SAMPLE_WINDOWS)
+        if samples == 0:
+            return 0.0, 0.0
+        counts = xp.zeros((2, samples, 2), dtype=xp.uint32)  # order, window: distinct sectors, entries
+        kernel = layout_kernel("sell_sample_sectors")
+        table = 4 * self.SAMPLE_TABLE
+        kernel.max_dynamic_shared_size_bytes = table
+        kernel((samples, 2), (256,), (SAMPLE.pack(rows=ns, window=window, samples=samples, table=self.SAMPLE_TABLE,
+                                                  itemsize=8, indptr=indptr, indices=indices, given=given,
+                                                  grouped=grouped, counts=counts),), shared_mem=table)
+        totals = host(counts).astype(np.int64).sum(axis=1)
+        return tuple(float(d / e) if e else 0.0 for d, e in totals)
+
+    # -- layout ---------------------------------------------------------------
+    def _lay_out(self, indptr, indices, lengths, order):
+        """The slices and pieces of the rows in ``order`` (short rows first), and every entry's place."""
+        xp, lanes, n, ns = self.xp, self.lanes, self.n, self.short
+        rows_per_slice = SLICE // lanes
         self.slices = -(-ns // rows_per_slice)
-        position_rows = xp.full(self.slices * rows_per_slice, -1, dtype=xp.int64)
-        position_rows[:ns] = sorted_rows
-        position_rows = position_rows.reshape(self.slices, rows_per_slice)[self._deal_slices()].ravel()
-        position_len = xp.where(position_rows >= 0, lengths[xp.maximum(position_rows, 0)], 0)
-        longest = (position_len.reshape(self.slices, rows_per_slice).max(axis=1) if self.slices
-                   else position_len[:0])
-        slice_ptr = xp.concatenate([xp.zeros(1, dtype=xp.int64), xp.cumsum(-(-longest // lanes) * SLICE)])
-        sliced = int(slice_ptr[-1])
-        slot_rows = xp.repeat(position_rows, lanes) if lanes > 1 else position_rows  # the row of every lane
-
-        long_len = lengths[long_rows]
-        long_start = xp.concatenate([xp.zeros(1, dtype=xp.int64), xp.cumsum(long_len)])
-        pieces_of = -(-long_len // self.PIECE_LENGTH)
-        row_pieces = xp.concatenate([xp.zeros(1, dtype=xp.int64), xp.cumsum(pieces_of)])
-        self.pieces = int(row_pieces[-1])
-        piece_row = entry_rows(row_pieces, xp)  # pieces are the "entries" of the long rows
-        within = xp.arange(self.pieces) - row_pieces[piece_row]
-        piece_ptr = xp.concatenate([sliced + long_start[piece_row] + within * self.PIECE_LENGTH,
-                                    xp.asarray([sliced + int(long_start[-1])], dtype=xp.int64)])
-        self.size = sliced + int(long_start[-1])
+        # a window's rows are sorted longest first and windows hold whole slices: a slice's first row is its longest
+        first_len = lengths[order[:ns:rows_per_slice]]
+        slice_ptr = offsets((first_len + lanes - 1) // lanes * SLICE, xp)
+        long_rows = order[ns:]
+        long_start = offsets(lengths[long_rows], xp)
+        row_pieces = offsets((long_start[1:] - long_start[:-1] + self.PIECE_LENGTH - 1) // self.PIECE_LENGTH, xp)
+        sliced, long_entries, self.pieces = (int(v) for v in host(xp.stack([slice_ptr[-1], long_start[-1],
+                                                                                row_pieces[-1]])))
+        self.size = sliced + long_entries
         if self.size >= 2**31 - 1:
             raise InputError("the SELL layout needs 2^31 or more entries (int32 offsets): "
                              "use the csr matrix format")
-
-        place = xp.zeros(n, dtype=xp.int64)
-        placed = xp.nonzero(position_rows >= 0)[0]
-        place[position_rows[placed]] = placed
-        slice_ptr32 = i32(slice_ptr)
+        self.padding = (sliced - (self.nnz - long_entries)) / max(self.nnz, 1)
+        slice_ptr, long_start, row_pieces = (a.astype(xp.int32) for a in (slice_ptr, long_start, row_pieces))
+        slot_rows = xp.full(self.slices * rows_per_slice, -1, dtype=xp.int32)
+        slot_rows[:ns] = order[:ns]
+        self.slice_rows = xp.repeat(slot_rows, lanes) if lanes > 1 else slot_rows  # the row of every lane
+        self.slice_ptr, self.long_rows, self.row_pieces = slice_ptr, long_rows, row_pieces
+        self.piece_ptr, self.piece_row = self._cut_pieces(long_start, row_pieces, sliced)
+        slot = xp.empty(n, dtype=xp.int32)
+        slot[order] = xp.arange(n, dtype=xp.int32)
         if xp is np:
-            self._pos, self.col = self._place_entries(indptr, indices, place, long_rows, long_start, slice_ptr,
-                                                      slot_rows, is_long)
+            self._pos, self.col = self._place_entries(indptr, indices, slot, long_rows, long_start, sliced)
         else:
-            self._pos, self.col = self._place_entries_on_device(indptr, indices, place, long_rows, long_start,
-                                                                slice_ptr32)
-        self.slice_ptr, self.slice_rows = slice_ptr32, i32(slot_rows)
-        self.piece_ptr, self.piece_row, self.long_rows = i32(piece_ptr), i32(piece_row), i32(long_rows)
-        self.row_pieces = i32(row_pieces)
-        self.tickets = xp.zeros(max(int(long_rows.size), 1), dtype=xp.uint32)
+            self._pos, self.col = self._place_entries_on_device(indptr, indices, slot, long_rows, long_start,
+                                                                sliced)
+        self.tickets = xp.zeros(max(n - ns, 1), dtype=xp.uint32)
         self._piece_sums = {}
-        self.padding = (sliced - int(short_len.sum())) / max(self.nnz, 1)
 
-    def _place_entries(self, indptr, indices, place, long_rows, long_start, slice_ptr, slot_rows, is_long):
+    def _cut_pieces(self, long_start, row_pieces, sliced):
+        """``(piece_ptr, piece_row)``: where each piece of the long rows starts (and one past the last), and
+        which long row it belongs to (``sell_cut_pieces`` on the device)."""
+        xp, longs, pieces = self.xp, int(long_start.size) - 1, self.pieces
+        if xp is np:
+            piece_row = entry_rows(row_pieces, np)  # pieces are the "entries" of the long rows
+            within = np.arange(pieces, dtype=np.int32) - row_pieces[piece_row]
+            piece_ptr = np.append(sliced + long_start[piece_row] + within * self.PIECE_LENGTH,
+                                  sliced + long_start[-1]).astype(np.int32)
+            return piece_ptr, piece_row.astype(np.int32)
+        piece_ptr = xp.empty(pieces + 1, dtype=xp.int32)
+        piece_row = xp.empty(pieces, dtype=xp.int32)
+        layout_kernel("sell_cut_pieces")(grid_for(longs + 1), (256,), (PIECES.pack(
+            longs=longs, sliced=sliced, piece_length=self.PIECE_LENGTH, long_start=long_start, row_pieces=row_pieces,
+            piece_ptr=piece_ptr, piece_row=piece_row),))
+        return piece_ptr, piece_row
+
+    def _place_entries(self, indptr, indices, slot, long_rows, long_start, sliced):
         """``(pos, col)``: the place of every CSR entry in the layout, and the columns with the padding.
 
         The NumPy meaning of ``kernels/sell_layout.cu`` (which the CuPy path runs).
@@ -166,147 +289,37 @@ class SELL(MatrixFormat):
         base[r] + 32 (k // lanes) + k % lanes = base[r] + k + (32 - lanes) (k // lanes)
         in a slice, base[r] + k (CSR order) after the slices for a long row.
         """
-        xp, lanes = self.xp, self.lanes
-        rows_per_slice = SLICE // lanes
-        sliced = int(slice_ptr[-1])
+        lanes, rows_per_slice, slice_ptr = self.lanes, SLICE // self.lanes, self.slice_ptr
+        is_long = slot >= self.short
+        place = np.where(is_long, 0, slot)
         base = slice_ptr[place // rows_per_slice] + (place % rows_per_slice) * lanes
         base[long_rows] = sliced + long_start[:-1]
-        spread = xp.where(is_long, 0, SLICE - lanes).astype(xp.int32)
-        row_of = entry_rows(indptr, xp)
-        k = xp.arange(self.nnz, dtype=xp.int32) - indptr[row_of]
-        pos = (base - indptr[:-1]).astype(xp.int32)[row_of] + xp.arange(self.nnz, dtype=xp.int32)
+        spread = np.where(is_long, 0, SLICE - lanes).astype(np.int32)
+        row_of = entry_rows(indptr, np)
+        k = np.arange(self.nnz, dtype=np.int32) - indptr[row_of]
+        pos = (base - indptr[:-1]).astype(np.int32)[row_of] + np.arange(self.nnz, dtype=np.int32)
         pos += spread[row_of] * (k // lanes)
         # padding points at its lane's own row (0 for lanes without one): it gathers nothing new
-        slice_of = entry_rows(slice_ptr.astype(xp.int32), xp)  # positions are the "entries" of the slices
-        pad_col = xp.maximum(slot_rows[slice_of.astype(xp.int64) * SLICE + xp.arange(sliced) % SLICE], 0)
-        col = xp.zeros(self.size, dtype=xp.int32)
+        slice_of = entry_rows(slice_ptr, np)  # positions are the "entries" of the slices
+        pad_col = np.maximum(self.slice_rows[slice_of.astype(np.int64) * SLICE + np.arange(sliced) % SLICE], 0)
+        col = np.zeros(self.size, dtype=np.int32)
         col[:sliced] = pad_col
         col[pos] = indices
         return pos, col
 
-    def _place_entries_on_device(self, indptr, indices, place, long_rows, long_start, slice_ptr32):
-        """:meth:`_place_entries` by one kernel pass over the rows (CuPy arrays)."""
+    def _place_entries_on_device(self, indptr, indices, slot, long_rows, long_start, sliced):
+        """:meth:`_place_entries` by a kernel pass over the short rows and one over the long rows' entries."""
         xp = self.xp
-        slot = place.astype(xp.int32)
-        slot[long_rows] = -1 - xp.arange(long_rows.size, dtype=xp.int32)
         pos = xp.empty(self.nnz, dtype=xp.int32)
         col = xp.zeros(self.size, dtype=xp.int32)
-        args = LAYOUT.pack(n=self.n, lanes=self.lanes, sliced=int(slice_ptr32[-1]), indptr=indptr, indices=indices,
-                           slot=slot, slice_ptr=slice_ptr32, long_start=long_start.astype(xp.int32),
-                           long_rows=long_rows.astype(xp.int32), longs=int(long_rows.size), col=col, pos=pos)
-        if long_rows.size:
-            layout_kernel("sell_place_long")((max(1, min(-(-int(long_start[-1]) // 256), 4096)),), (256,), (args,))
-        layout_kernel("sell_place")((max(1, min(-(-self.n // 256), 4096)),), (256,), (args,))
+        longs = int(long_rows.size)
+        args = (LAYOUT.pack(n=self.n, lanes=self.lanes, short_rows=self.short, sliced=sliced, indptr=indptr,
+                            indices=indices, slot=slot, slice_ptr=self.slice_ptr, long_start=long_start,
+                            long_rows=long_rows, longs=longs, col=col, pos=pos),)
+        if longs:
+            layout_kernel("sell_place_long")(grid_for(self.size - sliced), (256,), args)
+        layout_kernel("sell_place")(grid_for(self.n), (256,), args)
         return pos, col
-
-    @classmethod
-    def _slots_per_window(cls, short_len, xp, lanes=1):
-        """Slots the slices take with each window of :attr:`SIGMAS` (rows sorted by length within a window).
-
-        A slice of R = 32 / lanes rows takes 32 slots for each ``lanes`` entries of
-        its longest row. In a window, ceil(c_m / R) slices have a row of at least m
-        entries, c_m the rows with at least m entries; so the slots are 32 times the
-        sum of ceil(c_m / R) over m = 1, 1 + lanes, 1 + 2 lanes, ... The rows of each
-        length are counted once, in windows of the smallest size; a wider window's
-        counts are sums of those (every size a multiple of the smallest).
-
-        Returns
-        -------
-        ndarray of int64 (host), one total a window size
-        """
-        if short_len.size == 0:
-            return np.zeros(len(cls.SIGMAS), dtype=np.int64)
-        top, smallest = cls.LONG_ROW + 1, cls.SIGMAS[0]
-        window = xp.arange(short_len.size) // smallest
-        counts = xp.bincount(window * top + short_len, minlength=int(window[-1] + 1) * top).reshape(-1, top)
-        rows_per_slice = SLICE // lanes
-        totals = []
-        for sigma in cls.SIGMAS:
-            group = sigma // smallest
-            windows = -(-counts.shape[0] // group)
-            grouped = xp.zeros((windows * group, top), dtype=counts.dtype)
-            grouped[:counts.shape[0]] = counts
-            grouped = grouped.reshape(windows, group, top).sum(axis=1)
-            at_least = xp.cumsum(grouped[:, ::-1], axis=1)[:, ::-1]
-            totals.append((-(-at_least[:, 1::lanes] // rows_per_slice)).sum())
-        return host(SLICE * xp.stack(totals))
-
-    def _choose_sigma(self, short_len):
-        """The smallest window whose padding is at most MAX_PADDING, or close to the least possible.
-
-        With several lanes a row, rounding each row up to a multiple of the lanes
-        leaves padding no window removes; a window then only has to come within a
-        few percent of what the widest one achieves.
-        """
-        total = int(short_len.sum())
-        slots = self._slots_per_window(short_len, self.xp, self.lanes)
-        bound = max((1 + self.MAX_PADDING) * total, slots[-1] + self.MAX_PADDING / 2 * total)
-        return next(s for s, taken in zip(self.SIGMAS, slots) if taken <= bound)
-
-    def _neighbour_order(self, indptr, indices, short_rows, is_long):
-        """Positions into ``short_rows`` in an order that keeps rows with common neighbours together.
-
-        Each pass sorts the rows by the least rank of their columns (ties by row),
-        the ranks being the column numbers at first, then the previous pass's
-        positions: rows sharing a neighbour become adjacent, and a second pass
-        draws the groups of adjacent rows together. Long rows' columns take no
-        part (a hub is everyone's neighbour). One pass is a kernel over the
-        entries (``sell_neighbour_key``) and a sort of the short rows.
-        """
-        xp, n = self.xp, self.n
-        rank = xp.where(is_long, n, xp.arange(n)).astype(xp.int32)
-        order = None
-        for _ in range(self.NEIGHBOUR_PASSES):
-            key = self._neighbour_key(indptr, indices, rank)
-            order = xp.argsort(key[short_rows].astype(xp.int64) * n + short_rows)
-            rank = xp.full(n, n, dtype=xp.int32)
-            rank[short_rows[order]] = xp.arange(short_rows.size, dtype=xp.int32)
-        return order
-
-    def _neighbour_key(self, indptr, indices, rank):
-        """Least ``rank`` of each row's columns (``kernels/sell_layout.cu``).
-
-        ``n`` for an empty row and for a row over :attr:`LONG_ROW` entries, which
-        takes no part in the order.
-        """
-        xp, n = self.xp, self.n
-        if xp is np:
-            values = np.append(rank[indices], np.int32(n))
-            least = np.minimum.reduceat(values, indptr[:-1]) if n else values[:0]
-            length = np.diff(indptr)
-            return np.where((length > 0) & (length <= self.LONG_ROW), least, n).astype(np.int32)
-        key = xp.empty(n, dtype=xp.int32)
-        layout_kernel("sell_neighbour_key")((max(1, min(-(-n // 256), 4096)),), (256,),
-                                            (KEY.pack(n=n, long_row=self.LONG_ROW, indptr=indptr, indices=indices,
-                                                      rank=rank, key=key),))
-        return key
-
-    def _deal_slices(self):
-        """Order of the slices: each window's, longest first, dealt out to its groups of 32 in turn.
-
-        The product hands aligned groups of 32 slices to a block's warps together
-        (``kernels/sell.cu``); a group of a window's longest slices would keep its
-        block busy while others idle. Dealt out, slice j of a window with G groups
-        goes to group j mod G, so every group holds long and short slices alike.
-        A window of 32 slices or fewer keeps its order.
-        """
-        xp = self.xp
-        per_window = self.sigma // (SLICE // self.lanes)
-        t = xp.arange(self.slices)
-        if per_window <= SLICE:
-            return t
-        window, j = t // per_window, t % per_window
-        count = xp.minimum(per_window, self.slices - window * per_window)  # the last window may be short
-        groups = -(-count // SLICE)
-        return xp.argsort(window * per_window + (j % groups) * SLICE + j // groups)
-
-    def _sort_in_windows(self, short_len, sigma):
-        """Order of the short rows: by window, longest first within a window, then by row (unique keys)."""
-        xp = self.xp
-        ns = short_len.size
-        position = xp.arange(ns, dtype=xp.int64)
-        key = ((position // sigma) * (self.LONG_ROW + 1) + (self.LONG_ROW - short_len)) * ns + position
-        return xp.argsort(key)
 
     @property
     def piece_sums(self):
@@ -326,7 +339,7 @@ class SELL(MatrixFormat):
         text = f"sell (C={SLICE // self.lanes}, {self.lanes} lanes a row, rows by {self.row_order}"
         if self.sectors:
             text += f" ({self.sectors[0]:.2f} sectors a nonzero given, {self.sectors[1]:.2f} by neighbours)"
-        text += f", sigma={self.sigma}, {self.padding:.1%} padding"
+        text += f", sigma={'all rows' if self.row_order == 'length' else self.sigma}, {self.padding:.1%} padding"
         if self.pieces:
             text += f"; {int(self.long_rows.size)} rows over {self.LONG_ROW} entries in {self.pieces} pieces"
         return text + ")"
