@@ -70,6 +70,12 @@ __device__ __forceinline__ void sell_piece(const Matrix& A, int pc, int lane, V 
 // of 32 slices to 32 consecutive warps: with small windows the same warp would get the longest slice
 // of its group every round. So in odd rounds each group goes in reverse (when the warps are a multiple
 // of 32, so that a group lies within one round): a warp's slices over two rounds are about average.
+//
+// A slice's loads wait for its row and bounds; with SELL_PREFETCH those of the warp's next slice are
+// loaded while this one is multiplied.
+#ifndef SELL_PREFETCH
+#define SELL_PREFETCH 1
+#endif
 template <typename V, typename F>
 __device__ __forceinline__ void for_each_row_product(const Matrix& A, V v, F finish) {
     const int lane = threadIdx.x & 31;
@@ -77,22 +83,36 @@ __device__ __forceinline__ void for_each_row_product(const Matrix& A, V v, F fin
     const int lead = (A.pieces + 31) & ~31;
     const int items = lead + A.slices;
     const bool mirror = warps % 32 == 0;
-    for (int item = (blockIdx.x * blockDim.x + threadIdx.x) >> 5; item < items; item += warps) {
-        if (item < A.pieces) {
-            sell_piece(A, item, lane, v, finish);
-            continue;
+    int item = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    for (; item < lead; item += warps)  // a warp's pieces come before its slices
+        if (item < A.pieces) sell_piece(A, item, lane, v, finish);
+    auto slice_of = [&](int it) {
+        int s = it - lead;
+        if (mirror && ((it / warps) & 1) && (s | 31) < A.slices) s ^= 31;
+        return s;
+    };
+    int row = -1, begin = 0, end = 0;
+    if (SELL_PREFETCH && item < items) {
+        const int s = slice_of(item);
+        row = A.slice_rows[32 * s + lane];
+        begin = A.slice_ptr[s];
+        end = A.slice_ptr[s + 1];
+    }
+    for (; item < items; item += warps) {
+        int r = row, first = begin, last = end;
+        const int next = SELL_PREFETCH ? item + warps : item;
+        if (next < items) {
+            const int s = slice_of(next);
+            row = A.slice_rows[32 * s + lane];
+            begin = A.slice_ptr[s];
+            end = A.slice_ptr[s + 1];
         }
-        if (item < lead) continue;
-        int s = item - lead;
-        if (mirror && ((item / warps) & 1) && (s | 31) < A.slices) s ^= 31;
-        const int row = A.slice_rows[32 * s + lane];
-        const int end = A.slice_ptr[s + 1];
+        if (!SELL_PREFETCH) r = row, first = begin, last = end;
         real_t sum = 0;
 #pragma unroll 4
-        for (int k = A.slice_ptr[s] + lane; k < end; k += 32)
-            sum += matrix_load(&A.val[k]) * v(matrix_load(&A.col[k]));
+        for (int k = first + lane; k < last; k += 32) sum += matrix_load(&A.val[k]) * v(matrix_load(&A.col[k]));
 #pragma unroll
         for (int o = SELL_LANES / 2; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-        if (row >= 0 && lane % SELL_LANES == 0) finish(row, sum, WHOLE_ROW);
+        if (r >= 0 && lane % SELL_LANES == 0) finish(r, sum, WHOLE_ROW);
     }
 }

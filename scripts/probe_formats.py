@@ -132,11 +132,11 @@ SELL_STAGES = {
     "solvers.formats.sell:SELL.__init__": "solvers.formats:choose_format",
     "solvers.formats.sell:SELL._neighbour_order": "solvers.formats.sell:SELL.__init__",
     "solvers.formats.sell:SELL._neighbour_key": "solvers.formats.sell:SELL._neighbour_order",
-    "solvers.formats.sell:window_sectors": "solvers.formats.sell:SELL.__init__",
-    "solvers.formats.sell:SELL._choose_sigma": "solvers.formats.sell:SELL.__init__",
-    "solvers.formats.sell:SELL._sort_in_windows": "solvers.formats.sell:SELL.__init__",
-    "solvers.formats.sell:SELL._deal_slices": "solvers.formats.sell:SELL.__init__",
-    "solvers.formats.sell:SELL._place_entries_on_device": "solvers.formats.sell:SELL.__init__",
+    "solvers.formats.sell:SELL._sample_sectors": "solvers.formats.sell:SELL._neighbour_order",
+    "solvers.formats.sell:SELL._length_order": "solvers.formats.sell:SELL.__init__",
+    "solvers.formats.sell:SELL._lay_out": "solvers.formats.sell:SELL.__init__",
+    "solvers.formats.sell:SELL._cut_pieces": "solvers.formats.sell:SELL._lay_out",
+    "solvers.formats.sell:SELL._place_entries_on_device": "solvers.formats.sell:SELL._lay_out",
     "solvers.formats.base:MatrixFormat.values": None,
 }
 
@@ -235,31 +235,22 @@ def replaced(owner, attributes):
 
 
 def sell_sweep(name):
-    """``(label, SELL attributes replaced, sell_rows, lanes, stream, gather, variants)`` timed on ``name``."""
+    """``(label, SELL attributes replaced, sell_rows, lanes, block, variants)`` timed on ``name``."""
     both = ("classic", "single-reduction")
-    auto = [("auto", {}, "auto", None, None, "stored", both)]
-    if not name.startswith("power-law"):
-        return auto
+    init = SELL.__init__
 
-    def window(sigma):
-        return lambda self, short_len: sigma
+    def defined(*extra):  # the kernel compiled with extra definitions
+        def __init__(self, *args, **kwargs):
+            init(self, *args, **kwargs)
+            self.defines = tuple(self.defines) + extra
+        return {"__init__": __init__}
 
-    undealt = {"_deal_slices": lambda self: self.xp.arange(self.slices)}
-    one_window = {"_choose_sigma": window(2**30), **undealt}  # every row sorted by length together
-    return auto + [
-        ("rows by length, sigma 4096, dealt", {"_choose_sigma": window(4096)}, "length", None, None, "stored", both),
-        ("rows by length, sigma 4096, not dealt", {"_choose_sigma": window(4096), **undealt}, "length", None, None,
-         "stored", both),
-        ("rows by length, sigma 65536, dealt", {"_choose_sigma": window(65536)}, "length", None, None, "stored",
-         both),
-        ("rows by length, sigma 65536, not dealt", {"_choose_sigma": window(65536), **undealt}, "length", None,
-         None, "stored", both),
-        ("rows by length, one window", one_window, "length", None, None, "stored", both),
-        ("rows by length, one window, 1 lane", one_window, "length", 1, None, "stored", both[:1]),
-        ("rows by length, one window, 4 lanes", one_window, "length", 4, None, "stored", both[:1]),
-        ("rows by length, one window, not streamed", one_window, "length", None, False, "stored", both[:1]),
-        ("rows by length, one window, formed", one_window, "length", None, None, "formed", both[:1]),
-    ]
+    no_prefetch = defined(("SELL_PREFETCH", "0"))
+    out = [("auto", {}, "auto", None, None, both), ("auto, no prefetch of the next slice", no_prefetch, "auto", None,
+                                                    None, both)]
+    if name.startswith("power-law"):
+        out += [("auto, blocks of 512 threads", {}, "auto", None, 512, both[:1])]
+    return out
 
 
 def product_time(g, reps=50):
@@ -305,11 +296,11 @@ def sell_probe(args):
         say(f"| layout | variant | us/it | our product us | x SpMV | cupyx / ours | conversion ms | conversion "
             f"in iterations | described |")
         say("|---|---|---|---|---|---|---|---|---|")
-        for label, attributes, rows, lanes, stream, gather, variants in sell_sweep(name):
+        for label, attributes, rows, lanes, block, variants in sell_sweep(name):
             for variant in variants:
                 try:
                     with replaced(SELL, attributes):
-                        t, conv, layout, g = per_iteration(A, b, "sell", gather, variant, stream, lanes, rows=rows,
+                        t, conv, layout, g = per_iteration(A, b, "sell", "stored", variant, None, lanes, block, rows,
                                                            solver=True)
                     product = product_time(g)
                 except Exception as exc:  # report and go on: one failing configuration is a result too
