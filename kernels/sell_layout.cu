@@ -1,50 +1,157 @@
-// The SELL layout of a CSR pattern on the device (solvers/formats/sell.py lays the same out with NumPy;
-// that path is these kernels' reference and the tests compare the two).
-//
-// struct SellLayout (generated): n, lanes, short_rows (rows in slices: the first short_rows positions of
-// the row order), sliced (entries of the slices), indptr, indices, slot (each row's position in the row
-// order; positions from short_rows on are the long rows, in long_rows' order), slice_ptr, long_start
-// (offset of each long row after the slices), long_rows (the rows of the longs long rows), longs, col
-// (zeroed), pos (out: place of entry e).
-//
-// sell_place, one thread a short row: entry k of the row at position j of slice s = j / R (R = 32 /
-// lanes rows a slice) sits at slice_ptr[s] + (j % R) lanes + k + (32 - lanes)(k / lanes); the row's
-// lanes up to the slice's width are padding, whose column is the row itself (it gathers nothing new).
-// sell_place_long, one thread an entry of the long rows (a hub row of a million entries would hold a
-// thread a row back for milliseconds): entry k of the i-th long row sits at sliced + long_start[i] + k;
-// i is found by bisection of long_start.
-extern "C" __global__ void sell_place_long(const SellLayout a) {
-    const int total = a.long_start[a.longs];
-    for (int e = blockIdx.x * blockDim.x + threadIdx.x; e < total; e += gridDim.x * blockDim.x) {
-        int lo = 0, hi = a.longs - 1;  // the last i with long_start[i] <= e
-        while (lo < hi) {
-            const int mid = (lo + hi + 1) / 2;
-            if (a.long_start[mid] <= e) lo = mid;
-            else hi = mid - 1;
-        }
-        const int source = a.indptr[a.long_rows[lo]] + e - a.long_start[lo];
-        a.col[a.sliced + e] = a.indices[source];
-        a.pos[source] = a.sliced + e;
+// The SELL layout of a CSR pattern on the device (solvers/formats/sell.py computes the same arrays with
+// NumPy: that path is these kernels' reference, and the tests compare the two). All are grid-stride loops
+// that write each output once, or add integers: nothing depends on the scheduling.
+
+// Per row (SELL._row_keys): key[r] = 64 - length for a short row (length <= long_row), long_row + 1
+// for a long one, so that a stable sort puts the short rows longest first and the long ones after them;
+// rank[r] = r, or n for a long row (the first ranks of the neighbours' order). stats[0] gets the long
+// rows; with `columns`, stats[1] the largest column index + 1 (it starts at 0). One atomic a warp.
+// struct SellRows (generated): n, nnz, long_row, columns, indptr, indices, key, rank, stats.
+extern "C" __global__ void sell_rows(const SellRows a) {
+    const int stride = gridDim.x * blockDim.x;
+    int longs = 0, columns = 0;
+    for (int r = blockIdx.x * blockDim.x + threadIdx.x; r < a.n; r += stride) {
+        const int length = a.indptr[r + 1] - a.indptr[r];
+        const bool is_long = length > a.long_row;
+        a.key[r] = (unsigned char)(is_long ? a.long_row + 1 : a.long_row - length);
+        a.rank[r] = is_long ? a.n : r;
+        longs += is_long;
+    }
+    if (a.columns)
+        for (int e = blockIdx.x * blockDim.x + threadIdx.x; e < a.nnz; e += stride)
+            columns = max(columns, a.indices[e] + 1);
+    for (int o = 16; o > 0; o >>= 1) {
+        longs += __shfl_xor_sync(0xffffffffu, longs, o);
+        columns = max(columns, __shfl_xor_sync(0xffffffffu, columns, o));
+    }
+    if ((threadIdx.x & 31) == 0) {
+        if (longs) atomicAdd(&a.stats[0], longs);
+        if (columns) atomicMax(&a.stats[1], columns);
     }
 }
 
-extern "C" __global__ void sell_place(const SellLayout a) {
-    const int rows_per_slice = 32 / a.lanes;
+// The neighbour key of every row for SELL's row order by neighbours (SELL._neighbour_key): key[r] = the
+// least rank[c] over the columns c of row r (rank[c] = n for a column to leave out: a long row's), n for
+// an empty row, n + 1 for a row longer than long_row entries (long rows take no part and sort last).
+// struct SellKey (generated): n, long_row, indptr, indices, rank, key. One thread a row.
+extern "C" __global__ void sell_neighbour_key(const SellKey a) {
     for (int r = blockIdx.x * blockDim.x + threadIdx.x; r < a.n; r += gridDim.x * blockDim.x) {
-        const int first = a.indptr[r], length = a.indptr[r + 1] - first, j = a.slot[r];
-        if (j >= a.short_rows) continue;  // a long row: sell_place_long
-        const int s = j / rows_per_slice;
-        const int base = a.slice_ptr[s] + (j % rows_per_slice) * a.lanes;
-        const int width = (a.slice_ptr[s + 1] - a.slice_ptr[s]) / 32 * a.lanes;
-        const int spread = 32 - a.lanes;
-        for (int k = 0; k < width; ++k) {
-            const int p = base + k + spread * (k / a.lanes);
-            if (k < length) {
-                a.col[p] = a.indices[first + k];
-                a.pos[first + k] = p;
-            } else {
-                a.col[p] = r;
+        int least = a.n;
+        if (a.indptr[r + 1] - a.indptr[r] > a.long_row) least = a.n + 1;
+        else
+            for (int e = a.indptr[r]; e < a.indptr[r + 1]; ++e) least = min(least, a.rank[a.indices[e]]);
+        a.key[r] = least;
+    }
+}
+
+// Distinct 32-byte sectors that sampled windows of `window` rows read, in two row orders at once (SELL's
+// automatic row order, SELL._sample_sectors; the NumPy meaning is base.py's window_sectors on each order).
+// blockIdx.y 0: the rows as numbered (0 to n - 1), a long row's entries left out; 1: the first `rows`
+// rows of `grouped`. Of the G windows of an order, `samples` (at most G) are spread as NumPy's
+// linspace(0, G - 1, samples) spreads them, truncated to integers; block x counts the x-th.
+// counts[(y samples + x) 2 + 0] gets the distinct sectors of its window's columns (column c in sector
+// c itemsize / 32), counts[... + 1] its entries. The sectors are told apart in an open-addressing hash
+// table of `table` slots (a power of two) in dynamic shared memory, which must hold every entry of a
+// window (rows of at most long_row entries): the count does not depend on the order of the insertions.
+// struct SellSample (generated): n, rows, window, samples, table, itemsize, long_row, indptr, indices,
+// grouped, counts.
+extern "C" __global__ void sell_sample_sectors(const SellSample a) {
+    extern __shared__ int slots[];
+    __shared__ unsigned int distinct, entries;
+    const bool by_grouped = blockIdx.y == 1;
+    const long long count = by_grouped ? a.rows : a.n;
+    const long long groups = (count + a.window - 1) / a.window;
+    const int samples = (int)min((long long)a.samples, groups);
+    const int x = blockIdx.x;
+    if (x >= samples) return;  // the whole block: its counts stay zero
+    long long w;
+    if (samples == 1) w = 0;
+    else if (x == samples - 1) w = groups - 1;  // linspace's endpoint is exact
+    else w = (long long)((double)x * ((double)(groups - 1) / (double)(samples - 1)));
+    for (int t = threadIdx.x; t < a.table; t += blockDim.x) slots[t] = -1;
+    if (threadIdx.x == 0) distinct = entries = 0;
+    __syncthreads();
+    const long long begin = w * a.window, end = min(begin + a.window, count);
+    const unsigned int mask = (unsigned int)(a.table - 1);
+    unsigned int found = 0, read = 0;
+    for (long long p = begin + threadIdx.x; p < end; p += blockDim.x) {
+        const int r = by_grouped ? a.grouped[p] : (int)p;
+        if (a.indptr[r + 1] - a.indptr[r] > a.long_row) continue;  // a long row: only in the numbered order
+        for (int e = a.indptr[r]; e < a.indptr[r + 1]; ++e) {
+            const int sector = (int)((long long)a.indices[e] * a.itemsize / 32);
+            unsigned int h = ((unsigned int)sector * 2654435761u) & mask;
+            while (true) {
+                const int seen = atomicCAS(&slots[h], -1, sector);
+                if (seen == -1) { ++found; break; }
+                if (seen == sector) break;
+                h = (h + 1) & mask;
             }
+            ++read;
+        }
+    }
+    atomicAdd(&distinct, found);
+    atomicAdd(&entries, read);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        const int at = (blockIdx.y * a.samples + x) * 2;
+        a.counts[at] = distinct;
+        a.counts[at + 1] = entries;
+    }
+}
+
+// The sort key of the positions p of `order` (its first `rows` the short rows; SELL._window_key):
+// (p / window)(long_row + 1) + long_row - length for a short row, so that a stable sort keeps the windows
+// and puts each window's longest rows first; for a long row a key above all of those.
+// struct SellWindow (generated): n, rows, window, long_row, indptr, order, key.
+extern "C" __global__ void sell_window_key(const SellWindow a) {
+    const int last = (a.rows + a.window - 1) / a.window * (a.long_row + 1);
+    for (int p = blockIdx.x * blockDim.x + threadIdx.x; p < a.n; p += gridDim.x * blockDim.x) {
+        const int r = a.order[p];
+        a.key[p] = p < a.rows ? p / a.window * (a.long_row + 1) + a.long_row - (a.indptr[r + 1] - a.indptr[r]) : last;
+    }
+}
+
+// The sizes of the layout (SELL._offsets), in two kernels around a scan. sell_counts: counts[s] = the
+// slots of slice s (32 for each `lanes` entries of its first row, the longest: position s 32 / lanes of
+// `order`), for s < slices; counts[slices + i] = the entries of long row i (position rows + i of
+// `order`) and counts[slices + longs + i] its pieces of piece_length, for i < longs. sell_offsets, from
+// scan (the inclusive sum of counts): slice_ptr (slices + 1 offsets), long_start and row_pieces (longs
+// + 1 each), each segment's sum from 0; totals = the slots of the slices, the long rows' entries, their
+// pieces.
+// struct SellSizes (generated): rows, lanes, slices, longs, piece_length, indptr, order, counts, scan,
+// slice_ptr, long_start, row_pieces, totals.
+__device__ __forceinline__ int sell_row_length(const int* indptr, int r) { return indptr[r + 1] - indptr[r]; }
+
+extern "C" __global__ void sell_counts(const SellSizes a) {
+    const int rows_per_slice = 32 / a.lanes;
+    for (int t = blockIdx.x * blockDim.x + threadIdx.x; t < a.slices + a.longs; t += gridDim.x * blockDim.x) {
+        if (t < a.slices) {
+            const int length = sell_row_length(a.indptr, a.order[t * rows_per_slice]);
+            a.counts[t] = (long long)((length + a.lanes - 1) / a.lanes) * 32;
+        } else {
+            const int i = t - a.slices;
+            const int length = sell_row_length(a.indptr, a.order[a.rows + i]);
+            a.counts[a.slices + i] = length;
+            a.counts[a.slices + a.longs + i] = (length + a.piece_length - 1) / a.piece_length;
+        }
+    }
+}
+
+extern "C" __global__ void sell_offsets(const SellSizes a) {
+    // the sum of counts[0, k): 0 for k = 0
+    auto before = [&](long long k) { return k > 0 ? a.scan[k - 1] : 0ll; };
+    const long long sliced = before(a.slices), long_end = before(a.slices + a.longs);
+    const int segment = a.slices + 1, longs = a.longs + 1;
+    for (int t = blockIdx.x * blockDim.x + threadIdx.x; t < segment + 2 * longs + 1; t += gridDim.x * blockDim.x) {
+        if (t < segment) a.slice_ptr[t] = (int)before(t);
+        else if (t < segment + longs) a.long_start[t - segment] = (int)(before(a.slices + t - segment) - sliced);
+        else if (t < segment + 2 * longs) {
+            const int i = t - segment - longs;
+            a.row_pieces[i] = (int)(before(a.slices + a.longs + i) - long_end);
+        } else {
+            a.totals[0] = sliced;
+            a.totals[1] = long_end - sliced;
+            a.totals[2] = before(a.slices + 2 * a.longs) - long_end;
         }
     }
 }
@@ -67,67 +174,51 @@ extern "C" __global__ void sell_cut_pieces(const SellPieces a) {
     }
 }
 
-// The neighbour key of every row for SELL's row order by neighbours (solvers/formats/sell.py,
-// SELL._neighbour_order, whose NumPy path is this kernel's reference): key[r] = the least rank[c] over
-// the columns c of row r (rank[c] = n for a column to leave out: a long row's), n for an empty row,
-// n + 1 for a row longer than long_row entries (long rows take no part and sort last).
-// struct SellKey (generated): n, long_row, indptr, indices, rank, key. One thread a row.
-extern "C" __global__ void sell_neighbour_key(const SellKey a) {
-    for (int r = blockIdx.x * blockDim.x + threadIdx.x; r < a.n; r += gridDim.x * blockDim.x) {
-        int least = a.n;
-        if (a.indptr[r + 1] - a.indptr[r] > a.long_row) least = a.n + 1;
-        else
-            for (int e = a.indptr[r]; e < a.indptr[r + 1]; ++e) least = min(least, a.rank[a.indices[e]]);
-        a.key[r] = least;
+// Where every entry goes (SELL._place_entries).
+// struct SellLayout (generated): lanes, rows (the short rows: the first `rows` of `order`), positions
+// (the slices' rows, 32 / lanes a slice), sliced (the slices' slots), indptr, indices, order, slice_ptr,
+// long_start (offset of each long row after the slices), long_rows (order's rows from `rows` on), longs,
+// col, pos (out: place of entry e), slice_rows (out: the row of every lane).
+//
+// sell_place, one thread a position j of the slices: the row r = order[j] (none from `rows` on) at
+// position j of slice s = j / R (R = 32 / lanes) owns lanes (j % R) lanes + l, l < lanes, of the slice;
+// its entry k sits at slice_ptr[s] + (j % R) lanes + k + (32 - lanes)(k / lanes), and its slots up to
+// the slice's width are padding, whose column is the row itself (it gathers nothing new; column 0 and
+// row -1 for a position without a row).
+extern "C" __global__ void sell_place(const SellLayout a) {
+    const int rows_per_slice = 32 / a.lanes, spread = 32 - a.lanes;
+    for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < a.positions; j += gridDim.x * blockDim.x) {
+        const int s = j / rows_per_slice, lane = (j % rows_per_slice) * a.lanes;
+        const int r = j < a.rows ? a.order[j] : -1;
+        const int first = r >= 0 ? a.indptr[r] : 0, length = r >= 0 ? a.indptr[r + 1] - first : 0;
+        const int base = a.slice_ptr[s] + lane, width = (a.slice_ptr[s + 1] - a.slice_ptr[s]) / 32 * a.lanes;
+        for (int l = 0; l < a.lanes; ++l) a.slice_rows[32 * s + lane + l] = r;
+        for (int k = 0; k < width; ++k) {
+            const int p = base + k + spread * (k / a.lanes);
+            if (k < length) {
+                a.col[p] = a.indices[first + k];
+                a.pos[first + k] = p;
+            } else {
+                a.col[p] = max(r, 0);
+            }
+        }
     }
 }
 
-// Distinct 32-byte sectors that sampled windows of rows read, in two row orders at once (SELL's
-// automatic row order; the NumPy meaning is solvers/formats/base.py's window_sectors, called on each
-// order). The rows are the first `rows` of `given` (blockIdx.y 0) or `grouped` (1), taken `window` at a
-// time; block x counts window w_x of the `samples` windows spread evenly as NumPy's linspace(0, G - 1,
-// samples) spreads them (G windows, truncated to integers). counts[(y samples + x) 2 + 0] gets the
-// distinct sectors of the window's columns (column c in sector c itemsize / 32), counts[... + 1] its
-// entries. The distinct sectors are counted in an open-addressing hash table in dynamic shared memory
-// of `table` slots (a power of two), which must hold every entry of a window (rows of at most
-// SELL.LONG_ROW entries): the count does not depend on the order of the insertions.
-// struct SellSample (generated): rows, window, samples, table, itemsize, indptr, indices, given, grouped,
-// counts.
-extern "C" __global__ void sell_sample_sectors(const SellSample a) {
-    extern __shared__ int slots[];
-    __shared__ unsigned int distinct, entries;
-    const int groups = (a.rows + a.window - 1) / a.window;
-    const int x = blockIdx.x;
-    long long w;
-    if (a.samples == 1) w = 0;
-    else if (x == a.samples - 1) w = groups - 1;  // linspace's endpoint is exact
-    else w = (long long)((double)x * ((double)(groups - 1) / (double)(a.samples - 1)));
-    for (int t = threadIdx.x; t < a.table; t += blockDim.x) slots[t] = -1;
-    if (threadIdx.x == 0) distinct = entries = 0;
-    __syncthreads();
-    const int* order = blockIdx.y ? a.grouped : a.given;
-    const long long begin = w * a.window, end = min(begin + a.window, (long long)a.rows);
-    unsigned int found = 0, read = 0;
-    for (long long p = begin + threadIdx.x; p < end; p += blockDim.x) {
-        const int r = order[p];
-        for (int e = a.indptr[r]; e < a.indptr[r + 1]; ++e) {
-            const int sector = (int)((long long)a.indices[e] * a.itemsize / 32);
-            unsigned int h = ((unsigned int)sector * 2654435761u) & (unsigned int)(a.table - 1);
-            while (true) {
-                const int seen = atomicCAS(&slots[h], -1, sector);
-                if (seen == -1) { ++found; break; }
-                if (seen == sector) break;
-                h = (h + 1) & (unsigned int)(a.table - 1);
-            }
-            ++read;
+// sell_place_long, one thread an entry of the long rows (a hub row of a million entries would hold a
+// thread a row back for milliseconds): entry k of the i-th long row sits at sliced + long_start[i] + k;
+// i is found by bisection of long_start.
+extern "C" __global__ void sell_place_long(const SellLayout a) {
+    const int total = a.long_start[a.longs];
+    for (int e = blockIdx.x * blockDim.x + threadIdx.x; e < total; e += gridDim.x * blockDim.x) {
+        int lo = 0, hi = a.longs - 1;  // the last i with long_start[i] <= e
+        while (lo < hi) {
+            const int mid = (lo + hi + 1) / 2;
+            if (a.long_start[mid] <= e) lo = mid;
+            else hi = mid - 1;
         }
-    }
-    atomicAdd(&distinct, found);
-    atomicAdd(&entries, read);
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        const int at = (blockIdx.y * a.samples + x) * 2;
-        a.counts[at] = distinct;
-        a.counts[at + 1] = entries;
+        const int source = a.indptr[a.long_rows[lo]] + e - a.long_start[lo];
+        a.col[a.sliced + e] = a.indices[source];
+        a.pos[source] = a.sliced + e;
     }
 }

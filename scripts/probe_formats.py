@@ -237,19 +237,11 @@ def replaced(owner, attributes):
 def sell_sweep(name):
     """``(label, SELL attributes replaced, sell_rows, lanes, block, variants)`` timed on ``name``."""
     both = ("classic", "single-reduction")
-    init = SELL.__init__
-
-    def defined(*extra):  # the kernel compiled with extra definitions
-        def __init__(self, *args, **kwargs):
-            init(self, *args, **kwargs)
-            self.defines = tuple(self.defines) + extra
-        return {"__init__": __init__}
-
-    no_prefetch = defined(("SELL_PREFETCH", "0"))
-    out = [("auto", {}, "auto", None, None, both), ("auto, no prefetch of the next slice", no_prefetch, "auto", None,
-                                                    None, both)]
+    out = [("auto", {}, "auto", None, None, both)]
     if name.startswith("power-law"):
-        out += [("auto, blocks of 512 threads", {}, "auto", None, 512, both[:1])]
+        out += [("auto, blocks of 512 threads", {}, "auto", None, 512, both[:1]),
+                ("rows by length, 1 lane", {}, "length", 1, None, both[:1]),
+                ("rows by length, 4 lanes", {}, "length", 4, None, both[:1])]
     return out
 
 

@@ -224,14 +224,15 @@ def test_unknown_format_is_refused():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("row_order", ["auto", "length"])
+@pytest.mark.parametrize("row_order", ["auto", "length", "neighbours"])
 @pytest.mark.parametrize("lanes", [1, 2, 4, 8])
 @pytest.mark.parametrize("name", ["geometric", "power_law", "one_long_row", "empty_rows"])
-def test_sell_layout_kernel_equals_the_numpy_layout(cupy, name, lanes, row_order):
+def test_sell_layout_kernels_equal_the_numpy_layout(cupy, name, lanes, row_order):
     A = MATRICES[name]()
     ref = SELL(*arrays(A), np, lanes=lanes, row_order=row_order)
     dev = SELL(*(cupy.asarray(a) for a in arrays(A)), cupy, lanes=lanes, row_order=row_order)
     assert (dev.sigma, dev.size, dev.slices, dev.pieces) == (ref.sigma, ref.size, ref.slices, ref.pieces)
+    assert (dev.row_order, dev.sectors, dev.padding) == (ref.row_order, ref.sectors, ref.padding)
     for field in ("_pos", "col", "slice_ptr", "slice_rows", "piece_ptr", "piece_row", "long_rows", "row_pieces"):
         np.testing.assert_array_equal(getattr(dev, field).get(), getattr(ref, field), err_msg=field)
 
@@ -249,15 +250,22 @@ def test_sell_neighbour_key_kernel_equals_numpy(cupy, name):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ["geometric", "power_law", "one_long_row", "empty_rows", "big_geometric"])
-def test_sell_sample_kernel_counts_the_sectors_window_sectors_counts(cupy, name):
-    from solvers.formats.base import window_sectors
+def test_sell_sample_kernel_counts_the_sectors_the_numpy_path_counts(cupy, name):
     A = random_geometric_laplacian(20000, seed=1) if name == "big_geometric" else MATRICES[name]()  # 79 windows
     indptr, indices = arrays(A)
-    short = np.flatnonzero(np.diff(indptr) <= SELL.LONG_ROW).astype(np.int32)
-    shuffled = np.random.default_rng(3).permutation(short).astype(np.int32)
-    expected = tuple(window_sectors(indptr, indices, rows, SELL.NEIGHBOUR_WINDOW, np, samples=SELL.SAMPLE_WINDOWS)
-                     for rows in (short, shuffled))
+    lengths = np.diff(indptr)
+    short = np.random.default_rng(3).permutation(np.flatnonzero(lengths <= SELL.LONG_ROW))
+    grouped = np.concatenate([short, np.flatnonzero(lengths > SELL.LONG_ROW)]).astype(np.int32)
+    expected = SELL(indptr, indices, np)._sample_sectors(indptr, indices, grouped)
     dev = SELL(cupy.asarray(indptr), cupy.asarray(indices), cupy)
-    assert dev.short == short.size
-    got = dev._sample_sectors(cupy.asarray(indptr), cupy.asarray(indices), cupy.asarray(short), cupy.asarray(shuffled))
+    got = dev._sample_sectors(cupy.asarray(indptr), cupy.asarray(indices), cupy.asarray(grouped))
     assert got == expected and expected[0] > 0
+
+
+@pytest.mark.gpu
+def test_sell_rows_of_a_rectangular_matrix_keep_their_length_order_on_the_device(cupy):
+    A = sp.csr_matrix(sp.random(300, 1000, density=0.02, random_state=np.random.default_rng(1)))
+    indptr, indices = (cupy.asarray(a) for a in arrays(A))
+    assert SELL(indptr, indices, cupy, row_order="auto").row_order == "length"
+    with pytest.raises(InputError, match="need a square matrix"):
+        SELL(indptr, indices, cupy, row_order="neighbours")

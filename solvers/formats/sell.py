@@ -1,4 +1,6 @@
 """SELL-C-sigma with long rows split into pieces (``kernels/sell.cu``)."""
+import functools
+
 import numpy as np
 
 from ..errors import InputError
@@ -6,35 +8,42 @@ from ..kernels.structs import Struct
 from .base import MatrixFormat, entry_rows, host, window_sectors
 
 SLICE = 32  # rows a slice: one warp, a thread a row
-# The layout kernels' argument (kernels/sell_layout.cu).
-LAYOUT = Struct("SellLayout", [("n", "int"), ("lanes", "int"), ("short_rows", "int"), ("sliced", "int"),
-                               ("indptr", "const int*"), ("indices", "const int*"), ("slot", "const int*"),
-                               ("slice_ptr", "const int*"), ("long_start", "const int*"),
-                               ("long_rows", "const int*"), ("longs", "int"), ("col", "int*"), ("pos", "int*")])
-# The long rows' pieces kernel's argument (kernels/sell_layout.cu).
+# The arguments of the layout kernels (kernels/sell_layout.cu), one struct each.
+ROWS = Struct("SellRows", [("n", "int"), ("nnz", "int"), ("long_row", "int"), ("columns", "int"),
+                           ("indptr", "const int*"), ("indices", "const int*"), ("key", "unsigned char*"),
+                           ("rank", "int*"), ("stats", "int*")])
+KEY = Struct("SellKey", [("n", "int"), ("long_row", "int"), ("indptr", "const int*"), ("indices", "const int*"),
+                         ("rank", "const int*"), ("key", "int*")])
+SAMPLE = Struct("SellSample", [("n", "int"), ("rows", "int"), ("window", "int"), ("samples", "int"),
+                               ("table", "int"), ("itemsize", "int"), ("long_row", "int"), ("indptr", "const int*"),
+                               ("indices", "const int*"), ("grouped", "const int*"), ("counts", "unsigned int*")])
+WINDOW = Struct("SellWindow", [("n", "int"), ("rows", "int"), ("window", "int"), ("long_row", "int"),
+                               ("indptr", "const int*"), ("order", "const int*"), ("key", "int*")])
+SIZES = Struct("SellSizes", [("rows", "int"), ("lanes", "int"), ("slices", "int"), ("longs", "int"),
+                             ("piece_length", "int"), ("indptr", "const int*"), ("order", "const int*"),
+                             ("counts", "long long*"), ("scan", "const long long*"), ("slice_ptr", "int*"),
+                             ("long_start", "int*"), ("row_pieces", "int*"), ("totals", "long long*")])
 PIECES = Struct("SellPieces", [("longs", "int"), ("sliced", "int"), ("piece_length", "int"),
                                ("long_start", "const int*"), ("row_pieces", "const int*"), ("piece_ptr", "int*"),
                                ("piece_row", "int*")])
-# The neighbour key kernel's argument (kernels/sell_layout.cu).
-KEY = Struct("SellKey", [("n", "int"), ("long_row", "int"), ("indptr", "const int*"), ("indices", "const int*"),
-                         ("rank", "const int*"), ("key", "int*")])
-# The sampled windows' sector count kernel's argument (kernels/sell_layout.cu).
-SAMPLE = Struct("SellSample", [("rows", "int"), ("window", "int"), ("samples", "int"), ("table", "int"),
-                               ("itemsize", "int"), ("indptr", "const int*"), ("indices", "const int*"),
-                               ("given", "const int*"), ("grouped", "const int*"), ("counts", "unsigned int*")])
-LAYOUT_STRUCTS = (LAYOUT, PIECES, KEY, SAMPLE)
+LAYOUT = Struct("SellLayout", [("lanes", "int"), ("rows", "int"), ("positions", "int"), ("sliced", "int"),
+                               ("indptr", "const int*"), ("indices", "const int*"), ("order", "const int*"),
+                               ("slice_ptr", "const int*"), ("long_start", "const int*"), ("long_rows", "const int*"),
+                               ("longs", "int"), ("col", "int*"), ("pos", "int*"), ("slice_rows", "int*")])
+LAYOUT_STRUCTS = (ROWS, KEY, SAMPLE, WINDOW, SIZES, PIECES, LAYOUT)
 ROW_ORDERS = ("auto", "neighbours", "length")
 
 
+@functools.lru_cache(maxsize=None)
 def layout_kernel(name):
-    """A kernel of ``kernels/sell_layout.cu`` (compiled once a process)."""
+    """A kernel of ``kernels/sell_layout.cu`` (compiled, and the program text made, once a process)."""
     from .. import kernels
     return kernels.module("sell_layout", structs=LAYOUT_STRUCTS).get_function(name)
 
 
-def grid_for(items, block=256, most=4096):
-    """Blocks of a grid-stride layout kernel over ``items``."""
-    return (max(1, min(-(-int(items) // block), most)),)
+def launch(name, items, struct, **fields):
+    """Run the grid-stride layout kernel ``name`` over ``items`` with its struct filled from ``fields``."""
+    layout_kernel(name)((max(1, min(-(-int(items) // 256), 4096)),), (256,), (struct.pack(**fields),))
 
 
 def stable_argsort(key, xp):
@@ -42,9 +51,9 @@ def stable_argsort(key, xp):
     return np.argsort(key, kind="stable") if xp is np else key.argsort()
 
 
-def offsets(counts, xp):
-    """``[0, counts[0], counts[0] + counts[1], ...]`` in int64."""
-    return xp.concatenate((xp.zeros(1, dtype=xp.int64), xp.cumsum(counts, dtype=xp.int64)))
+def offsets(counts):
+    """``[0, counts[0], counts[0] + counts[1], ...]`` in int64 (NumPy)."""
+    return np.concatenate((np.zeros(1, dtype=np.int64), np.cumsum(counts, dtype=np.int64)))
 
 
 class SELL(MatrixFormat):
@@ -124,38 +133,44 @@ class SELL(MatrixFormat):
             raise InputError(f"SELL row order must be one of {', '.join(ROW_ORDERS)}, not {row_order!r}")
         self.lanes, self.sectors = lanes, None
         self.defines = (("SELL_LANES", str(lanes)),)
-        lengths = xp.diff(indptr)
-        is_long = lengths > self.LONG_ROW
-        # one read back: the short rows, and the largest column where the rows are to be ordered by neighbours
-        wanted = [self.n - xp.count_nonzero(is_long)]
-        if row_order != "length" and self.nnz:
-            wanted.append(indices.max())
-        counts = host(xp.stack([xp.asarray(w, dtype=xp.int64) for w in wanted]))
-        self.short = int(counts[0])
-        if len(counts) > 1 and int(counts[1]) >= self.n:
+        by_neighbours = row_order != "length" and self.nnz > 0
+        length_key, rank, longs, columns = self._row_keys(indptr, indices, by_neighbours)
+        self.short = self.n - longs
+        if by_neighbours and columns > self.n:
             if row_order == "neighbours":
                 raise InputError("SELL rows by neighbours need a square matrix (columns numbered as rows)")
-            row_order = "length"  # auto: a rectangular matrix's columns are not its rows
-        order = None
-        if row_order != "length" and self.nnz:
-            order, row_order = self._neighbour_order(indptr, indices, lengths, is_long, row_order)
+            by_neighbours = False  # auto: a rectangular matrix's columns are not its rows
+        order = self._neighbour_order(indptr, indices, rank, row_order) if by_neighbours else None
+        self.row_order = "length" if order is None else "neighbours"
         if order is None:
-            order, row_order = self._length_order(lengths), "length"
-        self.row_order = row_order
-        self.sigma = self.NEIGHBOUR_WINDOW if row_order == "neighbours" else max(self.short, 1)
-        self._lay_out(indptr, indices, lengths, order)
+            order = stable_argsort(length_key, xp).astype(xp.int32)
+        self.sigma = self.NEIGHBOUR_WINDOW if self.row_order == "neighbours" else max(self.short, 1)
+        self._lay_out(indptr, indices, order)
 
     # -- row order ------------------------------------------------------------
-    def _length_order(self, lengths):
-        """Every row, by position in the layout: short rows longest first, then the long rows (each in the given
-        order among equals). One stable sort of one-byte keys."""
-        xp, top = self.xp, self.LONG_ROW
-        key = xp.where(lengths > top, top + 1, top - lengths).astype(xp.uint8)
-        return stable_argsort(key, xp).astype(xp.int32)
+    def _row_keys(self, indptr, indices, columns):
+        """``(length_key, rank, longs, columns)``: each row's sort key by length (uint8: 64 - length for a short
+        row, so that a stable sort puts the longest first, 65 for a long one, after them), its first rank for
+        the neighbours' order (the row itself, n for a long row), the long rows and, when ``columns``, the
+        columns of the pattern (largest index + 1; else 0). One kernel (``sell_rows``) and one read back.
+        """
+        xp, n, top = self.xp, self.n, self.LONG_ROW
+        if xp is np:
+            lengths = np.diff(indptr)
+            is_long = lengths > top
+            length_key = np.where(is_long, top + 1, top - lengths).astype(np.uint8)
+            rank = np.where(is_long, n, np.arange(n)).astype(np.int32)
+            return length_key, rank, int(is_long.sum()), int(indices.max()) + 1 if columns else 0
+        length_key, rank = xp.empty(n, dtype=xp.uint8), xp.empty(n, dtype=xp.int32)
+        stats = xp.zeros(2, dtype=xp.int32)
+        launch("sell_rows", max(n, self.nnz if columns else 0), ROWS, n=n, nnz=self.nnz, long_row=top,
+               columns=int(columns), indptr=indptr, indices=indices, key=length_key, rank=rank, stats=stats)
+        longs, columns = (int(v) for v in host(stats))
+        return length_key, rank, longs, columns
 
-    def _neighbour_order(self, indptr, indices, lengths, is_long, row_order):
-        """``(order, "neighbours")``: every row by position in the layout (short rows first); ``(None,
-        "length")`` where ``"auto"`` does not take the neighbours' order.
+    def _neighbour_order(self, indptr, indices, rank, row_order):
+        """Every row by position in the layout (short rows first), or None where ``"auto"`` does not take the
+        neighbours' order.
 
         Each pass sorts the rows by the least rank of their columns (ties by row),
         the ranks being the column numbers at first, then the previous pass's
@@ -168,25 +183,19 @@ class SELL(MatrixFormat):
         :attr:`NEIGHBOUR_WINDOW` rows.
         """
         xp, n, ns = self.xp, self.n, self.short
-        rank = xp.where(is_long, n, xp.arange(n, dtype=xp.int32)).astype(xp.int32)
         for done in range(self.NEIGHBOUR_PASSES):
             order = stable_argsort(self._neighbour_key(indptr, indices, rank), xp).astype(xp.int32)
             if done == 0 and row_order == "auto":
-                given = stable_argsort(is_long.astype(xp.uint8), xp).astype(xp.int32)  # short rows first
-                self.sectors = self._sample_sectors(indptr, indices, given, order)
+                self.sectors = self._sample_sectors(indptr, indices, order)
                 if self.sectors[1] > self.NEIGHBOUR_GAIN * self.sectors[0]:
-                    return None, "length"
+                    return None
             if done + 1 < self.NEIGHBOUR_PASSES:
                 rank = xp.full(n, n, dtype=xp.int32)
                 rank[order[:ns]] = xp.arange(ns, dtype=xp.int32)
-        window, top = self.NEIGHBOUR_WINDOW, self.LONG_ROW
-        position = xp.arange(n, dtype=xp.int32)
-        last = -(-ns // window) * (top + 1)  # above every short row's key
-        key = xp.where(position < ns, position // window * (top + 1) + top - lengths[order], last)
-        return order[stable_argsort(key.astype(xp.int32), xp)], "neighbours"
+        return order[stable_argsort(self._window_key(indptr, order), xp)]
 
     def _neighbour_key(self, indptr, indices, rank):
-        """Least ``rank`` of each row's columns (``kernels/sell_layout.cu``).
+        """Least ``rank`` of each row's columns (``sell_neighbour_key``).
 
         ``n`` for an empty row, ``n + 1`` for a row over :attr:`LONG_ROW` entries
         (long rows take no part in the order and sort after the others).
@@ -198,71 +207,94 @@ class SELL(MatrixFormat):
             length = np.diff(indptr)
             return np.where(length > self.LONG_ROW, n + 1, np.where(length > 0, least, n)).astype(np.int32)
         key = xp.empty(n, dtype=xp.int32)
-        layout_kernel("sell_neighbour_key")(grid_for(n), (256,), (KEY.pack(n=n, long_row=self.LONG_ROW,
-                                                                          indptr=indptr, indices=indices,
-                                                                          rank=rank, key=key),))
+        launch("sell_neighbour_key", n, KEY, n=n, long_row=self.LONG_ROW, indptr=indptr, indices=indices, rank=rank,
+               key=key)
         return key
 
-    def _sample_sectors(self, indptr, indices, given, grouped):
-        """Sectors a nonzero that :attr:`SAMPLE_WINDOWS` windows of the short rows read in each of two orders.
-
-        ``given`` and ``grouped`` list the short rows first. The NumPy path is
-        :func:`~.base.window_sectors`; on the device one kernel counts both
-        (``sell_sample_sectors``: a block a sampled window, its distinct sectors
-        in a hash table in shared memory), with one read back.
-        """
-        xp, ns, window = self.xp, self.short, self.NEIGHBOUR_WINDOW
+    def _window_key(self, indptr, order):
+        """Sort key of the positions of ``order`` (short rows first): by window of :attr:`NEIGHBOUR_WINDOW`
+        positions, the longest row first within a window; the long rows after every window
+        (``sell_window_key``)."""
+        xp, n, ns, window, top = self.xp, self.n, self.short, self.NEIGHBOUR_WINDOW, self.LONG_ROW
+        last = -(-ns // window) * (top + 1)  # above every short row's key
         if xp is np:
-            return tuple(window_sectors(indptr, indices, rows[:ns], window, np, samples=self.SAMPLE_WINDOWS)
-                         for rows in (given, grouped))
-        windows = -(-ns // window)
-        samples = min(windows, self.SAMPLE_WINDOWS)
-        if samples == 0:
-            return 0.0, 0.0
-        counts = xp.zeros((2, samples, 2), dtype=xp.uint32)  # order, window: distinct sectors, entries
+            position = np.arange(n, dtype=np.int64)
+            lengths = np.diff(indptr)[order]
+            return np.where(position < ns, position // window * (top + 1) + top - lengths, last).astype(np.int32)
+        key = xp.empty(n, dtype=xp.int32)
+        launch("sell_window_key", n, WINDOW, n=n, rows=ns, window=window, long_row=top, indptr=indptr, order=order,
+               key=key)
+        return key
+
+    def _sample_sectors(self, indptr, indices, grouped):
+        """Sectors a nonzero that :attr:`SAMPLE_WINDOWS` windows of :attr:`NEIGHBOUR_WINDOW` rows read: in the
+        given order (rows as numbered, the long rows' entries left out) and in ``grouped`` (its first
+        ``self.short`` rows, the short ones).
+
+        The NumPy path is :func:`~.base.window_sectors`; on the device one kernel
+        counts both (``sell_sample_sectors``: a block a sampled window, its
+        distinct sectors in a hash table in shared memory), with one read back.
+        """
+        xp, n, ns, window, top = self.xp, self.n, self.short, self.NEIGHBOUR_WINDOW, self.LONG_ROW
+        if xp is np:
+            lengths = np.diff(indptr)
+            keep = lengths <= top
+            short_ptr = offsets(np.where(keep, lengths, 0))
+            short_indices = indices[np.repeat(keep, lengths)]
+            return (window_sectors(short_ptr, short_indices, np.arange(n), window, np, samples=self.SAMPLE_WINDOWS),
+                    window_sectors(indptr, indices, grouped[:ns], window, np, samples=self.SAMPLE_WINDOWS))
+        counts = xp.zeros((2, self.SAMPLE_WINDOWS, 2), dtype=xp.uint32)  # order, window: sectors, entries
         kernel = layout_kernel("sell_sample_sectors")
         table = 4 * self.SAMPLE_TABLE
         kernel.max_dynamic_shared_size_bytes = table
-        kernel((samples, 2), (256,), (SAMPLE.pack(rows=ns, window=window, samples=samples, table=self.SAMPLE_TABLE,
-                                                  itemsize=8, indptr=indptr, indices=indices, given=given,
-                                                  grouped=grouped, counts=counts),), shared_mem=table)
+        kernel((self.SAMPLE_WINDOWS, 2), (256,), (SAMPLE.pack(
+            n=n, rows=ns, window=window, samples=self.SAMPLE_WINDOWS, table=self.SAMPLE_TABLE, itemsize=8,
+            long_row=top, indptr=indptr, indices=indices, grouped=grouped, counts=counts),), shared_mem=table)
         totals = host(counts).astype(np.int64).sum(axis=1)
         return tuple(float(d / e) if e else 0.0 for d, e in totals)
 
     # -- layout ---------------------------------------------------------------
-    def _lay_out(self, indptr, indices, lengths, order):
+    def _lay_out(self, indptr, indices, order):
         """The slices and pieces of the rows in ``order`` (short rows first), and every entry's place."""
-        xp, lanes, n, ns = self.xp, self.lanes, self.n, self.short
-        rows_per_slice = SLICE // lanes
-        self.slices = -(-ns // rows_per_slice)
-        # a window's rows are sorted longest first and windows hold whole slices: a slice's first row is its longest
-        first_len = lengths[order[:ns:rows_per_slice]]
-        slice_ptr = offsets((first_len + lanes - 1) // lanes * SLICE, xp)
-        long_rows = order[ns:]
-        long_start = offsets(lengths[long_rows], xp)
-        row_pieces = offsets((long_start[1:] - long_start[:-1] + self.PIECE_LENGTH - 1) // self.PIECE_LENGTH, xp)
-        sliced, long_entries, self.pieces = (int(v) for v in host(xp.stack([slice_ptr[-1], long_start[-1],
-                                                                                row_pieces[-1]])))
+        xp, n, ns = self.xp, self.n, self.short
+        self.slices = -(-ns // (SLICE // self.lanes))
+        slice_ptr, long_start, row_pieces, (sliced, long_entries, self.pieces) = self._offsets(indptr, order)
         self.size = sliced + long_entries
         if self.size >= 2**31 - 1:
             raise InputError("the SELL layout needs 2^31 or more entries (int32 offsets): "
                              "use the csr matrix format")
         self.padding = (sliced - (self.nnz - long_entries)) / max(self.nnz, 1)
-        slice_ptr, long_start, row_pieces = (a.astype(xp.int32) for a in (slice_ptr, long_start, row_pieces))
-        slot_rows = xp.full(self.slices * rows_per_slice, -1, dtype=xp.int32)
-        slot_rows[:ns] = order[:ns]
-        self.slice_rows = xp.repeat(slot_rows, lanes) if lanes > 1 else slot_rows  # the row of every lane
-        self.slice_ptr, self.long_rows, self.row_pieces = slice_ptr, long_rows, row_pieces
+        self.slice_ptr, self.long_rows, self.row_pieces = slice_ptr, order[ns:], row_pieces
         self.piece_ptr, self.piece_row = self._cut_pieces(long_start, row_pieces, sliced)
-        slot = xp.empty(n, dtype=xp.int32)
-        slot[order] = xp.arange(n, dtype=xp.int32)
-        if xp is np:
-            self._pos, self.col = self._place_entries(indptr, indices, slot, long_rows, long_start, sliced)
-        else:
-            self._pos, self.col = self._place_entries_on_device(indptr, indices, slot, long_rows, long_start,
-                                                                sliced)
+        self._pos, self.col, self.slice_rows = self._place_entries(indptr, indices, order, long_start, sliced)
         self.tickets = xp.zeros(max(n - ns, 1), dtype=xp.uint32)
         self._piece_sums = {}
+
+    def _offsets(self, indptr, order):
+        """``(slice_ptr, long_start, row_pieces, (sliced, long_entries, pieces))``: where each slice starts (and
+        one past the last: 32 slots for each ``lanes`` entries of its first, longest row), where each long row
+        starts after the slices and where its pieces start among the pieces, with the three totals read back.
+        On the device two kernels around one scan (``sell_counts``, ``sell_offsets``)."""
+        xp, ns, lanes, slices, piece = self.xp, self.short, self.lanes, self.slices, self.PIECE_LENGTH
+        longs = self.n - ns
+        if xp is np:
+            lengths = np.diff(indptr)
+            slice_ptr = offsets((lengths[order[:ns:SLICE // lanes]] + lanes - 1) // lanes * SLICE)
+            long_start = offsets(lengths[order[ns:]])
+            row_pieces = offsets((lengths[order[ns:]] + piece - 1) // piece)
+            totals = (int(slice_ptr[-1]), int(long_start[-1]), int(row_pieces[-1]))
+            return slice_ptr.astype(np.int32), long_start.astype(np.int32), row_pieces.astype(np.int32), totals
+        counts = xp.empty(slices + 2 * longs, dtype=xp.int64)  # slice slots, long rows' entries, their pieces
+        fields = dict(rows=ns, lanes=lanes, slices=slices, longs=longs, piece_length=piece, indptr=indptr,
+                      order=order, counts=counts)
+        launch("sell_counts", slices + longs, SIZES, **fields)
+        scan = xp.cumsum(counts)
+        slice_ptr = xp.empty(slices + 1, dtype=xp.int32)
+        long_start, row_pieces = xp.empty(longs + 1, dtype=xp.int32), xp.empty(longs + 1, dtype=xp.int32)
+        totals = xp.empty(3, dtype=xp.int64)
+        launch("sell_offsets", slices + 2 * longs + 3, SIZES, **fields, scan=scan, slice_ptr=slice_ptr,
+               long_start=long_start, row_pieces=row_pieces, totals=totals)
+        return slice_ptr, long_start, row_pieces, tuple(int(v) for v in host(totals))
 
     def _cut_pieces(self, long_start, row_pieces, sliced):
         """``(piece_ptr, piece_row)``: where each piece of the long rows starts (and one past the last), and
@@ -276,24 +308,43 @@ class SELL(MatrixFormat):
             return piece_ptr, piece_row.astype(np.int32)
         piece_ptr = xp.empty(pieces + 1, dtype=xp.int32)
         piece_row = xp.empty(pieces, dtype=xp.int32)
-        layout_kernel("sell_cut_pieces")(grid_for(longs + 1), (256,), (PIECES.pack(
-            longs=longs, sliced=sliced, piece_length=self.PIECE_LENGTH, long_start=long_start, row_pieces=row_pieces,
-            piece_ptr=piece_ptr, piece_row=piece_row),))
+        launch("sell_cut_pieces", longs + 1, PIECES, longs=longs, sliced=sliced, piece_length=self.PIECE_LENGTH,
+               long_start=long_start, row_pieces=row_pieces, piece_ptr=piece_ptr, piece_row=piece_row)
         return piece_ptr, piece_row
 
-    def _place_entries(self, indptr, indices, slot, long_rows, long_start, sliced):
-        """``(pos, col)``: the place of every CSR entry in the layout, and the columns with the padding.
+    def _place_entries(self, indptr, indices, order, long_start, sliced):
+        """``(pos, col, slice_rows)``: the place of every CSR entry in the layout, the columns with the padding,
+        and the row of every lane of the slices (-1 for none).
 
-        The NumPy meaning of ``kernels/sell_layout.cu`` (which the CuPy path runs).
-        Entry e of row r, k = e - indptr[r] its place in the row, goes to
-        base[r] + 32 (k // lanes) + k % lanes = base[r] + k + (32 - lanes) (k // lanes)
-        in a slice, base[r] + k (CSR order) after the slices for a long row.
+        The NumPy meaning of ``sell_place`` (a thread a position of the slices)
+        and ``sell_place_long`` (a thread an entry of the long rows), which the
+        CuPy path runs. Entry e of row r, k = e - indptr[r] its place in the row,
+        goes to base[r] + 32 (k // lanes) + k % lanes = base[r] + k + (32 - lanes)
+        (k // lanes) in a slice, base[r] + k (CSR order) after the slices for a
+        long row.
         """
-        lanes, rows_per_slice, slice_ptr = self.lanes, SLICE // self.lanes, self.slice_ptr
-        is_long = slot >= self.short
+        xp, lanes, rows_per_slice, ns = self.xp, self.lanes, SLICE // self.lanes, self.short
+        if xp is not np:
+            pos, col = xp.empty(self.nnz, dtype=xp.int32), xp.empty(self.size, dtype=xp.int32)
+            slice_rows = xp.empty(self.slices * SLICE, dtype=xp.int32)
+            fields = dict(lanes=lanes, rows=ns, positions=self.slices * rows_per_slice, sliced=sliced, indptr=indptr,
+                          indices=indices, order=order, slice_ptr=self.slice_ptr, long_start=long_start,
+                          long_rows=self.long_rows, longs=int(self.long_rows.size), col=col, pos=pos,
+                          slice_rows=slice_rows)
+            if self.long_rows.size:
+                launch("sell_place_long", self.size - sliced, LAYOUT, **fields)
+            launch("sell_place", self.slices * rows_per_slice, LAYOUT, **fields)
+            return pos, col, slice_rows
+        slot_rows = np.full(self.slices * rows_per_slice, -1, dtype=np.int32)
+        slot_rows[:ns] = order[:ns]
+        slice_rows = np.repeat(slot_rows, lanes)  # the row of every lane
+        slot = np.empty(self.n, dtype=np.int32)
+        slot[order] = np.arange(self.n, dtype=np.int32)
+        is_long = slot >= ns
         place = np.where(is_long, 0, slot)
+        slice_ptr = self.slice_ptr
         base = slice_ptr[place // rows_per_slice] + (place % rows_per_slice) * lanes
-        base[long_rows] = sliced + long_start[:-1]
+        base[self.long_rows] = sliced + long_start[:-1]
         spread = np.where(is_long, 0, SLICE - lanes).astype(np.int32)
         row_of = entry_rows(indptr, np)
         k = np.arange(self.nnz, dtype=np.int32) - indptr[row_of]
@@ -301,25 +352,11 @@ class SELL(MatrixFormat):
         pos += spread[row_of] * (k // lanes)
         # padding points at its lane's own row (0 for lanes without one): it gathers nothing new
         slice_of = entry_rows(slice_ptr, np)  # positions are the "entries" of the slices
-        pad_col = np.maximum(self.slice_rows[slice_of.astype(np.int64) * SLICE + np.arange(sliced) % SLICE], 0)
+        pad_col = np.maximum(slice_rows[slice_of.astype(np.int64) * SLICE + np.arange(sliced) % SLICE], 0)
         col = np.zeros(self.size, dtype=np.int32)
         col[:sliced] = pad_col
         col[pos] = indices
-        return pos, col
-
-    def _place_entries_on_device(self, indptr, indices, slot, long_rows, long_start, sliced):
-        """:meth:`_place_entries` by a kernel pass over the short rows and one over the long rows' entries."""
-        xp = self.xp
-        pos = xp.empty(self.nnz, dtype=xp.int32)
-        col = xp.zeros(self.size, dtype=xp.int32)
-        longs = int(long_rows.size)
-        args = (LAYOUT.pack(n=self.n, lanes=self.lanes, short_rows=self.short, sliced=sliced, indptr=indptr,
-                            indices=indices, slot=slot, slice_ptr=self.slice_ptr, long_start=long_start,
-                            long_rows=long_rows, longs=longs, col=col, pos=pos),)
-        if longs:
-            layout_kernel("sell_place_long")(grid_for(self.size - sliced), (256,), args)
-        layout_kernel("sell_place")(grid_for(self.n), (256,), args)
-        return pos, col
+        return pos, col, slice_rows
 
     @property
     def piece_sums(self):
