@@ -71,8 +71,9 @@ class SELL(MatrixFormat):
     longest first, ties in the given order (sigma = n in Kreutzer et al.'s
     terms): the least padding, and slices of nearly equal work follow each other,
     so the product's warps, which take the slices in turn, get nearly equal
-    shares (H200, power-law graph of 1M rows, per iteration: windows of 4096 rows
-    dealt out to the warps 119 us, of 65536 rows 103 us; MEASUREMENTS.md).
+    shares (H200, PCG on a power-law graph of 1M rows: windows of 4096 rows, their
+    slices dealt out to the warps, 116.2 us an iteration; of 65536 rows 96.6 us;
+    all rows together 96.0 us; MEASUREMENTS.md).
 
     With ``row_order="neighbours"`` the short rows are first put in an order that
     keeps neighbours together (:meth:`_neighbour_order`) and sorted by length
@@ -82,7 +83,7 @@ class SELL(MatrixFormat):
     numbering. ``"auto"`` takes the neighbours' order where its windows read at
     most :attr:`NEIGHBOUR_GAIN` times the 32-byte sectors that windows of the
     given order read (:func:`~.base.window_sectors`, on :attr:`SAMPLE_WINDOWS`
-    windows, after the order's first pass): a graph with locality but numbered
+    windows, after the order's first pass; the long rows' entries left out): a graph with locality but numbered
     at random, not one already numbered well or one without locality (a
     power-law graph), which keep ``"length"``. A matrix with more columns than
     rows keeps ``"length"``.
@@ -94,7 +95,7 @@ class SELL(MatrixFormat):
     order.
 
     On the device the layout is a few sorts and kernel passes
-    (``kernels/sell_layout.cu``), with two or three reads of sizes back to the
+    (``kernels/sell_layout.cu``), with three or four reads of sizes back to the
     host; the NumPy path computes the same arrays and is the kernels' reference.
     """
 
@@ -117,8 +118,9 @@ class SELL(MatrixFormat):
         """Lanes a row for a mean row length: about a quarter of it, a power of two from 1 to 8.
 
         H200, PCG per iteration with 1 / 2 / 4 lanes: random geometric graph (15 entries a
-        row) 2M rows 325 / 347 / 310 us, 50k rows 12.6 / 14.1 / 12.2 us (single-reduction);
-        power-law graph (7.7 a row) 1M rows 158 / 97 / 98 us (scripts/probe_formats.py --sweep).
+        row) 2M rows 325 / 347 / 310 us, 50k rows 12.6 / 14.1 / 12.2 us (single-reduction;
+        scripts/probe_formats.py --sweep); power-law graph (7.7 a row) 1M rows, rows by length
+        all sorted together, 102.9 / 96.0 / 104.5 us (classic; --sell).
         """
         mean = nnz / max(n, 1)
         return int(min(8, max(1, 2 ** round(np.log2(max(mean / 4, 1.0))))))
