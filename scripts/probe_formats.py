@@ -130,13 +130,15 @@ def peers(A, b):
 SELL_STAGES = {
     "solvers.formats:choose_format": None,
     "solvers.formats.sell:SELL.__init__": "solvers.formats:choose_format",
+    "solvers.formats.sell:SELL._row_keys": "solvers.formats.sell:SELL.__init__",
     "solvers.formats.sell:SELL._neighbour_order": "solvers.formats.sell:SELL.__init__",
     "solvers.formats.sell:SELL._neighbour_key": "solvers.formats.sell:SELL._neighbour_order",
     "solvers.formats.sell:SELL._sample_sectors": "solvers.formats.sell:SELL._neighbour_order",
-    "solvers.formats.sell:SELL._length_order": "solvers.formats.sell:SELL.__init__",
+    "solvers.formats.sell:SELL._window_key": "solvers.formats.sell:SELL._neighbour_order",
     "solvers.formats.sell:SELL._lay_out": "solvers.formats.sell:SELL.__init__",
+    "solvers.formats.sell:SELL._offsets": "solvers.formats.sell:SELL._lay_out",
     "solvers.formats.sell:SELL._cut_pieces": "solvers.formats.sell:SELL._lay_out",
-    "solvers.formats.sell:SELL._place_entries_on_device": "solvers.formats.sell:SELL._lay_out",
+    "solvers.formats.sell:SELL._place_entries": "solvers.formats.sell:SELL._lay_out",
     "solvers.formats.base:MatrixFormat.values": None,
 }
 
