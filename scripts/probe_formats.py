@@ -20,7 +20,6 @@ and one iteration of cupyx ``cg``. Saved under ``scripts/results/`` with the dat
 the GPU and the commit.
 """
 import argparse
-import contextlib
 import cProfile
 import datetime
 import io
@@ -35,7 +34,6 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 import provenance  # noqa: E402
 from probe_setup import StageTimer  # noqa: E402
 from solvers import formats  # noqa: E402
-from solvers.formats.sell import SELL  # noqa: E402
 from solvers.gallery import poisson, power_law_laplacian, random_geometric_laplacian, stencil27  # noqa: E402
 from solvers.pcg.gpu import GPUPCG  # noqa: E402
 from solvers.reorder import choose_reordering, gather_sectors  # noqa: E402
@@ -223,27 +221,14 @@ def conversion_report(A, reps, say):
     return min(plain)
 
 
-@contextlib.contextmanager
-def replaced(owner, attributes):
-    """``owner``'s attributes replaced for the duration (a layout variation of the sweep)."""
-    saved = {name: owner.__dict__[name] for name in attributes}
-    try:
-        for name, value in attributes.items():
-            setattr(owner, name, value)
-        yield
-    finally:
-        for name, value in saved.items():
-            setattr(owner, name, value)
-
-
 def sell_sweep(name):
-    """``(label, SELL attributes replaced, sell_rows, lanes, block, variants)`` timed on ``name``."""
+    """``(label, sell_rows, lanes, block, variants)`` timed on ``name``."""
     both = ("classic", "single-reduction")
-    out = [("auto", {}, "auto", None, None, both)]
+    out = [("auto", "auto", None, None, both)]
     if name.startswith("power-law"):
-        out += [("auto, blocks of 512 threads", {}, "auto", None, 512, both[:1]),
-                ("rows by length, 1 lane", {}, "length", 1, None, both[:1]),
-                ("rows by length, 4 lanes", {}, "length", 4, None, both[:1])]
+        out += [("auto, blocks of 512 threads", "auto", None, 512, both[:1]),
+                ("rows by length, 1 lane", "length", 1, None, both[:1]),
+                ("rows by length, 4 lanes", "length", 4, None, both[:1])]
     return out
 
 
@@ -290,12 +275,11 @@ def sell_probe(args):
         say(f"| layout | variant | us/it | our product us | x SpMV | cupyx / ours | conversion ms | conversion "
             f"in iterations | described |")
         say("|---|---|---|---|---|---|---|---|---|")
-        for label, attributes, rows, lanes, block, variants in sell_sweep(name):
+        for label, rows, lanes, block, variants in sell_sweep(name):
             for variant in variants:
                 try:
-                    with replaced(SELL, attributes):
-                        t, conv, layout, g = per_iteration(A, b, "sell", "stored", variant, None, lanes, block, rows,
-                                                           solver=True)
+                    t, conv, layout, g = per_iteration(A, b, "sell", "stored", variant, None, lanes, block, rows,
+                                                       solver=True)
                     product = product_time(g)
                 except Exception as exc:  # report and go on: one failing configuration is a result too
                     say(f"| {label} | {variant} | failed: {type(exc).__name__}: {exc} | | | | | | |")
