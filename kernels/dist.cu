@@ -35,7 +35,7 @@ __device__ int classic_decision(State* st, const double* reduced, double* histor
     return status;
 }
 
-// Chronopoulos-Gear decision from reduced = [r.r, gamma = r.u, delta = w.u] (pcg.cu's
+// Chronopoulos-Gear decision from reduced = [r.r, gamma = r.u, delta = w.u] (stopping.cu's
 // single_reduction_decision; the buffers swap while running, as in pcg1_run).
 __device__ int cg1_decision(State* st, const double* reduced, double* history) {
     const int it = st->iteration + 1;

@@ -130,24 +130,6 @@ __device__ int update_decision(State* st, bool start, int it, double rz_new, dou
     return status;
 }
 
-// Chronopoulos-Gear decision from gamma = r.u, delta = w.u (u = M^-1 r, w = A u) and ||r||: the
-// next step length alpha = gamma / (delta - beta gamma / alpha_old) needs no second reduction. st->rz
-// holds gamma and st->pq the next direction's p.Ap. Returns the stop reason (RUNNING to go on).
-__device__ int single_reduction_decision(State* st, bool start, int it, double rnorm, double gamma,
-                                         double delta) {
-    int status = stop_reason(rnorm, st->tol, it, st->maxiter, gamma, isfinite(delta));
-    if (status != RUNNING) return status;
-    const double beta = start ? 0.0 : gamma / st->rz;
-    const double pap = start ? delta : delta - beta * gamma / st->alpha;
-    if (!isfinite(pap)) return NOT_FINITE;
-    if (pap <= 0.0) return BREAKDOWN;
-    st->beta = beta;
-    st->alpha = gamma / pap;
-    st->rz = gamma;
-    st->pq = pap;
-    return RUNNING;
-}
-
 // ---- One GPU: persistent kernels, `count` iterations per launch (fewer once the solve stops) ----
 //
 // Every block keeps the solver state in shared memory and, from the same grid totals, takes the same

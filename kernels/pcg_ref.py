@@ -95,7 +95,7 @@ def split_decide(r, z, state):
 
 
 def single_reduction_decision(state, start, it, rnorm, gamma, delta):
-    """Chronopoulos-Gear decision (``single_reduction_decision`` in pcg.cu); returns the stop reason."""
+    """Chronopoulos-Gear decision (``single_reduction_decision`` in stopping.cu); returns the stop reason."""
     status = stop_reason(rnorm, state["tol"], it, state["maxiter"], gamma, np.isfinite(delta))
     if status != RUNNING:
         return status

@@ -1,6 +1,7 @@
-// Stop codes, the stopping rule and the record of a decision that every PCG kernel family shares
-// (pcg.cu, dist.cu, onchip.cu); the codes are solvers.pcg.Reason's, and pcg_ref.stop_reason says the
-// same in NumPy. Compiled with the generated State and Progress structs.
+// Stop codes, the stopping rule, the single-reduction decision and the record of a decision that every
+// PCG kernel family shares (pcg.cu, dist.cu, onchip.cu); the codes are solvers.pcg.Reason's, and
+// pcg_ref.stop_reason and single_reduction_decision say the same in NumPy. Compiled with the
+// generated State and Progress structs.
 
 enum { RUNNING = 0, CONVERGED = 1, MAX_ITERATIONS = 2, BREAKDOWN = 3, NOT_FINITE = 4 };
 
@@ -13,6 +14,24 @@ __device__ __forceinline__ int stop_reason(double rnorm, double tol, int it, int
     if (it >= maxiter) return MAX_ITERATIONS;
     if (!finite || !isfinite(curvature)) return NOT_FINITE;
     if (curvature <= 0.0) return BREAKDOWN;
+    return RUNNING;
+}
+
+// Chronopoulos-Gear decision from gamma = r.u, delta = w.u (u = M^-1 r, w = A u) and ||r||: the
+// next step length alpha = gamma / (delta - beta gamma / alpha_old) needs no second reduction. st->rz
+// holds gamma and st->pq the next direction's p.Ap. Returns the stop reason (RUNNING to go on).
+__device__ __forceinline__ int single_reduction_decision(State* st, bool start, int it, double rnorm,
+                                                         double gamma, double delta) {
+    int status = stop_reason(rnorm, st->tol, it, st->maxiter, gamma, isfinite(delta));
+    if (status != RUNNING) return status;
+    const double beta = start ? 0.0 : gamma / st->rz;
+    const double pap = start ? delta : delta - beta * gamma / st->alpha;
+    if (!isfinite(pap)) return NOT_FINITE;
+    if (pap <= 0.0) return BREAKDOWN;
+    st->beta = beta;
+    st->alpha = gamma / pap;
+    st->rz = gamma;
+    st->pq = pap;
     return RUNNING;
 }
 
