@@ -4,42 +4,66 @@
 //
 // A system is split over ONCHIP_TEAM blocks (a cluster when > 1) of ONCHIP_BLOCK threads; block c of
 // a team owns the system's rows [c * CHUNK, (c + 1) * CHUNK) and thread t of it the rows
-// c * CHUNK + t + k * ONCHIP_BLOCK, k < ONCHIP_ROWS. A thread keeps its rows' x, r and q in
-// registers; z and the two direction buffers live in the block's shared memory, where the team's
-// other blocks read them through distributed shared memory.
+// c * CHUNK + t + k * ONCHIP_BLOCK, k < ONCHIP_ROWS. A thread keeps its rows' vectors in registers;
+// the vectors other threads read (the product's input and, in a team, what the other blocks need to
+// form it) live in the block's shared memory, where the team's other blocks read them through
+// distributed shared memory.
 //
-// The matrix: a block's rows are laid out as slices of 32 rows (a warp's rows for one k), each slice
-// as many columns wide as its longest row, entry w of a slice's lane-th row at slice start + 32 w +
-// lane (conflict-free reads, a warp's loop the same length in every lane; short rows are padded with
-// zeros on their own column). A block's slices hold matrix_capacity entries; the first matrix_shared
-// of them (a multiple of 32) live in shared memory, built from the CSR arrays at every launch, the
-// rest in a global workspace (a.sell_val, a.sell_col: matrix_capacity - matrix_shared entries a
-// block), built once per solve.
+// The matrix: the first ONCHIP_HELD entries of a thread's rows sit in its registers (the warp's rows
+// padded to the warp's longest, with zeros on the row's own column). The rest of a block's rows are
+// laid out as slices of 32 rows (a warp's rows for one k), each slice as many columns wide as its
+// longest row's remainder, entry w of a slice's lane-th row at slice start + 32 w + lane
+// (conflict-free reads, a warp's loop the same length in every lane). A block's slices hold
+// matrix_capacity entries; the first matrix_shared of them (a multiple of 32) live in shared memory,
+// built from the CSR arrays at every launch, the rest in a global workspace (a.sell_val, a.sell_col:
+// matrix_capacity - matrix_shared entries a block), built once per solve.
 //
-// The iteration is pcg_ref's (direction_product, then pcg_update). The new direction p = beta p_old
-// + z is stored for the block's own rows behind a block barrier, and the product reads it there; at
-// rows of other blocks it forms it from their z and p_old, which the last team barrier published: an
-// iteration has two reductions and two team barriers. A reduction adds lanes by a butterfly (every
-// lane ends with the same bits), then the block's warp totals the same way in every warp, then each
-// block writes its total into every team member's shared memory before the team barrier, and every
-// thread adds the team's totals in rank order: results depend on nothing but the compile-time shape.
+// Two iterations, chosen at compile time (ONCHIP_SINGLE):
+// * classic (0), pcg_ref's direction_product then pcg_update, two reductions an iteration. The new
+//   direction p = beta p_old + z is stored for the block's own rows behind a block barrier, and the
+//   product reads it there; at rows of other blocks it forms it from their z and p_old, which the
+//   last reduction published. Shared memory: z and the two directions.
+// * single-reduction (1), pcg_ref.pcg1_step (Chronopoulos-Gear), one reduction an iteration. u = M^-1 r
+//   is stored for the block's own rows behind a block barrier; at rows of other blocks the product
+//   forms it from their r, s and w of the previous iteration (double-buffered by iteration parity)
+//   with the owners' operations, so it is exactly their u. Shared memory: u, and in a team r, s, w
+//   twice.
+//
+// A reduction adds lanes by a butterfly (every lane ends with the same bits), then the block's warp
+// totals the same way. In a team, warp 0 pushes the block's totals into every member's shared memory
+// with st.async, each store completing bytes on the receiver's mbarrier, and each block waits on its
+// own mbarrier only (no cluster barrier); every thread then adds the team's totals in rank order:
+// results depend on nothing but the compile-time shape. The push follows a block barrier and
+// completes with release semantics at cluster scope, the wait acquires: everything a block wrote or
+// read before a reduction happens before everything any team member does after it, so a reduction
+// also serves as the team barrier between iterations. Totals and mbarriers alternate between two
+// buffers: a block can run at most one reduction ahead of a slower one.
 //
 // A launch runs up to `count` iterations of every system and keeps the state of a system still
-// running in global memory (x, r, z, p and its State), so the next launch resumes it exactly: eager,
-// graph and WHILE drivers give the same bits whatever the iterations per launch. With `fresh` set the
-// launch starts every system, its stopping rule max(atol, rtol ||b||) and maxiter taken from the
-// arguments; otherwise a system starts when its State's iteration is -1, with the State's tol and
-// maxiter. A finished system gets its true residual ||b - A x|| and ||b|| in norms[2s], norms[2s + 1].
+// running in global memory (x, r and p, with z for classic or s and w for single-reduction, and its
+// State), so the next launch resumes it exactly: eager, graph and WHILE drivers give the same bits
+// whatever the iterations per launch. With `fresh` set the launch starts every system, its stopping
+// rule max(atol, rtol ||b||) and maxiter taken from the arguments; otherwise a system starts when its
+// State's iteration is -1, with the State's tol and maxiter. A finished system gets its true residual
+// ||b - A x|| and ||b|| in norms[2s], norms[2s + 1].
 //
-// Compiled after grid.cu and stopping.cu, with ONCHIP_BLOCK, ONCHIP_ROWS, ONCHIP_TEAM and
-// ONCHIP_MIN_BLOCKS (blocks an SM should hold: the registers a thread may use follow) defined and the
-// structs State, Progress, OnchipRun generated (solvers/pcg/onchip.py). A team of more than 8 blocks
-// needs the non-portable cluster size allowed on the function.
+// Compiled after grid.cu and stopping.cu, with ONCHIP_BLOCK, ONCHIP_ROWS, ONCHIP_TEAM, ONCHIP_HELD,
+// ONCHIP_SINGLE and ONCHIP_MIN_BLOCKS (blocks an SM should hold: the registers a thread may use
+// follow) defined and the structs State, Progress, OnchipRun generated (solvers/pcg/onchip.py). A
+// team of more than 8 blocks needs the non-portable cluster size allowed on the function.
 
 #define CHUNK (ONCHIP_BLOCK * ONCHIP_ROWS)
 #define ONCHIP_WARPS (ONCHIP_BLOCK / 32)
 #define ONCHIP_SLICES (CHUNK / 32)
 #define FULL_WARP 0xffffffffu
+#define MAX_SUMS 3
+#define HELD_SIZE (ONCHIP_HELD > 0 ? ONCHIP_HELD : 1)
+// Vectors of CHUNK entries in a block's shared memory, ahead of its matrix slices.
+#if ONCHIP_SINGLE
+#define SHARED_VECTORS (ONCHIP_TEAM > 1 ? 7 : 1)
+#else
+#define SHARED_VECTORS 3
+#endif
 
 __device__ __forceinline__ unsigned team_rank() {
 #if ONCHIP_TEAM > 1
@@ -73,6 +97,42 @@ __device__ __forceinline__ T* team_peer(T* p, unsigned rank) {
 #endif
 }
 
+#if ONCHIP_TEAM > 1
+__device__ __forceinline__ unsigned shared_address(const void* p) {
+    unsigned out;
+    asm("{\n\t.reg .u64 a;\n\tcvta.to.shared.u64 a, %1;\n\tcvt.u32.u64 %0, a;\n\t}" : "=r"(out) : "l"(p));
+    return out;
+}
+
+// This block's arrival on its own mbarrier, announcing the bytes the team's pushes will bring.
+__device__ __forceinline__ void expect_bytes(unsigned long long* bar, unsigned bytes) {
+    asm volatile("{\n\t.reg .b64 state;\n\tmbarrier.arrive.expect_tx.release.cta.shared::cta.b64 state, [%0], %1;\n\t}"
+                 ::"r"(shared_address(bar)), "r"(bytes) : "memory");
+}
+
+// v into `slot` of the team's block `rank`, completing 8 bytes on its mbarrier `bar` (both given as
+// this block's addresses of the same variables).
+__device__ __forceinline__ void push(double* slot, double v, unsigned long long* bar, unsigned rank) {
+    unsigned remote_slot, remote_bar;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote_slot) : "r"(shared_address(slot)), "r"(rank));
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote_bar) : "r"(shared_address(bar)), "r"(rank));
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b64 [%0], %1, [%2];"
+                 ::"r"(remote_slot), "l"(__double_as_longlong(v)), "r"(remote_bar) : "memory");
+}
+
+// Wait until the phase of `bar` with this parity has completed.
+__device__ __forceinline__ void wait_phase(unsigned long long* bar, unsigned parity) {
+    const unsigned address = shared_address(bar);
+    unsigned done;
+    do {
+        asm volatile("{\n\t.reg .pred complete;\n\t"
+                     "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 complete, [%1], %2;\n\t"
+                     "selp.u32 %0, 1, 0, complete;\n\t}"
+                     : "=r"(done) : "r"(address), "r"(parity) : "memory");
+    } while (!done);
+}
+#endif
+
 // Sum over the warp by a butterfly: IEEE addition commutes, so every lane ends with the same bits.
 __device__ __forceinline__ double warp_total(double v) {
 #pragma unroll
@@ -81,36 +141,53 @@ __device__ __forceinline__ double warp_total(double v) {
 }
 
 // Reduction scratch: two buffers used alternately, so that a reduction never overwrites totals a
-// thread may still be reading from the previous one (the barrier between them orders the rest).
+// thread may still be reading from the previous one.
 struct TeamScratch {
-    double warp[2][3][ONCHIP_WARPS];
-    double team[2][3][ONCHIP_TEAM];  // written by every team member, each into its rank's place
+    double warp[2][MAX_SUMS][ONCHIP_WARPS];
+    double team[2][MAX_SUMS][ONCHIP_TEAM];  // pushed by every team member, each into its rank's place
+    unsigned long long arrived[2];          // mbarriers: the team's totals of team[buf] have arrived
     int slice_width[ONCHIP_SLICES];
 };
 
+// Make the team's mbarriers (one arrival a phase: the block's own expect_bytes); the first team
+// barrier after this publishes them to the team.
+__device__ __forceinline__ void init_team_scratch(TeamScratch& sc) {
+#if ONCHIP_TEAM > 1
+    if (threadIdx.x == 0) {
+        for (int b = 0; b < 2; ++b)
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(shared_address(&sc.arrived[b])) : "memory");
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+#endif
+}
+
 // Sums of K <= 3 values over the team, the same bits in every thread; `round` counts the reductions.
-// Ends with a team barrier, which also publishes the shared memory written before the call.
+// Also a barrier of the team for the shared memory accessed before and after the call.
 template <int K>
-__device__ void team_sums(double (&v)[K], TeamScratch& sc, int& round) {
+__device__ __forceinline__ void team_sums(double (&v)[K], TeamScratch& sc, int& round) {
     const int buf = round & 1;
+    const unsigned parity = (unsigned)(round >> 1) & 1u;  // of this buffer's mbarrier phase
     ++round;
-    const int lane = threadIdx.x & 31;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 #pragma unroll
     for (int k = 0; k < K; ++k) v[k] = warp_total(v[k]);
     if (lane == 0) {
 #pragma unroll
-        for (int k = 0; k < K; ++k) sc.warp[buf][k][threadIdx.x >> 5] = v[k];
+        for (int k = 0; k < K; ++k) sc.warp[buf][k][warp] = v[k];
     }
     __syncthreads();
-#pragma unroll
-    for (int k = 0; k < K; ++k) v[k] = warp_total(lane < ONCHIP_WARPS ? sc.warp[buf][k][lane] : 0.0);
 #if ONCHIP_TEAM > 1
-    if (threadIdx.x < ONCHIP_TEAM) {  // thread c writes the block's totals into block c
-        const unsigned me = team_rank();
+    if (warp == 0) {  // the block's totals, pushed by lane c into block c
 #pragma unroll
-        for (int k = 0; k < K; ++k) *team_peer(&sc.team[buf][k][me], threadIdx.x) = v[k];
+        for (int k = 0; k < K; ++k) v[k] = warp_total(lane < ONCHIP_WARPS ? sc.warp[buf][k][lane] : 0.0);
+        if (lane == 0) expect_bytes(&sc.arrived[buf], ONCHIP_TEAM * K * sizeof(double));
+        if (lane < ONCHIP_TEAM) {
+            const unsigned me = team_rank();
+#pragma unroll
+            for (int k = 0; k < K; ++k) push(&sc.team[buf][k][me], v[k], &sc.arrived[buf], lane);
+        }
     }
-    team_barrier();
+    wait_phase(&sc.arrived[buf], parity);
 #pragma unroll
     for (int k = 0; k < K; ++k) {
         double t = 0.0;
@@ -118,47 +195,71 @@ __device__ void team_sums(double (&v)[K], TeamScratch& sc, int& round) {
         for (int c = 0; c < ONCHIP_TEAM; ++c) t += sc.team[buf][k][c];
         v[k] = t;
     }
+#else
+    (void)parity;
+#pragma unroll
+    for (int k = 0; k < K; ++k) v[k] = warp_total(lane < ONCHIP_WARPS ? sc.warp[buf][k][lane] : 0.0);
 #endif
 }
 
-// z = M^-1 r at row i of the stacked systems (Jacobi when dinv is set, else the identity); the inverse
-// diagonal is read where needed (cached) rather than held in registers.
+// z = M^-1 r at row i of the stacked systems (Jacobi when dinv is set, else the identity), for rows
+// of other blocks; a thread's own rows keep their inverse diagonal in registers (1 without Jacobi,
+// which gives the same bits).
 __device__ __forceinline__ real_t precondition(const real_t* dinv, int i, real_t r) {
     return dinv ? __ldg(&dinv[i]) * r : r;
 }
 
-// This thread's slices of the block's rows of a system: where their entries are. Entry e of the
-// block's slices is val_s[e] below `split` (shared memory), else val_g[e] (global; the pointers are
-// offset by -split), and likewise for the columns (within the system).
+// This thread's rows of a system's matrix. Entry w < held[k] of its k-th row is held_val[k][w] (column
+// held_col[k][w]); entry held[k] + w, w < width[k], is entry e = at[k] + 32 w of the block's slices:
+// val_s[e] below `split` (shared memory), else val_g[e] (global; the pointers are offset by -split),
+// and likewise for the columns (within the system). held and width are the same in a warp.
 struct ThreadRows {
+    real_t held_val[ONCHIP_ROWS][HELD_SIZE];
+    int held_col[ONCHIP_ROWS][HELD_SIZE];
+    int held[ONCHIP_ROWS];
     real_t* val_s;
     int* col_s;
     real_t* val_g;
     int* col_g;
     int split;
-    int at[ONCHIP_ROWS];     // entry 0 of the thread's k-th row (slice start + lane)
-    int width[ONCHIP_ROWS];  // entries of its slice's rows (padded)
+    int at[ONCHIP_ROWS];
+    int width[ONCHIP_ROWS];
 };
 
-// (A v)_i for the thread's k-th row, v(j) giving entry j of the system's vector. `split` is a
-// multiple of 32 and slices start at multiples of 32: a warp's entries are on one side together.
+// (A v) at the thread's rows, v(j) giving entry j of the system's vector. The held entries of all rows
+// first, interleaved (their gathers in flight together), then the slices, whose rows also advance
+// together; each row adds its entries in CSR order. `split` is a multiple of 32 and slices start at
+// multiples of 32: a warp's entries are on one side together.
 template <typename V>
-__device__ __forceinline__ real_t row_product(const ThreadRows& m, int k, V v) {
-    real_t sum = 0;
-#pragma unroll 4
-    for (int w = 0; w < m.width[k]; ++w) {
-        const int e = m.at[k] + 32 * w;
-        const bool shared = e < m.split;
-        sum = fma(shared ? m.val_s[e] : m.val_g[e], v(shared ? m.col_s[e] : m.col_g[e]), sum);
+__device__ __forceinline__ void rows_product(const ThreadRows& m, V v, real_t (&out)[ONCHIP_ROWS]) {
+#pragma unroll
+    for (int k = 0; k < ONCHIP_ROWS; ++k) out[k] = 0;
+#pragma unroll
+    for (int w = 0; w < ONCHIP_HELD; ++w) {
+#pragma unroll
+        for (int k = 0; k < ONCHIP_ROWS; ++k)
+            if (w < m.held[k]) out[k] = fma(m.held_val[k][w], v(m.held_col[k][w]), out[k]);
     }
-    return sum;
+    int widest = 0;
+#pragma unroll
+    for (int k = 0; k < ONCHIP_ROWS; ++k) widest = max(widest, m.width[k]);
+#pragma unroll 1
+    for (int w = 0; w < widest; ++w) {
+#pragma unroll
+        for (int k = 0; k < ONCHIP_ROWS; ++k) {
+            if (w >= m.width[k]) continue;
+            const int e = m.at[k] + 32 * w;
+            const bool shared = e < m.split;
+            out[k] = fma(shared ? m.val_s[e] : m.val_g[e], v(shared ? m.col_s[e] : m.col_g[e]), out[k]);
+        }
+    }
 }
 
-// Lay out the block's rows of the system (rows lo.. of the stacked CSR, n of them) as slices: their
-// widths and this thread's places always; the entries themselves in shared memory, and in the
-// global workspace when `build_global`. The block's shared slices start at `shared`.
-__device__ void slice_rows(const OnchipRun& a, int lo, int n, int first, real_t* shared, bool build_global,
-                           TeamScratch& sc, ThreadRows& m) {
+// Lay out the block's rows of the system (rows lo.. of the stacked CSR, n of them): the held entries
+// in registers, the slices' widths and this thread's places always, their entries in shared memory,
+// and in the global workspace when `build_global`. The block's shared slices start at `shared`.
+__device__ __forceinline__ void lay_out_rows(const OnchipRun& a, int lo, int n, int first, real_t* shared,
+                                             bool build_global, TeamScratch& sc, ThreadRows& m) {
     const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
     int begin[ONCHIP_ROWS], length[ONCHIP_ROWS];
 #pragma unroll
@@ -166,8 +267,15 @@ __device__ void slice_rows(const OnchipRun& a, int lo, int n, int first, real_t*
         const int i = first + t + k * ONCHIP_BLOCK;
         begin[k] = i < n ? a.rowptr[lo + i] : 0;
         length[k] = i < n ? a.rowptr[lo + i + 1] - begin[k] : 0;
-        m.width[k] = __reduce_max_sync(FULL_WARP, length[k]);
+        const int longest = __reduce_max_sync(FULL_WARP, length[k]);
+        m.held[k] = min(longest, ONCHIP_HELD);
+        m.width[k] = longest - m.held[k];
         if (lane == 0) sc.slice_width[k * ONCHIP_WARPS + warp] = m.width[k];
+#pragma unroll
+        for (int w = 0; w < ONCHIP_HELD; ++w) {
+            m.held_val[k][w] = w < length[k] ? a.val[begin[k] + w] : real_t(0);
+            m.held_col[k][w] = w < length[k] ? a.col[begin[k] + w] - lo : (i < n ? i : 0);
+        }
     }
     __syncthreads();
 #pragma unroll
@@ -185,10 +293,10 @@ __device__ void slice_rows(const OnchipRun& a, int lo, int n, int first, real_t*
     for (int k = 0; k < ONCHIP_ROWS; ++k) {
         const int i = first + t + k * ONCHIP_BLOCK;
         for (int w = 0; w < m.width[k]; ++w) {
-            const int e = m.at[k] + 32 * w;
+            const int e = m.at[k] + 32 * w, entry = m.held[k] + w;
             if (e >= m.split && !build_global) break;
-            const real_t v = w < length[k] ? a.val[begin[k] + w] : real_t(0);
-            const int j = w < length[k] ? a.col[begin[k] + w] - lo : (i < n ? i : 0);
+            const real_t v = entry < length[k] ? a.val[begin[k] + entry] : real_t(0);
+            const int j = entry < length[k] ? a.col[begin[k] + entry] - lo : (i < n ? i : 0);
             if (e < m.split) {
                 m.val_s[e] = v, m.col_s[e] = j;
             } else {
@@ -199,6 +307,291 @@ __device__ void slice_rows(const OnchipRun& a, int lo, int n, int first, real_t*
     // Each thread reads back only the entries it wrote: no barrier needed.
 }
 
+// What every iteration body shares: the system, the thread's rows, the team's reductions.
+struct SystemRun {
+    const OnchipRun& a;
+    State* st;
+    ThreadRows m;
+    real_t* vec;  // the block's shared vectors (SHARED_VECTORS of CHUNK entries)
+    TeamScratch& sc;
+    int& round;
+    unsigned long long handle;
+    int system, lo, n, first, t;
+    unsigned rank;
+    bool start, recorder;
+    double b_norm;
+    __device__ bool owns(int k) const { return first + t + k * ONCHIP_BLOCK < n; }
+    __device__ int own(int k) const { return t + k * ONCHIP_BLOCK; }
+    __device__ int row(int k) const { return lo + first + t + k * ONCHIP_BLOCK; }
+    // The stopping rule and iteration limit of a starting system, from its ||b||.
+    __device__ void take_rule(double bb, double& tol, int& maxiter) {
+        b_norm = sqrt(bb);
+        tol = a.fresh ? fmax(a.atol, a.rtol * b_norm) : st->tol;
+        maxiter = a.fresh ? a.maxiter : st->maxiter;
+    }
+};
+
+#if ONCHIP_SINGLE
+// Chronopoulos-Gear iterations of one system (pcg_ref.pcg1_step): the set-up pass when starting (the
+// iteration with alpha = beta = 0 on zero p, s, w), then up to `count` iterations. Returns the status;
+// x holds the thread's rows of the iterate.
+__device__ __forceinline__ int iterate(SystemRun& sr, real_t (&x)[ONCHIP_ROWS]) {
+    const OnchipRun& a = sr.a;
+    real_t* u_s = sr.vec;
+    real_t* r_b = sr.vec + CHUNK;  // r, s, w of iteration parity q at [q * CHUNK] (a team only)
+    real_t* s_b = sr.vec + 3 * CHUNK;
+    real_t* w_b = sr.vec + 5 * CHUNK;
+    real_t p[ONCHIP_ROWS], r[ONCHIP_ROWS], s[ONCHIP_ROWS], w[ONCHIP_ROWS], dv[ONCHIP_ROWS];
+    State ls = {};  // the decisions' state: tol, maxiter, rz, alpha, beta, pq
+    int it, status = RUNNING;
+    int parity = 0;  // this iteration writes r, s, w at [parity], the others' previous ones are at [parity ^ 1]
+#pragma unroll
+    for (int k = 0; k < ONCHIP_ROWS; ++k) {
+        x[k] = p[k] = r[k] = s[k] = w[k] = 0;
+        dv[k] = sr.owns(k) && a.dinv ? a.dinv[sr.row(k)] : real_t(1);
+    }
+    if (sr.start) {  // r = b - A x0
+        const real_t* x0 = a.x + sr.lo;
+        real_t ax[ONCHIP_ROWS];
+        rows_product(sr.m, [&](int j) { return x0[j]; }, ax);
+        double bb[1] = {0.0};
+#pragma unroll
+        for (int k = 0; k < ONCHIP_ROWS; ++k) {
+            if (!sr.owns(k)) continue;
+            const real_t bi = a.b[sr.row(k)];
+            x[k] = x0[sr.first + sr.own(k)];
+            r[k] = bi - ax[k];
+            bb[0] += (double)bi * (double)bi;
+            if (ONCHIP_TEAM > 1) r_b[CHUNK + sr.own(k)] = r[k], s_b[CHUNK + sr.own(k)] = 0, w_b[CHUNK + sr.own(k)] = 0;
+        }
+        team_sums(bb, sr.sc, sr.round);  // also publishes r for the set-up pass's product
+        sr.take_rule(bb[0], ls.tol, ls.maxiter);
+        it = -1;
+    } else {  // resume: the vectors and scalars the previous launch left
+#pragma unroll
+        for (int k = 0; k < ONCHIP_ROWS; ++k) {
+            if (!sr.owns(k)) continue;
+            const int i = sr.row(k);
+            x[k] = a.x[i], p[k] = a.p[i], r[k] = a.r[i], s[k] = a.s[i], w[k] = a.w[i];
+            if (ONCHIP_TEAM > 1) r_b[CHUNK + sr.own(k)] = r[k], s_b[CHUNK + sr.own(k)] = s[k], w_b[CHUNK + sr.own(k)] = w[k];
+        }
+        const State* st = sr.st;
+        ls.tol = st->tol, ls.maxiter = st->maxiter, ls.rz = st->rz, ls.alpha = st->alpha, ls.beta = st->beta;
+        ls.pq = st->pq;
+        it = st->iteration;
+        sr.b_norm = a.norms[2 * sr.system + 1];
+        team_barrier();
+    }
+    if (sr.recorder) {
+        sr.st->tol = ls.tol;
+        sr.st->maxiter = ls.maxiter;
+    }
+    // Every thread of the team takes the same decisions from the same bits: the loop's trip count,
+    // and so its barriers, are the same in every thread.
+    for (int c = sr.start ? -1 : 0; c < a.count && status == RUNNING; ++c) {
+        const bool setup = c < 0;
+        const real_t alpha = (real_t)ls.alpha, beta = (real_t)ls.beta;
+        const int mine = parity * CHUNK, theirs = (parity ^ 1) * CHUNK;
+        real_t u[ONCHIP_ROWS];
+#pragma unroll
+        for (int k = 0; k < ONCHIP_ROWS; ++k) {  // s = w + beta s; p = u + beta p; x += alpha p; r -= alpha s
+            const real_t u_old = dv[k] * r[k];
+            s[k] = fma(beta, s[k], w[k]);
+            p[k] = fma(beta, p[k], u_old);
+            x[k] = fma(alpha, p[k], x[k]);
+            r[k] = fma(-alpha, s[k], r[k]);
+            u[k] = dv[k] * r[k];
+            if (!sr.owns(k)) continue;
+            u_s[sr.own(k)] = u[k];
+            if (ONCHIP_TEAM > 1) r_b[mine + sr.own(k)] = r[k], s_b[mine + sr.own(k)] = s[k];
+        }
+        __syncthreads();  // the block's u, read by its threads
+        rows_product(sr.m, [&](int j) {
+#if ONCHIP_TEAM > 1
+            const unsigned owner = (unsigned)j / CHUNK;
+            const int at = j - (int)owner * CHUNK;
+            if (owner == sr.rank) return u_s[at];
+            const real_t sj = fma(beta, *team_peer(s_b + theirs + at, owner), *team_peer(w_b + theirs + at, owner));
+            return precondition(a.dinv, sr.lo + j, fma(-alpha, sj, *team_peer(r_b + theirs + at, owner)));
+#else
+            return u_s[j];
+#endif
+        }, w);
+        double sums[3] = {0.0, 0.0, 0.0};  // r.r, r.u, w.u
+#pragma unroll
+        for (int k = 0; k < ONCHIP_ROWS; ++k) {
+            if (!sr.owns(k)) continue;
+            if (ONCHIP_TEAM > 1) w_b[mine + sr.own(k)] = w[k];
+            sums[0] += (double)r[k] * (double)r[k];
+            sums[1] += (double)r[k] * (double)u[k];
+            sums[2] += (double)w[k] * (double)u[k];
+        }
+        (void)theirs;
+        team_sums(sums, sr.sc, sr.round);
+        ++it;
+        const double rnorm = sqrt(sums[0]);
+        status = single_reduction_decision(&ls, setup, it, rnorm, sums[1], sums[2]);
+        if (status == RUNNING) parity ^= 1;
+        if (sr.recorder) record_decision(sr.st, it, rnorm, status, a.history, a.progress, sr.handle);
+    }
+    if (status == RUNNING) {  // what the next launch needs
+#pragma unroll
+        for (int k = 0; k < ONCHIP_ROWS; ++k) {
+            if (!sr.owns(k)) continue;
+            const int i = sr.row(k);
+            a.p[i] = p[k], a.r[i] = r[k], a.s[i] = s[k], a.w[i] = w[k];
+        }
+        if (sr.recorder) {
+            State* st = sr.st;
+            st->rz = ls.rz, st->alpha = ls.alpha, st->beta = ls.beta, st->pq = ls.pq;
+        }
+    }
+    return status;
+}
+#else
+// Classic iterations of one system (pcg_ref.direction_product, pcg_update): the set-up pass when
+// starting (r = b - A x0, z = M^-1 r, p_old = 0), then up to `count` iterations. Returns the status;
+// x holds the thread's rows of the iterate.
+__device__ __forceinline__ int iterate(SystemRun& sr, real_t (&x)[ONCHIP_ROWS]) {
+    const OnchipRun& a = sr.a;
+    real_t* z_s = sr.vec;
+    auto direction = [&](int which) { return z_s + CHUNK * (1 + which); };
+    real_t r[ONCHIP_ROWS], q[ONCHIP_ROWS], dv[ONCHIP_ROWS];
+    int parity = 0;  // p_old is direction(parity), the new direction goes to direction(parity ^ 1)
+    double tol, rz, beta, rnorm;
+    int it, maxiter, status;
+#pragma unroll
+    for (int k = 0; k < ONCHIP_ROWS; ++k) {
+        x[k] = r[k] = q[k] = 0;
+        dv[k] = sr.owns(k) && a.dinv ? a.dinv[sr.row(k)] : real_t(1);
+    }
+    if (sr.start) {  // r = b - A x0, z = M^-1 r, p_old = 0: the set-up pass
+        const real_t* x0 = a.x + sr.lo;
+        real_t ax[ONCHIP_ROWS];
+        rows_product(sr.m, [&](int j) { return x0[j]; }, ax);
+        double sums[3] = {0.0, 0.0, 0.0};  // b.b, r.z, r.r
+#pragma unroll
+        for (int k = 0; k < ONCHIP_ROWS; ++k) {
+            if (!sr.owns(k)) continue;
+            const real_t bi = a.b[sr.row(k)];
+            x[k] = x0[sr.first + sr.own(k)];
+            r[k] = bi - ax[k];
+            const real_t zi = dv[k] * r[k];
+            z_s[sr.own(k)] = zi;
+            direction(0)[sr.own(k)] = 0;
+            sums[0] += (double)bi * (double)bi;
+            sums[1] += (double)r[k] * (double)zi;
+            sums[2] += (double)r[k] * (double)r[k];
+        }
+        team_sums(sums, sr.sc, sr.round);
+        sr.take_rule(sums[0], tol, maxiter);
+        rz = sums[1];
+        rnorm = sqrt(sums[2]);
+        beta = 0.0;
+        it = 0;
+        status = stop_reason(rnorm, tol, it, maxiter, rz, true);
+    } else {  // resume: the vectors and scalars the previous launch left
+#pragma unroll
+        for (int k = 0; k < ONCHIP_ROWS; ++k) {
+            if (!sr.owns(k)) continue;
+            const int i = sr.row(k);
+            x[k] = a.x[i];
+            r[k] = a.r[i];
+            z_s[sr.own(k)] = a.z[i];
+            direction(0)[sr.own(k)] = a.p[i];
+        }
+        const State* st = sr.st;
+        tol = st->tol, maxiter = st->maxiter, rz = st->rz, beta = st->beta, rnorm = st->rnorm;
+        it = st->iteration;
+        status = RUNNING;
+        sr.b_norm = a.norms[2 * sr.system + 1];
+        team_barrier();
+    }
+    if (sr.recorder) {
+        sr.st->tol = tol;
+        sr.st->maxiter = maxiter;
+        if (sr.start) record_decision(sr.st, it, rnorm, status, a.history, a.progress, sr.handle);
+    }
+    // Every thread of the team takes the same decisions from the same bits: the loop's trip count,
+    // and so its barriers, are the same in every thread.
+    for (int c = 0; c < a.count && status == RUNNING; ++c) {
+        // direction_product: p_new = beta p_old + z (stored for own rows, formed where read at
+        // other blocks' rows), q = A p_new, p_new . q
+        const real_t* po = direction(parity);
+        real_t* pn = direction(parity ^ 1);
+        const real_t b_ = (real_t)beta;
+        real_t p_new[ONCHIP_ROWS];
+#pragma unroll
+        for (int k = 0; k < ONCHIP_ROWS; ++k) {
+            p_new[k] = fma(b_, po[sr.own(k)], z_s[sr.own(k)]);
+            if (sr.owns(k)) pn[sr.own(k)] = p_new[k];
+        }
+        __syncthreads();  // the block's new direction, read by its threads
+        rows_product(sr.m, [&](int j) {
+#if ONCHIP_TEAM > 1
+            const unsigned owner = (unsigned)j / CHUNK;
+            const int at = j - (int)owner * CHUNK;
+            if (owner != sr.rank) return fma(b_, *team_peer(po + at, owner), *team_peer(z_s + at, owner));
+            return (real_t)pn[at];
+#else
+            return (real_t)pn[j];
+#endif
+        }, q);
+        double pq[1] = {0.0};
+#pragma unroll
+        for (int k = 0; k < ONCHIP_ROWS; ++k)
+            if (sr.owns(k)) pq[0] += (double)p_new[k] * (double)q[k];
+        team_sums(pq, sr.sc, sr.round);
+        if (!isfinite(pq[0]) || pq[0] <= 0.0) {  // no step along this direction
+            status = isfinite(pq[0]) ? BREAKDOWN : NOT_FINITE;
+            if (sr.recorder) {
+                sr.st->pq = pq[0];
+                record_decision(sr.st, it, rnorm, status, a.history, a.progress, sr.handle);
+            }
+            break;
+        }
+        // pcg_update: x += alpha p_new, r -= alpha q, z = M^-1 r, then decide
+        const real_t alpha = (real_t)(rz / pq[0]);
+        double sums[2] = {0.0, 0.0};  // r.z, r.r
+#pragma unroll
+        for (int k = 0; k < ONCHIP_ROWS; ++k) {
+            if (!sr.owns(k)) continue;
+            x[k] = fma(alpha, p_new[k], x[k]);
+            r[k] = fma(-alpha, q[k], r[k]);
+            const real_t zi = dv[k] * r[k];
+            z_s[sr.own(k)] = zi;
+            sums[0] += (double)r[k] * (double)zi;
+            sums[1] += (double)r[k] * (double)r[k];
+        }
+        team_sums(sums, sr.sc, sr.round);
+        ++it;
+        rnorm = sqrt(sums[1]);
+        status = stop_reason(rnorm, tol, it, maxiter, sums[0], true);
+        if (status == RUNNING) {
+            beta = sums[0] / rz;
+            rz = sums[0];
+            parity ^= 1;
+        }
+        if (sr.recorder) record_decision(sr.st, it, rnorm, status, a.history, a.progress, sr.handle);
+    }
+    if (status == RUNNING) {  // what the next launch needs
+#pragma unroll
+        for (int k = 0; k < ONCHIP_ROWS; ++k) {
+            if (!sr.owns(k)) continue;
+            const int i = sr.row(k);
+            a.r[i] = r[k];
+            a.z[i] = z_s[sr.own(k)];
+            a.p[i] = direction(parity)[sr.own(k)];
+        }
+        if (sr.recorder) {
+            sr.st->rz = rz;
+            sr.st->beta = beta;
+        }
+    }
+    return status;
+}
+#endif
+
 extern "C" __global__ void
 #if ONCHIP_TEAM > 1
 __cluster_dims__(ONCHIP_TEAM, 1, 1)
@@ -206,193 +599,64 @@ __cluster_dims__(ONCHIP_TEAM, 1, 1)
 __launch_bounds__(ONCHIP_BLOCK, ONCHIP_MIN_BLOCKS) onchip_pcg(const OnchipRun a, unsigned long long handle) {
     extern __shared__ __align__(16) unsigned char smem[];
     __shared__ TeamScratch sc;
-    real_t* z_s = (real_t*)smem;  // then the two direction buffers: direction(parity)
-    auto direction = [&](int which) { return z_s + CHUNK * (1 + which); };
+    real_t* vec = (real_t*)smem;  // SHARED_VECTORS vectors of CHUNK entries, then the matrix slices
     const unsigned rank = team_rank();
     const int t = threadIdx.x;
     int round = 0;
+    init_team_scratch(sc);
 
     for (int s = blockIdx.x / ONCHIP_TEAM; s < a.systems; s += gridDim.x / ONCHIP_TEAM) {
         State* st = a.st + s;
         // Team-uniform decisions read the State before any thread of the team may write it.
         const bool start = a.fresh || st->iteration < 0;
-        int status = start ? RUNNING : st->status;
+        const int status_before = start ? RUNNING : st->status;
         team_barrier();
-        if (status != RUNNING) {
+        if (status_before != RUNNING) {
             if (handle && rank == 0 && t == 0) cudaGraphSetConditional(handle, 0);
             continue;
         }
-        const int lo = a.start[s], n = a.start[s + 1] - lo;
-        const int first = (int)rank * CHUNK;  // this block's first row of the system
-        ThreadRows m;
+        const int lo = a.start[s];
+        SystemRun sr{a, st, {}, vec, sc, round, handle, s, lo, a.start[s + 1] - lo, (int)rank * CHUNK, t, rank, start,
+                     rank == 0 && t == 0, 0.0};
         {  // the block's part of the workspace, addressed as entries split.. of its slices
             const long long base = ((long long)s * ONCHIP_TEAM + rank) * (a.matrix_capacity - a.matrix_shared);
-            m.val_g = a.sell_val + base - a.matrix_shared;
-            m.col_g = a.sell_col + base - a.matrix_shared;
+            sr.m.val_g = a.sell_val + base - a.matrix_shared;
+            sr.m.col_g = a.sell_col + base - a.matrix_shared;
         }
-        slice_rows(a, lo, n, first, z_s + 3 * CHUNK, start, sc, m);
-        real_t x[ONCHIP_ROWS], r[ONCHIP_ROWS], q[ONCHIP_ROWS];
-        int parity = 0;  // p_old is direction(parity), the new direction goes to direction(parity ^ 1)
-        double tol, rz, beta, rnorm, b_norm = 0.0;
-        int it, maxiter;
-        if (start) {  // r = b - A x0, z = M^-1 r, p_old = 0: the set-up pass
-            double sums[3] = {0.0, 0.0, 0.0};  // b.b, r.z, r.r
-            const real_t* x0 = a.x + lo;
+        lay_out_rows(a, lo, sr.n, sr.first, vec + SHARED_VECTORS * CHUNK, start, sc, sr.m);
+        real_t x[ONCHIP_ROWS];
+        const int status = iterate(sr, x);
 #pragma unroll
-            for (int k = 0; k < ONCHIP_ROWS; ++k) {
-                const int i = first + t + k * ONCHIP_BLOCK, own = t + k * ONCHIP_BLOCK;
-                x[k] = r[k] = q[k] = 0;
-                if (i >= n) continue;
-                const real_t bi = a.b[lo + i];
-                x[k] = x0[i];
-                r[k] = bi - row_product(m, k, [&](int j) { return x0[j]; });
-                const real_t zi = precondition(a.dinv, lo + i, r[k]);
-                z_s[own] = zi;
-                direction(0)[own] = 0;
-                sums[0] += (double)bi * (double)bi;
-                sums[1] += (double)r[k] * (double)zi;
-                sums[2] += (double)r[k] * (double)r[k];
-            }
-            team_sums(sums, sc, round);
-            b_norm = sqrt(sums[0]);
-            tol = a.fresh ? fmax(a.atol, a.rtol * b_norm) : st->tol;
-            maxiter = a.fresh ? a.maxiter : st->maxiter;
-            rz = sums[1];
-            rnorm = sqrt(sums[2]);
-            beta = 0.0;
-            it = 0;
-            status = stop_reason(rnorm, tol, it, maxiter, rz, true);
-        } else {  // resume: the vectors and scalars the previous launch left
-#pragma unroll
-            for (int k = 0; k < ONCHIP_ROWS; ++k) {
-                const int i = first + t + k * ONCHIP_BLOCK, own = t + k * ONCHIP_BLOCK;
-                x[k] = r[k] = q[k] = 0;
-                if (i >= n) continue;
-                x[k] = a.x[lo + i];
-                r[k] = a.r[lo + i];
-                z_s[own] = a.z[lo + i];
-                direction(0)[own] = a.p[lo + i];
-            }
-            tol = st->tol, maxiter = st->maxiter, rz = st->rz, beta = st->beta, rnorm = st->rnorm;
-            it = st->iteration;
-            b_norm = a.norms[2 * s + 1];
-            team_barrier();
-        }
-        const bool recorder = rank == 0 && t == 0;
-        if (recorder) {
-            st->tol = tol;
-            st->maxiter = maxiter;
-            if (start) record_decision(st, it, rnorm, status, a.history, a.progress, handle);
-        }
-        // Every thread of the team takes the same decisions from the same bits: the loop's trip count,
-        // and so its barriers, are the same in every thread.
-        for (int c = 0; c < a.count && status == RUNNING; ++c) {
-            // direction_product: p_new = beta p_old + z (stored for own rows, formed where read at
-            // other blocks' rows), q = A p_new, p_new . q
-            const real_t* po = direction(parity);
-            real_t* pn = direction(parity ^ 1);
-            const real_t b_ = (real_t)beta;
-#pragma unroll
-            for (int k = 0; k < ONCHIP_ROWS; ++k) {
-                const int own = t + k * ONCHIP_BLOCK;
-                if (first + own < n) pn[own] = fma(b_, po[own], z_s[own]);
-            }
-            __syncthreads();  // the block's new direction, read by its threads
-            double pq[1] = {0.0};
-#pragma unroll
-            for (int k = 0; k < ONCHIP_ROWS; ++k) {
-                const int own = t + k * ONCHIP_BLOCK;
-                if (first + own >= n) continue;
-                q[k] = row_product(m, k, [&](int j) {
-#if ONCHIP_TEAM > 1
-                    const unsigned owner = (unsigned)j / CHUNK;
-                    const int at = j - (int)owner * CHUNK;
-                    if (owner != rank) return fma(b_, *team_peer(po + at, owner), *team_peer(z_s + at, owner));
-                    return (real_t)pn[at];
-#else
-                    return (real_t)pn[j];
-#endif
-                });
-                pq[0] += (double)pn[own] * (double)q[k];
-            }
-            team_sums(pq, sc, round);
-            if (!isfinite(pq[0]) || pq[0] <= 0.0) {  // no step along this direction
-                status = isfinite(pq[0]) ? BREAKDOWN : NOT_FINITE;
-                if (recorder) {
-                    st->pq = pq[0];
-                    record_decision(st, it, rnorm, status, a.history, a.progress, handle);
-                }
-                break;
-            }
-            // pcg_update: x += alpha p_new, r -= alpha q, z = M^-1 r, then decide
-            const real_t alpha = (real_t)(rz / pq[0]);
-            double sums[2] = {0.0, 0.0};  // r.z, r.r
-#pragma unroll
-            for (int k = 0; k < ONCHIP_ROWS; ++k) {
-                const int own = t + k * ONCHIP_BLOCK;
-                if (first + own >= n) continue;
-                x[k] = fma(alpha, pn[own], x[k]);
-                r[k] = fma(-alpha, q[k], r[k]);
-                const real_t zi = precondition(a.dinv, lo + first + own, r[k]);
-                z_s[own] = zi;
-                sums[0] += (double)r[k] * (double)zi;
-                sums[1] += (double)r[k] * (double)r[k];
-            }
-            team_sums(sums, sc, round);
-            ++it;
-            rnorm = sqrt(sums[1]);
-            status = stop_reason(rnorm, tol, it, maxiter, sums[0], true);
-            if (status == RUNNING) {
-                beta = sums[0] / rz;
-                rz = sums[0];
-                parity ^= 1;
-            }
-            if (recorder) record_decision(st, it, rnorm, status, a.history, a.progress, handle);
-        }
-        // Keep what the next launch needs, or finish: the true residual from x gathered over the team.
-#pragma unroll
-        for (int k = 0; k < ONCHIP_ROWS; ++k) {
-            const int i = first + t + k * ONCHIP_BLOCK, own = t + k * ONCHIP_BLOCK;
-            if (i >= n) continue;
-            a.x[lo + i] = x[k];
-            if (status == RUNNING) {
-                a.r[lo + i] = r[k];
-                a.z[lo + i] = z_s[own];
-                a.p[lo + i] = direction(parity)[own];
-            }
-        }
+        for (int k = 0; k < ONCHIP_ROWS; ++k)
+            if (sr.owns(k)) a.x[sr.row(k)] = x[k];
         if (status == RUNNING) {
-            if (recorder) {
-                st->rz = rz;
-                st->beta = beta;
-                if (start) a.norms[2 * s + 1] = b_norm;
-            }
+            if (sr.recorder && start) a.norms[2 * s + 1] = sr.b_norm;
             team_barrier();  // peers done reading this block's shared memory before the next system
             continue;
         }
-        team_barrier();  // z_s is free once every peer has passed the last reduction's reads
+        // Finished: the true residual from x gathered over the team.
+        team_barrier();  // the first vector is free once every peer has passed the last reduction's reads
 #pragma unroll
-        for (int k = 0; k < ONCHIP_ROWS; ++k) {
-            const int own = t + k * ONCHIP_BLOCK;
-            if (first + own < n) z_s[own] = x[k];
-        }
+        for (int k = 0; k < ONCHIP_ROWS; ++k)
+            if (sr.owns(k)) vec[sr.own(k)] = x[k];
         team_barrier();
+        real_t ax[ONCHIP_ROWS];
+        rows_product(sr.m, [&](int j) {
+            const unsigned owner = (unsigned)j / CHUNK;
+            const real_t* at = vec + (j - (int)owner * CHUNK);
+            return owner == rank ? *at : *team_peer(at, owner);
+        }, ax);
         double rr[1] = {0.0};
 #pragma unroll
         for (int k = 0; k < ONCHIP_ROWS; ++k) {
-            const int i = first + t + k * ONCHIP_BLOCK;
-            if (i >= n) continue;
-            const double ri = (double)(a.b[lo + i] - row_product(m, k, [&](int j) {
-                const unsigned owner = (unsigned)j / CHUNK;
-                const real_t* at = z_s + (j - (int)owner * CHUNK);
-                return owner == rank ? *at : *team_peer(at, owner);
-            }));
+            if (!sr.owns(k)) continue;
+            const double ri = (double)(a.b[sr.row(k)] - ax[k]);
             rr[0] += ri * ri;
         }
         team_sums(rr, sc, round);
-        if (recorder) {
+        if (sr.recorder) {
             a.norms[2 * s] = sqrt(rr[0]);
-            a.norms[2 * s + 1] = b_norm;
+            a.norms[2 * s + 1] = sr.b_norm;
         }
         team_barrier();  // peers done reading this block's shared memory before the next system
     }

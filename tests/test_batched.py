@@ -108,13 +108,14 @@ def test_bad_input_names_the_system():
         solvers.BatchedPCG.from_pattern(mats[0], np.ones((2, 3)), device="cpu")
 
 
-def test_numpy_reference_of_the_kernel_is_the_cpu_solver():
+@pytest.mark.parametrize("variant", ["classic", "single-reduction"])
+def test_numpy_reference_of_the_kernel_is_the_cpu_solver(variant):
     from solvers.kernels.onchip_ref import solve_system
     A = variable_diffusion(np.exp(np.random.default_rng(4).normal(size=(9, 9))))
     b = np.random.default_rng(5).standard_normal(81)
-    x = np.zeros(81)
-    code, its, rnorm = solve_system(A, 1.0 / A.diagonal(), b, x, 1e-9 * np.linalg.norm(b), 1000)
-    ref = alone(A, b, rtol=1e-9)
+    x = np.linspace(-1.0, 1.0, 81)
+    ref = solvers.PCG(A, device="cpu", rtol=1e-9, variant=variant).solve(b, x.copy())
+    code, its, rnorm = solve_system(A, 1.0 / A.diagonal(), b, x, 1e-9 * np.linalg.norm(b), 1000, variant)
     assert Reason(code) is ref.reason and its == ref.iterations
     np.testing.assert_allclose(x, ref.x, rtol=1e-12, atol=1e-14)
 
@@ -147,14 +148,15 @@ def test_gpu_batch_agrees_with_cpu_and_isolates_failures():
 
 def test_on_chip_layouts_follow_size_and_shared_memory():
     from solvers.mmio import read_matrix
-    from solvers.pcg.onchip import choose_shape
+    from solvers.pcg.onchip import choose_layout
     data = __import__("pathlib").Path(__file__).resolve().parent / "data" / "matrices"
 
-    def layout(A, latency=True, count=1):
+    def layout(A, latency=True, count=1, variant="classic"):
         start = np.arange(count + 1) * A.shape[0]
         rowptr = sp.block_diag([A] * count, format="csr").indptr
-        shape, entries, in_shared = choose_shape(rowptr, start, 8, latency)
-        return shape.block, shape.rows, shape.team, in_shared == entries
+        chosen = choose_layout(rowptr, start, 8, latency, variant)
+        shape = chosen.shape
+        return shape.block, shape.rows, shape.team, chosen.in_shared == chosen.entries
 
     assert layout(read_matrix(str(data / "gr_900_900_crg.mtx"))) == (480, 2, 1, True)
     assert layout(read_matrix(str(data / "1138_bus.mtx"))) == (384, 3, 1, True)
@@ -165,6 +167,25 @@ def test_on_chip_layouts_follow_size_and_shared_memory():
     assert layout(variable_diffusion(np.ones((32, 32))), latency=False, count=3) == (256, 4, 1, True)
     with pytest.raises(InputError, match="too large to solve on chip"):
         layout(poisson((400, 400)))
+    # single-reduction: in a cluster r, s and w of two iterations join u in shared memory
+    assert layout(poisson((128, 128)), variant="single-reduction") == (512, 2, 16, True)
+    with pytest.raises(InputError, match=r"more shared memory than a block has \(single-reduction"):
+        layout(poisson((256, 256)), variant="single-reduction")
+
+
+def test_one_system_holds_its_first_entries_in_registers_a_batch_none():
+    from solvers.pcg.onchip import choose_layout, held_entries, latency_shape
+    A = poisson((64, 64))  # rows of at most 5 entries: all in registers
+    one = choose_layout(A.indptr, [0, A.shape[0]], 8, True, "single-reduction")
+    assert one.held == 5 and one.entries == 0 and "matrix in registers" in one.describe()
+    batch = choose_layout(sp.block_diag([A] * 2, format="csr").indptr, [0, 4096, 8192], 8, False)
+    assert batch.held == 0 and batch.entries == 32 * 5 * (batch.shape.chunk // 32)
+    # fewer registers a thread (more threads or rows) leave room for fewer entries; float32 for more
+    shape = latency_shape(900)
+    assert held_entries(shape, "single-reduction", 8, 9) < held_entries(shape, "classic", 8, 9) <= 9
+    assert held_entries(shape, "single-reduction", 8, 9) < held_entries(shape, "single-reduction", 4, 9)
+    assert held_entries(latency_shape(60_000), "classic", 8, 5) == 0  # 1,024 threads: 64 registers each
+    assert held_entries(shape, "classic", 8, 2) == 2  # never more than the longest row
 
 
 def test_slice_capacity_counts_each_block_s_slices_at_their_longest_row():
@@ -176,6 +197,9 @@ def test_slice_capacity_counts_each_block_s_slices_at_their_longest_row():
     # two systems: each starts its own slices and blocks
     twice = np.r_[0, np.cumsum(np.r_[lengths, lengths[:40]])]
     assert slice_capacity(twice, [0, 74, 114], Shape(128, 1, 1)) == 32 * (5 + 3 + 1)
+    # the first `held` entries of each row sit in registers: slices as wide as the rest
+    assert slice_capacity(rowptr, [0, 74], Shape(64, 1, 2), held=2) == 32 * (3 + 1)
+    assert slice_capacity(rowptr, [0, 74], Shape(64, 1, 2), held=5) == 0
 
 
 def test_auto_kernel_path_follows_size_variant_and_preconditioner():
@@ -187,7 +211,8 @@ def test_auto_kernel_path_follows_size_variant_and_preconditioner():
     path, note = choose_path("auto", 10_000, A=stencil[shuffled][:, shuffled].tocsr())
     assert path == "grid" and "read from another block" in note
     assert choose_path("auto", ONCHIP_MAX_ROWS + 1)[0] == "grid"
-    assert choose_path("auto", 100, "single-reduction")[0] == "grid"
+    for variant in ("classic", "single-reduction"):  # the on-chip kernel runs both
+        assert choose_path("auto", 100, variant)[0] == "on-chip"
     assert choose_path("auto", 100, "auto", "chebyshev") == (
         "grid", "auto: the on-chip path applies Jacobi or no preconditioner, not 'chebyshev'")
     with pytest.raises(InputError, match="on-chip path applies Jacobi or no preconditioner"):

@@ -74,13 +74,13 @@ def test_amg_setup_kernels_compile(tmp_path):
 @pytest.mark.parametrize("real", ["double", "float"])
 @pytest.mark.parametrize("rows, latency", [(64, False), (1024, False), (5000, False), (4096, True), (60_000, True)])
 def test_onchip_kernels_compile(real, rows, latency, tmp_path):
-    from solvers.kernels.structs import PROGRESS, STATE
-    from solvers.pcg.onchip import ONCHIP_RUN, candidate_shapes
+    from solvers.pcg.onchip import VARIANTS, Layout, candidate_shapes, held_entries, kernel_program
     for shape in candidate_shapes(rows, latency)[:2]:
-        defines = (("ONCHIP_BLOCK", str(shape.block)), ("ONCHIP_ROWS", str(shape.rows)),
-                   ("ONCHIP_TEAM", str(shape.team)), ("ONCHIP_MIN_BLOCKS", "2"))
-        compile_ok(kernels.program("onchip", real, defines=defines, before=("stopping",),
-                                   structs=(STATE, PROGRESS, ONCHIP_RUN)), tmp_path)
+        for variant in VARIANTS if latency else ("classic",):  # batches run classic PCG
+            # rows of 5 entries, held in registers as one system's layout would
+            held = held_entries(shape, variant, 8 if real == "double" else 4, 5) if latency else 0
+            layout = Layout(shape, held, 32 * (5 - held), 0)
+            compile_ok(kernels.program(**kernel_program(layout, variant, real, 2)), tmp_path)
 
 
 @pytest.mark.parametrize("fmt, real", [("ell", "double"), ("sell", "float"), ("csr", "double")])

@@ -1,4 +1,6 @@
 """The on-chip kernel on the GPU: PCG's small-system path and batches, against the CPU and each other."""
+import itertools
+
 import numpy as np
 import pytest
 import scipy.sparse as sp
@@ -23,22 +25,28 @@ def test_auto_takes_the_on_chip_path_for_small_systems_and_says_so(cupy):
     from solvers.pcg.onchip import ONCHIP_MAX_ROWS
     small = solvers.PCG(poisson((32, 32)), device="gpu")
     assert small.path == "on-chip" and "on chip" in small.format and "rows <=" in small.path_note
+    assert small.variant == "single-reduction"  # one reduction an iteration where its vectors fit
     side = int(np.sqrt(ONCHIP_MAX_ROWS)) + 1
     assert solvers.PCG(poisson((side, side)), device="gpu").path == "grid"
-    assert solvers.PCG(poisson((32, 32)), device="gpu", variant="single-reduction").path == "grid"
-    with pytest.raises(solvers.InputError, match="on-chip path runs classic"):
-        solvers.PCG(poisson((8, 8)), device="gpu", path="on-chip", variant="single-reduction")
+    classic = solvers.PCG(poisson((32, 32)), device="gpu", variant="classic")
+    assert classic.path == "on-chip" and classic.variant == "classic"
+    # 65,536 rows on 16 blocks: single-reduction's vectors do not fit beside the cluster's; auto runs classic
+    large = solvers.PCG(poisson((256, 256)), device="gpu", path="on-chip")
+    assert large.variant == "classic" and "cluster of 16" in large.format
+    with pytest.raises(solvers.InputError, match="more shared memory than a block has"):
+        solvers.PCG(poisson((256, 256)), device="gpu", path="on-chip", variant="single-reduction")
     with pytest.raises(solvers.InputError, match="path must be one of"):
         solvers.PCG(poisson((8, 8)), device="gpu", path="cluster")
 
 
-def test_on_chip_modes_and_launch_sizes_give_the_same_bits_and_agree_with_cpu(cupy, matrices_dir):
+@pytest.mark.parametrize("variant", ["classic", "single-reduction"])
+def test_on_chip_modes_and_launch_sizes_give_the_same_bits_and_agree_with_cpu(cupy, matrices_dir, variant):
     for name, A in small_cases(matrices_dir).items():
         n = A.shape[0]
         b = np.random.default_rng(3).standard_normal(n)
-        cpu = solvers.PCG(A, device="cpu", rtol=1e-8, maxiter=20 * n).solve(b)
+        cpu = solvers.PCG(A, device="cpu", rtol=1e-8, maxiter=20 * n, variant=variant).solve(b)
         runs = {(m, u): solvers.PCG(A, device="gpu", path="on-chip", mode=m, unroll=u, rtol=1e-8, maxiter=20 * n,
-                                    reorder="none").solve(b)
+                                    reorder="none", variant=variant).solve(b)
                 for m in MODES for u in (1, 7, 4096)}
         ref = runs[("while", 4096)]
         assert ref.converged and ref.relative_residual < 2e-8, name
@@ -50,13 +58,31 @@ def test_on_chip_modes_and_launch_sizes_give_the_same_bits_and_agree_with_cpu(cu
         assert err < 1e-5, (name, err)
 
 
+@pytest.mark.parametrize("variant", ["classic", "single-reduction"])
+def test_on_chip_iterations_follow_the_numpy_reference(cupy, matrices_dir, variant):
+    from solvers.kernels.onchip_ref import solve_system
+    # one block with the matrix in registers and shared memory; clusters of 8 and 16 blocks
+    cases = {"1138_bus": read_matrix(str(matrices_dir / "1138_bus.mtx")), "poisson_64": poisson((64, 64)),
+             "poisson_128": poisson((128, 128))}
+    for name, A in cases.items():
+        n = A.shape[0]
+        b = np.random.default_rng(6).standard_normal(n)
+        x0 = np.random.default_rng(7).standard_normal(n)
+        res = solvers.PCG(A, device="gpu", path="on-chip", variant=variant, rtol=0.0, maxiter=30,
+                          reorder="none").solve(b, x0)
+        x = x0.copy()
+        code, its, rnorm = solve_system(A.tocsr(), 1.0 / A.diagonal(), b, x, 0.0, 30, variant)
+        assert res.reason is Reason(code) is Reason.MAX_ITERATIONS and res.iterations == its == 30, name
+        np.testing.assert_allclose(res.x.get(), x, rtol=1e-9, atol=1e-12 * np.abs(x).max(), err_msg=name)
+
+
 def test_on_chip_cluster_with_the_matrix_in_global_memory(cupy):
     A = poisson((200, 200))  # 40,000 rows: a cluster of 14 blocks (non-portable), the matrix too large for shared memory
     solver = solvers.PCG(A, device="gpu", path="on-chip", rtol=1e-9)
     assert "cluster of 14" in solver.format and "global" in solver.format
     b = np.random.default_rng(4).standard_normal(A.shape[0])
     res = solver.solve(b)
-    cpu = solvers.PCG(A, device="cpu", rtol=1e-9).solve(b)
+    cpu = solvers.PCG(A, device="cpu", rtol=1e-9, variant=solver.variant).solve(b)
     assert res.converged and abs(res.iterations - cpu.iterations) <= 3
     np.testing.assert_allclose(res.x.get(), cpu.x, rtol=1e-6, atol=1e-9 * np.abs(cpu.x).max())
     for mode in ("eager", "graph"):  # the workspace built once a solve, resumed from between launches
@@ -67,14 +93,15 @@ def test_on_chip_cluster_with_the_matrix_in_global_memory(cupy):
 def test_on_chip_failures_history_and_callback(cupy):
     A = poisson((16, 16))
     n = A.shape[0]
-    for mode in MODES:
+    for mode, variant in itertools.product(MODES, ("classic", "single-reduction")):
+        on_chip = dict(device="gpu", path="on-chip", mode=mode, variant=variant)
         b = np.ones(n)
         b[5] = np.nan
-        assert solvers.PCG(A, device="gpu", path="on-chip", mode=mode).solve(b).reason is Reason.NOT_FINITE
+        assert solvers.PCG(A, **on_chip).solve(b).reason is Reason.NOT_FINITE
         indef = sp.diags(np.r_[np.ones(n // 2), -np.ones(n - n // 2)]).tocsr() + 0.1 * A
-        res = solvers.PCG(indef, device="gpu", path="on-chip", mode=mode, preconditioner="none").solve(np.ones(n))
+        res = solvers.PCG(indef, preconditioner="none", **on_chip).solve(np.ones(n))
         assert res.reason is Reason.BREAKDOWN
-        res = solvers.PCG(A, device="gpu", path="on-chip", mode=mode, unroll=3).solve(np.ones(n), maxiter=7)
+        res = solvers.PCG(A, unroll=3, **on_chip).solve(np.ones(n), maxiter=7)
         assert res.reason is Reason.MAX_ITERATIONS and res.iterations == 7
     calls = []
     solver = solvers.PCG(A, device="gpu", path="on-chip", record_history=True)
@@ -82,7 +109,7 @@ def test_on_chip_failures_history_and_callback(cupy):
     plain = solver.solve(np.ones(n))
     assert len(calls) == res.iterations and len(res.history) == res.iterations + 1
     assert cupy.array_equal(res.x, plain.x) and calls[-1] == float(plain.x[0])
-    cpu = solvers.PCG(A, device="cpu", record_history=True).solve(np.ones(n))
+    cpu = solvers.PCG(A, device="cpu", record_history=True, variant=solver.variant).solve(np.ones(n))
     np.testing.assert_allclose(res.history[:10], cpu.history[:10], rtol=1e-10)
 
 

@@ -230,7 +230,7 @@ class GPUPCG:
         if n >= 2**31 - 1 or nnz >= 2**31 - 1:
             raise InputError("matrices with 2^31 or more rows or entries are not supported (int32 indices)")
         self.n = n
-        self.variant = resolve_variant(self.requested_variant, n, "gpu", self.spec.variants["gpu"])
+        self.variant = self._choose_variant(M)
         indptr = cupy.ascontiguousarray(M.indptr.astype(cupy.int32))
         indices = cupy.ascontiguousarray(M.indices.astype(cupy.int32))
         data = M.data.astype(self.dtype)
@@ -296,6 +296,10 @@ class GPUPCG:
         if self.split:
             self._set_up_preconditioner(M)
         self._pack_args()
+
+    def _choose_variant(self, M):
+        """The PCG variant to run on the device CSR matrix ``M``: the one asked for, ``auto`` resolved."""
+        return resolve_variant(self.requested_variant, M.shape[0], "gpu", self.spec.variants["gpu"])
 
     def _set_up_preconditioner(self, M):
         """Set the preconditioner up on the device matrix ``M`` and lay out its launches on z = M^-1 r."""

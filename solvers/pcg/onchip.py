@@ -17,8 +17,8 @@ from .gpu import GPUPCG, to_device_csr
 ONCHIP_RUN = Struct("OnchipRun", [
     ("rowptr", "const int*"), ("col", "const int*"), ("val", "const real_t*"), ("dinv", "const real_t*"),
     ("start", "const int*"), ("b", "const real_t*"), ("x", "real_t*"), ("r", "real_t*"), ("z", "real_t*"),
-    ("p", "real_t*"), ("st", "State*"), ("norms", "double*"), ("history", "double*"), ("progress", "Progress*"),
-    ("sell_val", "real_t*"), ("sell_col", "int*"),
+    ("p", "real_t*"), ("s", "real_t*"), ("w", "real_t*"), ("st", "State*"), ("norms", "double*"),
+    ("history", "double*"), ("progress", "Progress*"), ("sell_val", "real_t*"), ("sell_col", "int*"),
     ("rtol", "double"), ("atol", "double"), ("maxiter", "int"), ("systems", "int"), ("count", "int"),
     ("fresh", "int"), ("matrix_capacity", "int"), ("matrix_shared", "int")])
 
@@ -28,7 +28,17 @@ MAX_ROWS = 8           # rows a thread keeps in registers
 # Shared memory a block may use (H200: 227 KiB), less a margin for alignment.
 SHARED_LIMIT = 227 * 1024 - 256
 SM_SHARED = 228 * 1024  # shared memory of an SM
+QUARTER_REGISTERS = 16384  # 32-bit registers of each of an SM's four schedulers (a warp stays on one)
+THREAD_REGISTERS = 255     # the most one thread may use
+# Registers a thread needs besides its rows' vectors and held matrix entries (indices, scalars, the
+# slices' addresses): a base by variant and whether the system spans a cluster (reads from other
+# blocks), and REGISTERS_A_ROW more for each of its rows; the most that leaves ptxas (CUDA 13,
+# sm_90) no spills on the layouts of latency_shape up to 16,384 rows.
+RESERVED_REGISTERS = {("classic", False): 44, ("classic", True): 70,
+                      ("single-reduction", False): 46, ("single-reduction", True): 62}
+REGISTERS_A_ROW = 6
 NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 14  # CUfunction_attribute
+VARIANTS = ("classic", "single-reduction")
 
 
 PATHS = ("auto", "grid", "on-chip")
@@ -60,7 +70,8 @@ def remote_fraction(A):
 
 def choose_path(path, n, variant="auto", preconditioner="jacobi", A=None):
     """``(path, note)``: the GPU kernel for ``n`` rows, ``grid`` or ``on-chip`` (``path`` "auto" or one of
-    them); with the matrix ``A`` (CSR), auto also weighs where its product reads fall (:func:`remote_fraction`)."""
+    them); with the matrix ``A`` (CSR), auto also weighs where its product reads fall (:func:`remote_fraction`).
+    Both PCG variants run on either path; ``variant`` is the one asked for."""
     if path not in PATHS:
         raise InputError(f"path must be one of {', '.join(PATHS)}, not {path!r}")
     if path == "on-chip" and preconditioner not in ONCHIP_PRECONDITIONERS:
@@ -69,8 +80,6 @@ def choose_path(path, n, variant="auto", preconditioner="jacobi", A=None):
         return path, None
     if preconditioner not in ONCHIP_PRECONDITIONERS:
         return "grid", f"auto: the on-chip path applies Jacobi or no preconditioner, not {preconditioner!r}"
-    if variant not in ("auto", "classic"):
-        return "grid", f"auto: the on-chip path runs classic PCG, {variant!r} was asked for"
     if n > ONCHIP_MAX_ROWS:
         return "grid", f"auto: {n:,} rows > {ONCHIP_MAX_ROWS:,}, the whole GPU"
     remote = remote_fraction(A) if A is not None and hasattr(A, "indptr") else 0.0
@@ -98,23 +107,55 @@ class Shape:
         return f"{where} of {self.block} threads, {self.rows} row{'s' if self.rows > 1 else ''} a thread"
 
 
-def slice_capacity(rowptr, start, shape):
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """Where the kernel keeps a system: its :class:`Shape`, ``held`` entries of each row in the
+    thread's registers, the rest (``entries`` a block at most) in slices, ``in_shared`` of them in
+    shared memory and the others in a global workspace."""
+
+    shape: Shape
+    held: int
+    entries: int
+    in_shared: int
+
+    def describe(self):
+        if self.entries == 0:
+            where = "in registers"
+        elif self.in_shared == self.entries:
+            where = "in shared memory"
+        elif self.in_shared:
+            where = f"{self.in_shared / self.entries:.0%} in shared memory, the rest in global memory"
+        else:
+            where = "in global memory"
+        if self.held and self.entries:
+            where = f"{self.held} entries a row in registers, the rest {where}"
+        return f"{self.shape.describe()}, matrix {where}"
+
+
+def row_lengths(rowptr, start):
+    """Entries of each row of the stacked systems."""
+    rowptr = np.asarray(rowptr, dtype=np.int64)
+    return np.diff(rowptr)[int(start[0]):int(start[-1])]
+
+
+def slice_capacity(rowptr, start, shape, held=0):
     """The most matrix entries the slices of any block hold (``kernels/onchip.cu``'s layout).
 
     A block's rows fall into slices of 32 consecutive rows of a system, each as wide as
-    its longest row; a block holds ``32 * (sum of its slices' widths)`` entries.
+    its longest row less the ``held`` entries a thread keeps in registers; a block holds
+    ``32 * (sum of its slices' widths)`` entries.
     """
-    rowptr = np.asarray(rowptr, dtype=np.int64)
     start = np.asarray(start, dtype=np.int64)
     sizes = np.diff(start)
     if not sizes.size or not sizes.sum():
         return 0
-    lengths = np.diff(rowptr)[start[0]:start[-1]]
+    lengths = row_lengths(rowptr, start)
     per_system = -(-sizes // 32)  # slices a system
     first_slice = np.concatenate(([0], np.cumsum(per_system)))
     system = np.repeat(np.arange(sizes.size), sizes)
     slice_of_row = first_slice[system] + (np.arange(lengths.size) - (start[system] - start[0])) // 32
     widths = np.maximum.reduceat(lengths, np.flatnonzero(np.r_[True, np.diff(slice_of_row) != 0]))
+    widths = np.maximum(widths - held, 0)
     slice_system = np.repeat(np.arange(sizes.size), per_system)
     blocks = -(-sizes // shape.chunk)
     first_block = np.concatenate(([0], np.cumsum(blocks)))
@@ -124,15 +165,35 @@ def slice_capacity(rowptr, start, shape):
     return 32 * int(block_sums.max())
 
 
-def shared_bytes(shape, entries, itemsize):
-    """Dynamic shared memory of a block: z and two directions for its rows, plus ``entries`` of the matrix."""
-    return 3 * shape.chunk * itemsize + entries * (itemsize + 4)
+def shared_vectors(variant, team):
+    """Vectors of a block's rows in its shared memory: classic z and two directions; single-reduction u,
+    and in a cluster r, s and w of two iterations (what the other blocks form u from)."""
+    if variant == "classic":
+        return 3
+    return 7 if team > 1 else 1
+
+
+def shared_bytes(shape, entries, itemsize, variant="classic"):
+    """Dynamic shared memory of a block: its shared vectors, plus ``entries`` of the matrix."""
+    return shared_vectors(variant, shape.team) * shape.chunk * itemsize + entries * (itemsize + 4)
 
 
 def scratch_bytes(shape):
     """The kernel's static shared memory (``TeamScratch``): the warps' and the team's totals of three
-    values twice, a slice width per 32 rows."""
-    return 48 * (shape.block // 32) + 48 * shape.team + 4 * (shape.chunk // 32)
+    values twice, two mbarriers, a slice width per 32 rows."""
+    return 48 * (shape.block // 32) + 48 * shape.team + 16 + 4 * (shape.chunk // 32)
+
+
+def held_entries(shape, variant, itemsize, longest):
+    """Entries of each row a thread keeps in registers (one block an SM): what the registers left
+    beside the rows' vectors (classic x, r, q, p and the inverse diagonal; single-reduction x, p, r,
+    s, w, u and the inverse diagonal) and RESERVED_REGISTERS leave, at most the longest row."""
+    words = itemsize // 4
+    warps_a_scheduler = -(-shape.block // 128)
+    per_thread = min(THREAD_REGISTERS, QUARTER_REGISTERS // (32 * warps_a_scheduler) // 8 * 8)
+    vectors = (5 if variant == "classic" else 7) * words * shape.rows
+    room = per_thread - RESERVED_REGISTERS[variant, shape.team > 1] - REGISTERS_A_ROW * shape.rows - vectors
+    return int(max(0, min(longest, room // ((words + 1) * shape.rows))))
 
 
 def latency_shape(rows):
@@ -154,7 +215,7 @@ def candidate_shapes(rows, latency):
 
     A batch (throughput) wants one block of up to 256 threads a system, so that
     several systems share an SM; one system (latency), and systems of more than
-    2,048 rows, take :func:`latency_shape` (:func:`choose_shape` takes the first that fits).
+    2,048 rows, take :func:`latency_shape` (:func:`choose_layout` takes the first that fits).
     """
     shapes = []
     if not latency and rows <= 256 * MAX_ROWS:
@@ -166,24 +227,40 @@ def candidate_shapes(rows, latency):
     return shapes
 
 
-def choose_shape(rowptr, start, itemsize, latency):
-    """``(shape, entries, in_shared)``: the first candidate layout whose vectors and matrix fit in a
-    block's shared memory, else the first whose vectors do; ``entries`` is the matrix capacity of a
-    block, ``in_shared`` how many of them shared memory holds (the rest: a global workspace)."""
+def choose_layout(rowptr, start, itemsize, latency, variant="classic"):
+    """The first candidate :class:`Layout` whose vectors and matrix fit in a block's shared memory
+    (after what one system's threads hold in registers), else the first whose vectors do, the
+    rest of its matrix in a global workspace. A batch holds no entries in registers: several
+    blocks share an SM."""
     rows = int(np.diff(np.asarray(start)).max())
     shapes = candidate_shapes(rows, latency)
     if not shapes:
         raise InputError(f"a system of {rows:,} rows is too large to solve on chip "
                          f"(at most {MAX_TEAM * 1024 * MAX_ROWS:,})")
-    capacities = [slice_capacity(rowptr, start, shape) for shape in shapes]
-    for shape, entries in zip(shapes, capacities):
-        if shared_bytes(shape, entries, itemsize) + scratch_bytes(shape) <= SHARED_LIMIT:
-            return shape, entries, entries
-    for shape, entries in zip(shapes, capacities):
-        room = SHARED_LIMIT - scratch_bytes(shape) - shared_bytes(shape, 0, itemsize)
+    longest = int(row_lengths(rowptr, start).max(initial=0))
+    layouts = []
+    for shape in shapes:
+        held = held_entries(shape, variant, itemsize, longest) if latency else 0
+        layouts.append(Layout(shape, held, slice_capacity(rowptr, start, shape, held), 0))
+    for layout in layouts:
+        if shared_bytes(layout.shape, layout.entries, itemsize, variant) + scratch_bytes(layout.shape) <= SHARED_LIMIT:
+            return dataclasses.replace(layout, in_shared=layout.entries)
+    for layout in layouts:
+        room = SHARED_LIMIT - scratch_bytes(layout.shape) - shared_bytes(layout.shape, 0, itemsize, variant)
         if room >= 0:  # whole warps' entries (32 at a time) in shared memory, the rest global
-            return shape, entries, min(entries, room // (itemsize + 4) // 32 * 32)
-    raise InputError(f"systems of {rows:,} rows need more shared memory than a block has")
+            return dataclasses.replace(layout, in_shared=min(layout.entries, room // (itemsize + 4) // 32 * 32))
+    raise InputError(f"systems of {rows:,} rows need more shared memory than a block has "
+                     f"({variant} PCG on chip)")
+
+
+def kernel_program(layout, variant, real, min_blocks):
+    """Arguments of :func:`kernels.module` for the on-chip kernel of ``layout`` (a :class:`Layout`)
+    running ``variant`` in ``real`` ("double" or "float"), ``min_blocks`` blocks an SM."""
+    shape = layout.shape
+    defines = (("ONCHIP_BLOCK", str(shape.block)), ("ONCHIP_ROWS", str(shape.rows)), ("ONCHIP_TEAM", str(shape.team)),
+               ("ONCHIP_HELD", str(layout.held)), ("ONCHIP_SINGLE", str(int(variant != "classic"))),
+               ("ONCHIP_MIN_BLOCKS", str(min_blocks)))
+    return dict(name="onchip", real=real, defines=defines, before=("stopping",), structs=(STATE, PROGRESS, ONCHIP_RUN))
 
 
 class OnChipKernel:
@@ -196,25 +273,33 @@ class OnChipKernel:
     real : {"double", "float"}
     latency : bool
         Lay out for one system's latency rather than a batch's throughput (:func:`candidate_shapes`).
-        Each block's rows of the matrix are laid out in shared memory, and what does not fit
-        there in a global workspace this object holds.
+        Each block's rows of the matrix are laid out in registers and shared memory, and what does
+        not fit there in a global workspace this object holds.
+    variants : sequence of str
+        The PCG variants acceptable, in order of preference: the kernel runs the first whose
+        vectors fit in shared memory (``variant`` says which).
     """
 
-    def __init__(self, rowptr, start, real="double", latency=False):
+    def __init__(self, rowptr, start, real="double", latency=False, variants=("classic",)):
         import cupy
         itemsize = 8 if real == "double" else 4
-        self.shape, self.capacity, self.in_shared = choose_shape(rowptr, start, itemsize, latency)
-        self.shared_bytes = shared_bytes(self.shape, self.in_shared, itemsize)
+        for variant in variants:
+            try:
+                self.layout = choose_layout(rowptr, start, itemsize, latency, variant)
+            except InputError:
+                if variant == variants[-1]:
+                    raise
+                continue
+            self.variant = variant
+            break
+        self.shape = self.layout.shape
+        self.shared_bytes = shared_bytes(self.shape, self.layout.in_shared, itemsize, self.variant)
         self.systems = int(np.asarray(start).size - 1)
         # A batch wants as many blocks an SM as shared memory allows (registers are capped to match);
         # one system wants each block fast.
         self.min_blocks = 1 if latency else max(1, min(2048 // self.shape.block,
                                                        SM_SHARED // (self.shared_bytes + scratch_bytes(self.shape) + 1024)))
-        mod = kernels.module("onchip", real, defines=(("ONCHIP_BLOCK", str(self.shape.block)),
-                                                      ("ONCHIP_ROWS", str(self.shape.rows)),
-                                                      ("ONCHIP_TEAM", str(self.shape.team)),
-                                                      ("ONCHIP_MIN_BLOCKS", str(self.min_blocks))),
-                             before=("stopping",), structs=(STATE, PROGRESS, ONCHIP_RUN))
+        mod = kernels.module(**kernel_program(self.layout, self.variant, real, self.min_blocks))
         kernel = mod.get_function("onchip_pcg")
         kernel.max_dynamic_shared_size_bytes = self.shared_bytes
         self._function = kernel.kernel
@@ -227,24 +312,18 @@ class OnChipKernel:
         teams = max(1, min(self.systems, int(per_sm) * sms // self.shape.team))
         self.grid = teams * self.shape.team
         self.workspace = None  # the entries of each block that shared memory cannot hold
-        if self.in_shared < self.capacity:
-            entries = self.systems * self.shape.team * (self.capacity - self.in_shared)
+        if self.layout.in_shared < self.layout.entries:
+            entries = self.systems * self.shape.team * (self.layout.entries - self.layout.in_shared)
             self.workspace = (cupy.empty(entries, dtype=np.float64 if real == "double" else np.float32),
                               cupy.empty(entries, dtype=np.int32))
 
     def describe(self):
-        if self.in_shared == self.capacity:
-            where = "in shared memory"
-        elif self.in_shared:
-            where = f"{self.in_shared / self.capacity:.0%} in shared memory, the rest in global memory"
-        else:
-            where = "in global memory"
-        return f"on chip: {self.shape.describe()}, matrix {where}"
+        return f"on chip: {self.layout.describe()}"
 
     def pack(self, **fields):
         """The argument struct (``ONCHIP_RUN``'s fields; the matrix layout is filled in)."""
         val, col = self.workspace or (None, None)
-        return ONCHIP_RUN.pack(matrix_capacity=self.capacity, matrix_shared=self.in_shared,
+        return ONCHIP_RUN.pack(matrix_capacity=self.layout.entries, matrix_shared=self.layout.in_shared,
                                sell_val=val, sell_col=col, **fields)
 
     def launch(self, args, handle=0, stream=None):
@@ -254,22 +333,26 @@ class OnChipKernel:
 
 class OnChipPCG(GPUPCG):
     """PCG on one small system inside one block or cluster: :class:`~solvers.pcg.gpu.GPUPCG` with its
-    persistent grid kernel replaced by ``kernels/onchip.cu`` (classic PCG, resumable between launches).
+    persistent grid kernel replaced by ``kernels/onchip.cu`` (resumable between launches).
 
     The engine, buffers, input checks and true residual are GPUPCG's; a launch runs
     up to ``unroll`` iterations (by default the whole solve), and a solve's first
-    launch does the set-up pass itself.
+    launch does the set-up pass itself. ``auto`` runs single-reduction PCG (one
+    reduction an iteration) unless its vectors do not fit in shared memory beside the
+    cluster's (then classic).
     """
 
     default_unroll = 2**31 - 1
 
+    def _choose_variant(self, M):
+        variant = super()._choose_variant(M)
+        preferred = (variant, "classic") if self.requested_variant == "auto" and variant != "classic" else (variant,)
+        self.onchip = OnChipKernel(M.indptr.get(), np.array([0, M.shape[0]]), kernels.ctype(self.dtype),
+                                   latency=True, variants=preferred)
+        return self.onchip.variant
+
     def _setup(self, A):
-        if self.requested_variant not in ("auto", "classic"):
-            raise InputError(f"the on-chip path runs classic PCG, not {self.requested_variant!r}")
-        self.requested_variant = "classic"
         super()._setup(A)
-        self.onchip = OnChipKernel(self._pattern[0].get(), np.array([0, self.n]), kernels.ctype(self.dtype),
-                                   latency=True)
         self._csr_values = to_device_csr(A, self.dtype).data
         self._rows = self.cupy.asarray(np.array([0, self.n], dtype=np.int32))
         self.norms = self.cupy.zeros(2)  # the kernel's ||b - A x||, ||b||; solve() takes GPUPCG's true residual
@@ -291,8 +374,12 @@ class OnChipPCG(GPUPCG):
 
     def launch_run(self, count, handle, stream=None):
         indptr, indices = self._pattern
+        v = self.vectors
+        if self.variant == "classic":
+            vectors = dict(z=v["z"], p=v["p0"])
+        else:
+            vectors = dict(p=v["p"], s=v["s0"], w=v["w0"])
         args = self.onchip.pack(rowptr=indptr, col=indices, val=self._csr_values, dinv=self.dinv, start=self._rows,
-                                b=self.b, x=self.x, r=self.r, z=self.vectors["z"], p=self.vectors["p0"],
-                                st=self.state, norms=self.norms, history=self.history,
-                                progress=self.progress.device_ptr, systems=1, count=int(count), fresh=0)
+                                b=self.b, x=self.x, r=self.r, st=self.state, norms=self.norms, history=self.history,
+                                progress=self.progress.device_ptr, systems=1, count=int(count), fresh=0, **vectors)
         self.onchip.launch(args, handle, stream)
