@@ -73,15 +73,17 @@ def per_iteration(A, path, unroll, iterations, reps, reorder="none"):
     return best * 1e6, solver, res
 
 
-def iteration_table(iterations, reps):
-    rows = ["| matrix | n | nnz | on-chip layout | on-chip us/it (32 it. a launch) | on-chip us/it (whole solve a launch) "
-            "| grid us/it | auto takes |", "|---|---|---|---|---|---|---|---|"]
+def iteration_table(iterations, reps, names=()):
+    rows = ["| matrix | n | nnz | on-chip variant and layout | on-chip us/it (32 it. a launch) "
+            "| on-chip us/it (whole solve a launch) | grid us/it | auto takes |", "|---|---|---|---|---|---|---|---|"]
     for name, A, reorder in small_matrices():
+        if names and name not in names:
+            continue
         n, nnz = A.shape[0], A.nnz
         try:
             t32, solver, _ = per_iteration(A, "on-chip", 32, iterations, reps, reorder)
             tall, _, _ = per_iteration(A, "on-chip", iterations + 1, iterations, reps, reorder)
-            layout = solver.format
+            layout = f"{solver.variant}, {solver.format}"
         except solvers.InputError as exc:
             t32 = tall = float("nan")
             layout = f"refused: {exc}"
@@ -285,6 +287,8 @@ def main(argv=None):
     ap.add_argument("--iterations", type=int, default=2000, help="iterations a per-iteration timing runs")
     ap.add_argument("--sample", type=int, default=20, help="systems the cupyx loop is timed on")
     ap.add_argument("--only", choices=("iterations", "heat", "columns", "batch"), help="run one part only")
+    ap.add_argument("--matrices", default="",
+                    help="comma-separated names of the per-iteration table's matrices (default: all)")
     ap.add_argument("--columns-side", type=int, default=1024, help="grid side of the right-hand sides' Poisson matrix")
     ap.add_argument("--out", default=str(pathlib.Path(__file__).resolve().parent / "results"))
     args = ap.parse_args(argv)
@@ -294,7 +298,7 @@ def main(argv=None):
     sections = [f"# Small systems, {now:%Y-%m-%d %H:%M} UTC, {gpu}, commit {provenance.commit()}", ""]
     if args.only in (None, "iterations"):
         sections += ["## PCG per iteration, float64, Jacobi, while mode", "",
-                     *iteration_table(args.iterations, args.reps), ""]
+                     *iteration_table(args.iterations, args.reps, [n for n in args.matrices.split(",") if n]), ""]
     if args.only in (None, "heat"):
         sections += ["## Heat equation time step (examples/heat_implicit.py), 100 steps, rtol 1e-10", "",
                      *heat_table((64, 256), 100), ""]

@@ -3,18 +3,22 @@
 Run on a GPU machine::
 
     python scripts/probe_onchip.py layouts [--iterations 300]
-    python scripts/probe_onchip.py costs [--iterations 300]
+    python scripts/probe_onchip.py costs [--iterations 300] [--matrices gr_900_900_crg,...]
 
 ``layouts`` times each small matrix at several on-chip layouts (block threads,
 rows a thread, blocks a cluster), the layout forced in place of
 :func:`solvers.pcg.onchip.latency_shape`. ``costs`` times the kernel as it is
-against two altered copies made here (never shipped): without the per-iteration
-record of the State and progress word, and with the iteration's second reduction
-done twice (the same result, one reduction more): the differences are what those
-parts cost. Every figure: float64, Jacobi, while mode, the whole solve one launch,
+against altered copies made here (never shipped) and other settings: without the
+per-iteration record of the State and progress word; with the iteration's
+reduction done twice (the same result, one reduction more); with the cluster's
+totals exchanged through a cluster barrier instead of pushes completing on
+mbarriers; with no matrix entries held in registers; classic PCG (two
+reductions) instead of single-reduction. The differences are what those parts
+cost. Every figure: float64, Jacobi, while mode, the whole solve one launch,
 rtol 0 and a fixed number of iterations, best of three, us per iteration.
 """
 import argparse
+import contextlib
 import pathlib
 import sys
 
@@ -29,21 +33,60 @@ from solvers.mmio import read_matrix  # noqa: E402
 
 DATA = pathlib.Path(__file__).resolve().parent.parent / "tests" / "data" / "matrices"
 LAYOUTS = {  # (block threads, rows a thread, blocks a cluster)
-    "gr_900_900_crg": [(512, 2, 1), (256, 4, 1), (928, 1, 1), (320, 3, 1), (512, 1, 2)],
-    "1138_bus": [(384, 3, 1), (576, 2, 1), (288, 4, 1), (576, 1, 2)],
-    "2D Poisson 64^2": [(512, 1, 8), (512, 2, 4), (256, 2, 8), (1024, 1, 4), (512, 4, 2)],
-    "lap2D_5pt_n100": [(512, 2, 10), (1024, 1, 10), (640, 1, 16)],
-    "2D Poisson 128^2": [(512, 2, 16), (1024, 1, 16), (256, 4, 16)],
-    "2D Poisson 256^2": [(512, 8, 16), (1024, 4, 16)],
+    "gr_900_900_crg": [(480, 2, 1), (256, 4, 1), (928, 1, 1), (320, 3, 1)],
+    "1138_bus": [(384, 3, 1), (576, 2, 1), (288, 4, 1), (640, 2, 1)],
+    "2D Poisson 64^2": [(512, 1, 8), (256, 2, 8), (512, 2, 4), (256, 1, 16)],
+    "lap2D_5pt_n100": [(512, 2, 10), (640, 1, 16), (320, 2, 16)],
+    "2D Poisson 128^2": [(512, 2, 16), (256, 4, 16), (1024, 1, 16)],
+    "2D Poisson 256^2": [(1024, 4, 16), (512, 8, 16)],
 }
-RECORD = "            if (recorder) record_decision(st, it, rnorm, status, a.history, a.progress, handle);"
-SECOND = "            team_sums(sums, sc, round);\n            ++it;"
-ALTERED = {
-    "as it is": lambda text: text,
-    "without the per-iteration record": lambda text: text.replace(
-        RECORD, RECORD.replace("(recorder)", "(recorder && status != RUNNING)")),
-    "second reduction twice": lambda text: text.replace(
-        SECOND, "            { double again[2] = {sums[0], sums[1]}; team_sums(again, sc, round); }\n" + SECOND),
+RECORD = "        if (sr.recorder) record_decision(sr.st, it, rnorm, status, a.history, a.progress, sr.handle);"
+REDUCTION = "        team_sums(sums, sr.sc, sr.round);\n        ++it;\n        const double rnorm = sqrt(sums[0]);"
+PUSH_BEGIN = "    if (warp == 0) {  // the block's totals, pushed by lane c into block c"
+PUSH_END = "    wait_phase(&sc.arrived[buf], parity);\n"
+BARRIER_EXCHANGE = """#pragma unroll
+    for (int k = 0; k < K; ++k) v[k] = warp_total(lane < ONCHIP_WARPS ? sc.warp[buf][k][lane] : 0.0);
+    if (threadIdx.x < ONCHIP_TEAM) {
+#pragma unroll
+        for (int k = 0; k < K; ++k) *team_peer(&sc.team[buf][k][team_rank()], threadIdx.x) = v[k];
+    }
+    team_barrier();
+"""
+
+
+def without_record(text):
+    return text.replace(RECORD, RECORD.replace("(sr.recorder)", "(sr.recorder && status != RUNNING)"))
+
+
+def reduction_twice(text):
+    again = "        { double again[3] = {sums[0], sums[1], sums[2]}; team_sums(again, sr.sc, sr.round); }\n"
+    return text.replace(REDUCTION, again + REDUCTION)
+
+
+def barrier_exchange(text):
+    begin = text.find(PUSH_BEGIN)
+    end = text.find(PUSH_END, begin)
+    return text if begin < 0 or end < 0 else text[:begin] + BARRIER_EXCHANGE + text[end + len(PUSH_END):]
+
+
+@contextlib.contextmanager
+def nothing_held():
+    held = onchip.held_entries
+    onchip.held_entries = lambda *args: 0
+    try:
+        yield
+    finally:
+        onchip.held_entries = held
+
+
+# label: (kernel text alteration, solver options, context while setting up)
+COSTS = {
+    "as it is": (None, {}, contextlib.nullcontext),
+    "without the per-iteration record": (without_record, {}, contextlib.nullcontext),
+    "the reduction twice": (reduction_twice, {}, contextlib.nullcontext),
+    "totals through a cluster barrier": (barrier_exchange, {}, contextlib.nullcontext),
+    "no entries in registers": (None, {}, nothing_held),
+    "classic PCG": (None, {"variant": "classic"}, contextlib.nullcontext),
 }
 
 
@@ -54,17 +97,19 @@ def matrix(name):
     return read_matrix(str(DATA / f"{name}.mtx"))
 
 
-def per_iteration(A, iterations):
+def per_iteration(A, iterations, **options):
     """The on-chip layout's description and the best us per iteration of three solves."""
     b = np.random.default_rng(0).standard_normal(A.shape[0])
     solver = solvers.PCG(A, device="gpu", mode="while", path="on-chip", unroll=iterations + 1, rtol=0.0,
-                         maxiter=iterations, reorder="none")
+                         maxiter=iterations, reorder="none", **options)
     solver.solve(b)  # warm-up: compile and capture
-    return solver.format, min(solver.solve(b).loop_time for _ in range(3)) / iterations * 1e6
+    return f"{solver.variant}, {solver.format}", min(solver.solve(b).loop_time for _ in range(3)) / iterations * 1e6
 
 
-def layouts(iterations):
+def layouts(iterations, names):
     for name, shapes in LAYOUTS.items():
+        if names and name not in names:
+            continue
         A = matrix(name)
         for shape in shapes:
             onchip.latency_shape = lambda rows, s=shape: onchip.Shape(*s)
@@ -75,16 +120,20 @@ def layouts(iterations):
                 print(f"| {name} | {shape} | refused: {exc} | |", flush=True)
 
 
-def costs(iterations):
+def costs(iterations, names):
     source = kernels.source
     text = source("onchip")
-    for label, alter in ALTERED.items():
-        altered = alter(text)
-        if label != "as it is" and altered == text:
+    for label, (alter, options, context) in COSTS.items():
+        altered = alter(text) if alter else text
+        if alter and altered == text:
             raise SystemExit(f"probe_onchip: the kernel no longer has the code {label!r} alters")
         kernels.source = lambda name, t=altered: t if name == "onchip" else source(name)
-        for name in ("gr_900_900_crg", "2D Poisson 64^2", "2D Poisson 128^2"):
-            layout, us = per_iteration(matrix(name), iterations)
+        for name in names or ("gr_900_900_crg", "2D Poisson 64^2", "2D Poisson 128^2"):
+            A = matrix(name)
+            if label == "totals through a cluster barrier" and onchip.latency_shape(A.shape[0]).team == 1:
+                continue
+            with context():
+                layout, us = per_iteration(A, iterations, **options)
             print(f"| {label} | {name} | {layout} | {us:.2f} |", flush=True)
     kernels.source = source
 
@@ -93,8 +142,10 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("what", choices=("layouts", "costs"))
     ap.add_argument("--iterations", type=int, default=300)
+    ap.add_argument("--matrices", default="", help="comma-separated names (default: the mode's own list)")
     args = ap.parse_args(argv)
-    (layouts if args.what == "layouts" else costs)(args.iterations)
+    names = [n for n in args.matrices.split(",") if n]
+    (layouts if args.what == "layouts" else costs)(args.iterations, names)
     return 0
 
 
