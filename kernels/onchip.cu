@@ -29,14 +29,15 @@
 //   with the owners' operations, so it is exactly their u. Shared memory: u, and in a team r, s, w
 //   twice.
 //
-// A reduction adds lanes by a butterfly (every lane ends with the same bits), then the block's warp
-// totals the same way. In a team, warp 0 pushes the block's totals into every member's shared memory
-// with st.async, each store completing bytes on the receiver's mbarrier, and each block waits on its
-// own mbarrier only (no cluster barrier); every thread then adds the team's totals in rank order:
-// results depend on nothing but the compile-time shape. The push follows a block barrier and
-// completes with release semantics at cluster scope, the wait acquires: everything a block wrote or
-// read before a reduction happens before everything any team member does after it, so a reduction
-// also serves as the team barrier between iterations. Totals and mbarriers alternate between two
+// A reduction adds lanes by a butterfly (every lane ends with the same bits), then warp 0 adds the
+// block's warp totals the same way. In a team, warp 0 pushes the block's totals into every member's
+// shared memory with st.async, each store completing bytes on the receiver's mbarrier, waits on its
+// own block's mbarrier only (no cluster barrier) and adds the team's totals by a butterfly too; the
+// block's threads read the result behind a block barrier: results depend on nothing but the
+// compile-time shape. The push follows a block barrier and completes with release semantics at
+// cluster scope, the wait acquires and a block barrier follows: everything a block wrote or read
+// before a reduction happens before everything any team member does after it, so a reduction also
+// serves as the team barrier between iterations. Totals and mbarriers alternate between two
 // buffers: a block can run at most one reduction ahead of a slower one.
 //
 // A launch runs up to `count` iterations of every system and keeps the state of a system still
@@ -145,6 +146,7 @@ __device__ __forceinline__ double warp_total(double v) {
 struct TeamScratch {
     double warp[2][MAX_SUMS][ONCHIP_WARPS];
     double team[2][MAX_SUMS][ONCHIP_TEAM];  // pushed by every team member, each into its rank's place
+    double total[2][MAX_SUMS];              // the team's totals, for the block's threads
     unsigned long long arrived[2];          // mbarriers: the team's totals of team[buf] have arrived
     int slice_width[ONCHIP_SLICES];
 };
@@ -162,7 +164,9 @@ __device__ __forceinline__ void init_team_scratch(TeamScratch& sc) {
 }
 
 // Sums of K <= 3 values over the team, the same bits in every thread; `round` counts the reductions.
-// Also a barrier of the team for the shared memory accessed before and after the call.
+// Every warp adds its lanes; warp 0 adds the warps' totals and, in a team, pushes them to every
+// member, waits for the others' and adds them; the block's threads read the result behind a block
+// barrier. Also a barrier of the team for the shared memory accessed before and after the call.
 template <int K>
 __device__ __forceinline__ void team_sums(double (&v)[K], TeamScratch& sc, int& round) {
     const int buf = round & 1;
@@ -176,30 +180,30 @@ __device__ __forceinline__ void team_sums(double (&v)[K], TeamScratch& sc, int& 
         for (int k = 0; k < K; ++k) sc.warp[buf][k][warp] = v[k];
     }
     __syncthreads();
-#if ONCHIP_TEAM > 1
-    if (warp == 0) {  // the block's totals, pushed by lane c into block c
+    if (warp == 0) {
 #pragma unroll
         for (int k = 0; k < K; ++k) v[k] = warp_total(lane < ONCHIP_WARPS ? sc.warp[buf][k][lane] : 0.0);
+#if ONCHIP_TEAM > 1
         if (lane == 0) expect_bytes(&sc.arrived[buf], ONCHIP_TEAM * K * sizeof(double));
-        if (lane < ONCHIP_TEAM) {
+        if (lane < ONCHIP_TEAM) {  // lane c pushes the block's totals into block c
             const unsigned me = team_rank();
 #pragma unroll
             for (int k = 0; k < K; ++k) push(&sc.team[buf][k][me], v[k], &sc.arrived[buf], lane);
         }
-    }
-    wait_phase(&sc.arrived[buf], parity);
+        wait_phase(&sc.arrived[buf], parity);
 #pragma unroll
-    for (int k = 0; k < K; ++k) {
-        double t = 0.0;
-#pragma unroll
-        for (int c = 0; c < ONCHIP_TEAM; ++c) t += sc.team[buf][k][c];
-        v[k] = t;
-    }
+        for (int k = 0; k < K; ++k) v[k] = warp_total(lane < ONCHIP_TEAM ? sc.team[buf][k][lane] : 0.0);
 #else
-    (void)parity;
-#pragma unroll
-    for (int k = 0; k < K; ++k) v[k] = warp_total(lane < ONCHIP_WARPS ? sc.warp[buf][k][lane] : 0.0);
+        (void)parity;
 #endif
+        if (lane == 0) {
+#pragma unroll
+            for (int k = 0; k < K; ++k) sc.total[buf][k] = v[k];
+        }
+    }
+    __syncthreads();  // orders the team's accesses before warp 0's wait before the block's later ones
+#pragma unroll
+    for (int k = 0; k < K; ++k) v[k] = sc.total[buf][k];
 }
 
 // z = M^-1 r at row i of the stacked systems (Jacobi when dinv is set, else the identity), for rows

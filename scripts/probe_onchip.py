@@ -7,18 +7,19 @@ Run on a GPU machine::
 
 ``layouts`` times each small matrix at several on-chip layouts (block threads,
 rows a thread, blocks a cluster), the layout forced in place of
-:func:`solvers.pcg.onchip.latency_shape`. ``costs`` times the kernel as it is
+:func:`solvers.pcg.onchip.latency_shape`, in both PCG variants. ``costs`` times the kernel as it is
 against altered copies made here (never shipped) and other settings: without the
 per-iteration record of the State and progress word; with the iteration's
-reduction done twice (the same result, one reduction more); with the cluster's
-totals exchanged through a cluster barrier instead of pushes completing on
-mbarriers; with no matrix entries held in registers; classic PCG (two
-reductions) instead of single-reduction. The differences are what those parts
+reduction done twice (the same result, one reduction more); with every warp
+adding the warps' totals and every thread the cluster's (as at commit 7632314)
+instead of warp 0 handing its sums to the block; with no matrix entries held in
+registers; classic PCG (two reductions) instead of single-reduction. The differences are what those parts
 cost. Every figure: float64, Jacobi, while mode, the whole solve one launch,
 rtol 0 and a fixed number of iterations, best of three, us per iteration.
 """
 import argparse
 import contextlib
+import itertools
 import pathlib
 import sys
 
@@ -33,24 +34,58 @@ from solvers.mmio import read_matrix  # noqa: E402
 
 DATA = pathlib.Path(__file__).resolve().parent.parent / "tests" / "data" / "matrices"
 LAYOUTS = {  # (block threads, rows a thread, blocks a cluster)
-    "gr_900_900_crg": [(480, 2, 1), (256, 4, 1), (928, 1, 1), (320, 3, 1)],
-    "1138_bus": [(384, 3, 1), (576, 2, 1), (288, 4, 1), (640, 2, 1)],
-    "2D Poisson 64^2": [(512, 1, 8), (256, 2, 8), (512, 2, 4), (256, 1, 16)],
-    "lap2D_5pt_n100": [(512, 2, 10), (640, 1, 16), (320, 2, 16)],
+    "gr_900_900_crg": [(480, 2, 1), (256, 4, 1), (320, 3, 1), (128, 8, 1)],
+    "1138_bus": [(384, 3, 1), (256, 5, 1), (288, 4, 1), (192, 6, 1)],
+    "2D Poisson 64^2": [(512, 1, 8), (256, 2, 8), (256, 1, 16), (128, 4, 8)],
+    "lap2D_5pt_n100": [(512, 2, 10), (256, 4, 10), (256, 3, 14), (320, 2, 16)],
     "2D Poisson 128^2": [(512, 2, 16), (256, 4, 16), (1024, 1, 16)],
     "2D Poisson 256^2": [(1024, 4, 16), (512, 8, 16)],
 }
 RECORD = "        if (sr.recorder) record_decision(sr.st, it, rnorm, status, a.history, a.progress, sr.handle);"
 REDUCTION = "        team_sums(sums, sr.sc, sr.round);\n        ++it;\n        const double rnorm = sqrt(sums[0]);"
-PUSH_BEGIN = "    if (warp == 0) {  // the block's totals, pushed by lane c into block c"
-PUSH_END = "    wait_phase(&sc.arrived[buf], parity);\n"
-BARRIER_EXCHANGE = """#pragma unroll
-    for (int k = 0; k < K; ++k) v[k] = warp_total(lane < ONCHIP_WARPS ? sc.warp[buf][k][lane] : 0.0);
-    if (threadIdx.x < ONCHIP_TEAM) {
+SUMS_BEGIN = "// Sums of K <= 3 values over the team"
+# team_sums as measured at 7632314: every warp adds the warps' totals and, in a team, every thread
+# waits on the mbarrier and adds the team's totals in rank order
+EVERY_WARP_SUMS = """// Sums of K <= 3 values over the team, the same bits in every thread; `round` counts the reductions.
+// Also a barrier of the team for the shared memory accessed before and after the call.
+template <int K>
+__device__ __forceinline__ void team_sums(double (&v)[K], TeamScratch& sc, int& round) {
+    const int buf = round & 1;
+    const unsigned parity = (unsigned)(round >> 1) & 1u;  // of this buffer's mbarrier phase
+    ++round;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 #pragma unroll
-        for (int k = 0; k < K; ++k) *team_peer(&sc.team[buf][k][team_rank()], threadIdx.x) = v[k];
+    for (int k = 0; k < K; ++k) v[k] = warp_total(v[k]);
+    if (lane == 0) {
+#pragma unroll
+        for (int k = 0; k < K; ++k) sc.warp[buf][k][warp] = v[k];
     }
-    team_barrier();
+    __syncthreads();
+#if ONCHIP_TEAM > 1
+    if (warp == 0) {  // the block's totals, pushed by lane c into block c
+#pragma unroll
+        for (int k = 0; k < K; ++k) v[k] = warp_total(lane < ONCHIP_WARPS ? sc.warp[buf][k][lane] : 0.0);
+        if (lane == 0) expect_bytes(&sc.arrived[buf], ONCHIP_TEAM * K * sizeof(double));
+        if (lane < ONCHIP_TEAM) {
+            const unsigned me = team_rank();
+#pragma unroll
+            for (int k = 0; k < K; ++k) push(&sc.team[buf][k][me], v[k], &sc.arrived[buf], lane);
+        }
+    }
+    wait_phase(&sc.arrived[buf], parity);
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+        double t = 0.0;
+#pragma unroll
+        for (int c = 0; c < ONCHIP_TEAM; ++c) t += sc.team[buf][k][c];
+        v[k] = t;
+    }
+#else
+    (void)parity;
+#pragma unroll
+    for (int k = 0; k < K; ++k) v[k] = warp_total(lane < ONCHIP_WARPS ? sc.warp[buf][k][lane] : 0.0);
+#endif
+}
 """
 
 
@@ -63,10 +98,10 @@ def reduction_twice(text):
     return text.replace(REDUCTION, again + REDUCTION)
 
 
-def barrier_exchange(text):
-    begin = text.find(PUSH_BEGIN)
-    end = text.find(PUSH_END, begin)
-    return text if begin < 0 or end < 0 else text[:begin] + BARRIER_EXCHANGE + text[end + len(PUSH_END):]
+def every_warp_sums(text):
+    begin = text.find(SUMS_BEGIN)
+    end = text.find("\n}\n", begin)
+    return text if begin < 0 or end < 0 else text[:begin] + EVERY_WARP_SUMS + text[end + 3:]
 
 
 @contextlib.contextmanager
@@ -84,7 +119,7 @@ COSTS = {
     "as it is": (None, {}, contextlib.nullcontext),
     "without the per-iteration record": (without_record, {}, contextlib.nullcontext),
     "the reduction twice": (reduction_twice, {}, contextlib.nullcontext),
-    "totals through a cluster barrier": (barrier_exchange, {}, contextlib.nullcontext),
+    "totals added in every warp (7632314)": (every_warp_sums, {}, contextlib.nullcontext),
     "no entries in registers": (None, {}, nothing_held),
     "classic PCG": (None, {"variant": "classic"}, contextlib.nullcontext),
 }
@@ -107,17 +142,19 @@ def per_iteration(A, iterations, **options):
 
 
 def layouts(iterations, names):
+    shape_of = onchip.latency_shape
     for name, shapes in LAYOUTS.items():
         if names and name not in names:
             continue
         A = matrix(name)
-        for shape in shapes:
+        for shape, variant in itertools.product(shapes, onchip.VARIANTS):
             onchip.latency_shape = lambda rows, s=shape: onchip.Shape(*s)
             try:
-                layout, us = per_iteration(A, iterations)
+                layout, us = per_iteration(A, iterations, variant=variant)
                 print(f"| {name} | {shape} | {layout} | {us:.2f} |", flush=True)
             except solvers.InputError as exc:
-                print(f"| {name} | {shape} | refused: {exc} | |", flush=True)
+                print(f"| {name} | {shape} | {variant} refused: {exc} | |", flush=True)
+    onchip.latency_shape = shape_of
 
 
 def costs(iterations, names):
@@ -130,8 +167,6 @@ def costs(iterations, names):
         kernels.source = lambda name, t=altered: t if name == "onchip" else source(name)
         for name in names or ("gr_900_900_crg", "2D Poisson 64^2", "2D Poisson 128^2"):
             A = matrix(name)
-            if label == "totals through a cluster barrier" and onchip.latency_shape(A.shape[0]).team == 1:
-                continue
             with context():
                 layout, us = per_iteration(A, iterations, **options)
             print(f"| {label} | {name} | {layout} | {us:.2f} |", flush=True)

@@ -76,6 +76,27 @@ def test_on_chip_iterations_follow_the_numpy_reference(cupy, matrices_dir, varia
         np.testing.assert_allclose(res.x.get(), x, rtol=1e-9, atol=1e-12 * np.abs(x).max(), err_msg=name)
 
 
+@pytest.mark.parametrize("shape", [(256, 4, 1), (192, 6, 1), (256, 2, 8), (128, 4, 8), (256, 4, 16), (256, 3, 14)])
+def test_other_on_chip_layouts_follow_the_numpy_reference(cupy, monkeypatch, shape):
+    from solvers.kernels.onchip_ref import solve_system
+    from solvers.pcg import onchip
+    monkeypatch.setattr(onchip, "latency_shape", lambda rows: onchip.Shape(*shape))
+    block, rows, team = shape
+    n = block * rows * team - 37  # the last block's last rows absent
+    A = variable_diffusion(np.exp(np.random.default_rng(8).normal(size=(n // 50, 50))))
+    A = (A + sp.diags(np.ones(A.shape[0]), 0)).tocsr()
+    n = A.shape[0]
+    b = np.random.default_rng(9).standard_normal(n)
+    for variant in ("classic", "single-reduction"):
+        solver = solvers.PCG(A, device="gpu", path="on-chip", variant=variant, rtol=0.0, maxiter=25, reorder="none")
+        assert solver.format.startswith(f"on chip: {onchip.Shape(*shape).describe()}")
+        res = solver.solve(b)
+        x = np.zeros(n)
+        code, its, _ = solve_system(A, 1.0 / A.diagonal(), b, x, 0.0, 25, variant)
+        assert res.iterations == its == 25, (shape, variant)
+        np.testing.assert_allclose(res.x.get(), x, rtol=1e-9, atol=1e-12 * np.abs(x).max(), err_msg=str(shape))
+
+
 def test_on_chip_cluster_with_the_matrix_in_global_memory(cupy):
     A = poisson((200, 200))  # 40,000 rows: a cluster of 14 blocks (non-portable), the matrix too large for shared memory
     solver = solvers.PCG(A, device="gpu", path="on-chip", rtol=1e-9)

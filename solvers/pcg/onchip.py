@@ -34,7 +34,7 @@ THREAD_REGISTERS = 255     # the most one thread may use
 # slices' addresses): a base by variant and whether the system spans a cluster (reads from other
 # blocks), and REGISTERS_A_ROW more for each of its rows; the most that leaves ptxas (CUDA 13,
 # sm_90) no spills on the layouts of latency_shape up to 16,384 rows.
-RESERVED_REGISTERS = {("classic", False): 44, ("classic", True): 70,
+RESERVED_REGISTERS = {("classic", False): 38, ("classic", True): 64,
                       ("single-reduction", False): 46, ("single-reduction", True): 62}
 REGISTERS_A_ROW = 6
 NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 14  # CUfunction_attribute
@@ -179,9 +179,9 @@ def shared_bytes(shape, entries, itemsize, variant="classic"):
 
 
 def scratch_bytes(shape):
-    """The kernel's static shared memory (``TeamScratch``): the warps' and the team's totals of three
-    values twice, two mbarriers, a slice width per 32 rows."""
-    return 48 * (shape.block // 32) + 48 * shape.team + 16 + 4 * (shape.chunk // 32)
+    """The kernel's static shared memory (``TeamScratch``): the warps', the team's and the block's
+    totals of three values twice, two mbarriers, a slice width per 32 rows."""
+    return 48 * (shape.block // 32) + 48 * shape.team + 48 + 16 + 4 * (shape.chunk // 32)
 
 
 def held_entries(shape, variant, itemsize, longest):
