@@ -25,14 +25,13 @@ def test_auto_takes_the_on_chip_path_for_small_systems_and_says_so(cupy):
     from solvers.pcg.onchip import ONCHIP_MAX_ROWS
     small = solvers.PCG(poisson((32, 32)), device="gpu")
     assert small.path == "on-chip" and "on chip" in small.format and "rows <=" in small.path_note
-    assert small.variant == "single-reduction"  # one reduction an iteration where its vectors fit
+    assert small.variant == "classic"  # auto on chip (single-reduction on the grid path)
     side = int(np.sqrt(ONCHIP_MAX_ROWS)) + 1
     assert solvers.PCG(poisson((side, side)), device="gpu").path == "grid"
-    classic = solvers.PCG(poisson((32, 32)), device="gpu", variant="classic")
-    assert classic.path == "on-chip" and classic.variant == "classic"
-    # 65,536 rows on 16 blocks: single-reduction's vectors do not fit beside the cluster's; auto runs classic
-    large = solvers.PCG(poisson((256, 256)), device="gpu", path="on-chip")
-    assert large.variant == "classic" and "cluster of 16" in large.format
+    single = solvers.PCG(poisson((32, 32)), device="gpu", variant="single-reduction")
+    assert single.path == "on-chip" and single.variant == "single-reduction"
+    # 65,536 rows on 16 blocks: single-reduction's vectors do not fit beside the cluster's
+    assert "cluster of 16" in solvers.PCG(poisson((256, 256)), device="gpu", path="on-chip").format
     with pytest.raises(solvers.InputError, match="more shared memory than a block has"):
         solvers.PCG(poisson((256, 256)), device="gpu", path="on-chip", variant="single-reduction")
     with pytest.raises(solvers.InputError, match="path must be one of"):

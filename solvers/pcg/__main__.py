@@ -131,7 +131,7 @@ def build_parser():
                         "auto: ELL when the rows allow, else SELL")
     p.add_argument("--path", choices=("auto", "grid", "on-chip"), default="auto",
                    help="GPU kernel: the whole GPU with grid-wide barriers, or the iteration inside one "
-                        "thread block or cluster (classic PCG, small systems); auto: on chip up to "
+                        "thread block or cluster (small systems); auto: on chip up to "
                         "16,384 rows unless most product reads cross blocks (the report says which ran)")
     p.add_argument("--reorder", choices=("auto", "none", "rcm"), default="auto",
                    help="reverse Cuthill-McKee reordering at set-up (on the GPU for a GPU solve, SciPy's "

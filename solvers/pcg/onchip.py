@@ -42,14 +42,15 @@ VARIANTS = ("classic", "single-reduction")
 
 
 PATHS = ("auto", "grid", "on-chip")
-# auto takes the on-chip path up to this many rows. H200, float64, Jacobi, us per iteration on chip /
-# on the grid (scripts/results/small_2026-11-30_1722_*, layouts of latency_shape): gr_900 2.76 / 6.62,
-# 1138_bus 3.07 / 6.37, Poisson 64^2 3.39 / 5.61, Poisson 128^2 4.70 / 5.83; Poisson 256^2 12.2 / 6.63.
+# auto takes the on-chip path up to this many rows. H200, float64, Jacobi, classic, us per iteration on
+# chip / on the grid (scripts/results/small_2026-11-30_1956_*, layouts of latency_shape): gr_900 1.86 /
+# 6.61, 1138_bus 2.97 / 6.45, Poisson 64^2 2.50 / 5.59, lap2D_5pt_n100 2.98 / 5.70, Poisson 128^2 2.91 /
+# 5.77; above, Poisson 256^2 11.1 / 6.69.
 ONCHIP_MAX_ROWS = 16384
 # ... and only while nearly all of a cluster's product reads stay in the reading block: Poisson 128^2
-# (5% of its entries read from another block of the cluster) runs 1.2x faster on chip than on the
-# grid; the 3-D geometric graph of 50,000 rows was 18x slower numbered at random (86%) and 4.7x
-# slower in RCM order (19%; there with most of its matrix in global memory).
+# (5% of its entries read from another block of the cluster) runs 2x faster on chip than on the grid;
+# the 3-D geometric graph of 50,000 rows was 18x slower numbered at random (86%) and 4.7x slower in
+# RCM order (19%; there with most of its matrix in global memory).
 ONCHIP_MAX_REMOTE = 0.1
 
 
@@ -200,7 +201,9 @@ def latency_shape(rows):
     """The layout that solves one system of ``rows`` rows fastest (measured on the H200, see
     MEASUREMENTS.md): one block of up to 512 threads up to 2,048 rows; above, a cluster of blocks
     of 512 threads (1,024 above 16,384 rows), as many as give each thread one row, up to 16, and
-    then the fewest blocks for the rows a thread must hold."""
+    then the fewest blocks for the rows a thread must hold. (Blocks of 256 threads were faster at
+    4,096 rows, 2.36 against 2.50 us, but double the entries read from other blocks that
+    :func:`choose_path` weighs.)"""
     if rows <= 2048:
         per_thread = -(-rows // 512)
         return Shape(max(32, -(-rows // (32 * per_thread)) * 32), per_thread, 1)
@@ -275,23 +278,15 @@ class OnChipKernel:
         Lay out for one system's latency rather than a batch's throughput (:func:`candidate_shapes`).
         Each block's rows of the matrix are laid out in registers and shared memory, and what does
         not fit there in a global workspace this object holds.
-    variants : sequence of str
-        The PCG variants acceptable, in order of preference: the kernel runs the first whose
-        vectors fit in shared memory (``variant`` says which).
+    variant : {"classic", "single-reduction"}
+        The PCG iteration the kernel runs.
     """
 
-    def __init__(self, rowptr, start, real="double", latency=False, variants=("classic",)):
+    def __init__(self, rowptr, start, real="double", latency=False, variant="classic"):
         import cupy
         itemsize = 8 if real == "double" else 4
-        for variant in variants:
-            try:
-                self.layout = choose_layout(rowptr, start, itemsize, latency, variant)
-            except InputError:
-                if variant == variants[-1]:
-                    raise
-                continue
-            self.variant = variant
-            break
+        self.variant = variant
+        self.layout = choose_layout(rowptr, start, itemsize, latency, variant)
         self.shape = self.layout.shape
         self.shared_bytes = shared_bytes(self.shape, self.layout.in_shared, itemsize, self.variant)
         self.systems = int(np.asarray(start).size - 1)
@@ -337,19 +332,20 @@ class OnChipPCG(GPUPCG):
 
     The engine, buffers, input checks and true residual are GPUPCG's; a launch runs
     up to ``unroll`` iterations (by default the whole solve), and a solve's first
-    launch does the set-up pass itself. ``auto`` runs single-reduction PCG (one
-    reduction an iteration) unless its vectors do not fit in shared memory beside the
-    cluster's (then classic).
+    launch does the set-up pass itself. ``auto`` runs classic PCG: with a cluster's
+    totals pushed onto mbarriers its second reduction costs less than single-reduction's
+    extra work (three vectors read at other blocks' rows, fewer matrix entries in
+    registers), and it measured as fast or faster on four of five small matrices
+    (MEASUREMENTS.md).
     """
 
     default_unroll = 2**31 - 1
 
     def _choose_variant(self, M):
-        variant = super()._choose_variant(M)
-        preferred = (variant, "classic") if self.requested_variant == "auto" and variant != "classic" else (variant,)
+        variant = "classic" if self.requested_variant == "auto" else super()._choose_variant(M)
         self.onchip = OnChipKernel(M.indptr.get(), np.array([0, M.shape[0]]), kernels.ctype(self.dtype),
-                                   latency=True, variants=preferred)
-        return self.onchip.variant
+                                   latency=True, variant=variant)
+        return variant
 
     def _setup(self, A):
         super()._setup(A)

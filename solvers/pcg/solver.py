@@ -176,7 +176,7 @@ class PCG:
     path : {"auto", "grid", "on-chip"}
         GPU kernel: ``grid``, the persistent kernel over the whole GPU (grid-wide
         barriers), or ``on-chip``, the whole iteration inside one thread block or
-        one cluster (:mod:`solvers.pcg.onchip`; classic variant, up to 131,072 rows).
+        one cluster (:mod:`solvers.pcg.onchip`; either variant, up to 131,072 rows).
         ``auto`` takes on-chip for small systems (:func:`solvers.pcg.onchip.choose_path`);
         ``path`` says which ran and ``path_note`` why.
     """
