@@ -3,11 +3,14 @@
 //
 // The vectors are n x NRHS, row-major: the NRHS entries of a row are contiguous, so one matrix entry
 // (loaded once, broadcast to the row's threads) serves every column, and a row's gather of a
-// neighbour is one coalesced segment. A thread holds one column c and strides over rows; the block's
-// MR_BLOCK threads cover MR_ROWS rows of NRHS columns (threads past MR_ROWS * NRHS only join the
-// reductions). Every column has its own State (alpha, beta, rz, status, parity, iteration): a column
-// that has stopped is frozen (its threads skip it; its vectors are never written again), so a
-// converged, broken-down or NaN column never touches the others.
+// neighbour is one coalesced segment. A thread holds MR_CPT neighbouring columns c0.. (two when NRHS
+// is even: one vector load brings both, so a thread has twice the bytes in flight for the same
+// registers of addresses, which is what bounds these kernels: at one column a thread, k = 16 on a 1M-row
+// stencil, ncu counted 100% occupancy, 2.0-2.2 TB/s and 80-90% of warp time waiting on loads) and
+// strides over rows; the block's MR_BLOCK threads cover MR_ROWS rows of NRHS columns (threads past
+// MR_ROWS * MR_TPR only join the reductions). Every column has its own State (alpha, beta, rz, status,
+// parity, iteration): a column that has stopped is frozen (nothing of it is stored again, its sums are
+// zeros), so a converged, broken-down or NaN column never touches the others.
 //
 // An iteration is two passes over the matrix, each ending in per-column sums reduced in one grid
 // pass (the last block to finish adds every block's partials in a fixed order, so the bits do not
@@ -24,41 +27,77 @@
 // updated in place. A column whose iteration is -1 takes the set-up pass in mr_update: r.z and r.r of
 // r = b - A x0, nothing written.
 //
-// Compiled after grid.cu and stopping.cu, with real_t, NRHS and the generated structs (State,
+// Compiled after grid.cu and stopping.cu, with real_t, NRHS, MR_CPT and the generated structs (State,
 // Progress, MultiRun) defined by the loader.
 
 #define MR_BLOCK 512
-#define MR_ROWS (MR_BLOCK / NRHS)
+#define MR_TPR (NRHS / MR_CPT)     // threads a row
+#define MR_ROWS (MR_BLOCK / MR_TPR)  // rows a block holds at once
+#define MR_SLOTS (MR_BLOCK * MR_CPT)  // (row, column) places of a block
 static_assert(NRHS >= 1 && 2 * NRHS <= MR_BLOCK, "NRHS: 1 to MR_BLOCK / 2 columns");
+static_assert(NRHS % MR_CPT == 0, "MR_CPT divides NRHS");
 
 __host__ __device__ constexpr int next_pow2(int v) { return v <= 1 ? 1 : 2 * next_pow2((v + 1) / 2); }
 
-// Per-column sums of NV values held by each thread (its column's share), reduced over the grid.
+// A thread's columns of one row: loaded and stored as one vector access (rows are NRHS entries long
+// and the columns start at an even place, so the address is aligned).
+struct alignas(MR_CPT * sizeof(real_t)) Cols {
+    real_t v[MR_CPT];
+};
+
+__device__ __forceinline__ Cols load_cols(const real_t* base, int j, int c0) {
+    return *reinterpret_cast<const Cols*>(base + (size_t)j * NRHS + c0);
+}
+
+// Store the columns that are running (one vector store when all are).
+__device__ __forceinline__ void store_cols(real_t* base, int i, int c0, const Cols& v, const bool (&on)[MR_CPT]) {
+    bool all = true;
+#pragma unroll
+    for (int m = 0; m < MR_CPT; ++m) all = all && on[m];
+    real_t* at = base + (size_t)i * NRHS + c0;
+    if (all) {
+        *reinterpret_cast<Cols*>(at) = v;
+        return;
+    }
+#pragma unroll
+    for (int m = 0; m < MR_CPT; ++m)
+        if (on[m]) at[m] = v.v[m];
+}
+
+// Per-column sums of NV values of each of the thread's MR_CPT columns, reduced over the grid.
 // Returns true in the last block to finish, whose threads t < NV * NRHS then hold in total[t] the grid
-// sum of value t / NRHS of column t % NRHS (shared memory). Blocks publish partials[value][block]; the
-// last block sums them with every thread taking a fixed share of blocks, then a fixed tree.
+// sum of value t / NRHS of column t % NRHS (shared memory). A block adds its rows by a fixed tree and
+// publishes partials[value][block]; the last block sums them with every thread taking a fixed share
+// of blocks, then a fixed tree.
 template <int NV>
-__device__ bool column_sums(const MultiRun& a, const double (&v)[NV], double* total) {
+__device__ bool column_sums(const MultiRun& a, const double (&v)[NV][MR_CPT], double* total) {
     constexpr int VALUES = NV * NRHS;
     constexpr int PARTS = MR_BLOCK / VALUES;
-    __shared__ double buf[NV * MR_BLOCK];
+    __shared__ double buf[NV * MR_SLOTS];
     __shared__ bool last;
-    const int c = threadIdx.x % NRHS, row = threadIdx.x / NRHS;
+    const int row = threadIdx.x / MR_TPR;
+    const int slot = threadIdx.x * MR_CPT;  // = row * NRHS + the thread's first column
     __syncthreads();
 #pragma unroll
-    for (int k = 0; k < NV; ++k) buf[k * MR_BLOCK + threadIdx.x] = v[k];
+    for (int k = 0; k < NV; ++k)
+#pragma unroll
+        for (int m = 0; m < MR_CPT; ++m) buf[k * MR_SLOTS + slot + m] = v[k][m];
     __syncthreads();
-    // rows of the block, a fixed tree (idle threads past MR_ROWS * NRHS hold zeros and are not read)
+    // rows of the block, a fixed tree (idle threads past MR_ROWS * MR_TPR hold zeros and are not read)
     for (int h = next_pow2(MR_ROWS) / 2; h > 0; h >>= 1) {
         if (row < h && row + h < MR_ROWS) {
 #pragma unroll
-            for (int k = 0; k < NV; ++k) buf[k * MR_BLOCK + threadIdx.x] += buf[k * MR_BLOCK + threadIdx.x + h * NRHS];
+            for (int k = 0; k < NV; ++k)
+#pragma unroll
+                for (int m = 0; m < MR_CPT; ++m)
+                    buf[k * MR_SLOTS + slot + m] += buf[k * MR_SLOTS + slot + m + h * NRHS];
         }
         __syncthreads();
     }
     if (threadIdx.x < NRHS) {
 #pragma unroll
-        for (int k = 0; k < NV; ++k) a.partials[(k * NRHS + c) * gridDim.x + blockIdx.x] = buf[k * MR_BLOCK + c];
+        for (int k = 0; k < NV; ++k)
+            a.partials[(k * NRHS + threadIdx.x) * gridDim.x + blockIdx.x] = buf[k * MR_SLOTS + threadIdx.x];
         __threadfence();
     }
     __syncthreads();
@@ -87,6 +126,16 @@ __device__ bool column_sums(const MultiRun& a, const double (&v)[NV], double* to
 
 __device__ __forceinline__ bool running(const State& s) { return s.status == RUNNING; }
 
+// The first of a thread's columns that runs. Running columns share their parity (they take the set-up
+// pass together and step together; a stopped column keeps the parity it stopped at).
+__device__ __forceinline__ int first_on(const bool (&on)[MR_CPT]) {
+    int first = 0;
+#pragma unroll
+    for (int m = MR_CPT - 1; m >= 0; --m)
+        if (on[m]) first = m;
+    return first;
+}
+
 // The block's copy of every column's State; false (and, in a WHILE body, the loop ended) when no
 // column is running: a launch after the stop does nothing.
 __device__ bool load_states(const MultiRun& a, State* s, unsigned long long handle) {
@@ -104,26 +153,36 @@ __device__ void end_when_all_stopped(const State* s, unsigned long long handle) 
 }
 
 // z = M^-1 r at row i (Jacobi when dinv is set, else the identity).
-__device__ __forceinline__ real_t mr_precondition(const real_t* dinv, int i, real_t r) {
-    return dinv ? __ldg(&dinv[i]) * r : r;
+__device__ __forceinline__ Cols mr_precondition(const real_t* dinv, int i, Cols r) {
+    if (dinv) {
+        const real_t d = __ldg(&dinv[i]);
+#pragma unroll
+        for (int m = 0; m < MR_CPT; ++m) r.v[m] *= d;
+    }
+    return r;
 }
 
-// (A v)_i over column c's entries v(j) of the row. The matrix is the solver's own ELL layout when it
-// has one (MR_ELL_WIDTH entries a row, column-major, padding of value 0 at the row's own column: the
-// unrolled loop keeps all of a row's loads in flight), else CSR (rowptr, col, val).
+// (A v)_i over the thread's columns' entries v(j) of the row. The matrix is the solver's own ELL
+// layout when it has one (MR_ELL_WIDTH entries a row, column-major, padding of value 0 at the row's
+// own column: the unrolled loop keeps all of a row's loads in flight), else CSR (rowptr, col, val).
 template <typename V>
-__device__ __forceinline__ real_t row_product(const MultiRun& a, int i, V v) {
-    real_t q = 0;
+__device__ __forceinline__ Cols row_product(const MultiRun& a, int i, V v) {
+    Cols q;
+#pragma unroll
+    for (int m = 0; m < MR_CPT; ++m) q.v[m] = 0;
+    auto add = [&](int e) {
+        const real_t w = __ldg(&a.val[e]);
+        const Cols x = v(__ldg(&a.col[e]));
+#pragma unroll
+        for (int m = 0; m < MR_CPT; ++m) q.v[m] += w * x.v[m];
+    };
 #ifdef MR_ELL_WIDTH
 #pragma unroll
-    for (int k = 0; k < MR_ELL_WIDTH; ++k) {
-        const size_t e = (size_t)k * a.n + i;
-        q += __ldg(&a.val[e]) * v(__ldg(&a.col[e]));
-    }
+    for (int k = 0; k < MR_ELL_WIDTH; ++k) add((int)((size_t)k * a.n + i));
 #else
     const int end = __ldg(&a.rowptr[i + 1]);
 #pragma unroll 4
-    for (int e = __ldg(&a.rowptr[i]); e < end; ++e) q += __ldg(&a.val[e]) * v(__ldg(&a.col[e]));
+    for (int e = __ldg(&a.rowptr[i]); e < end; ++e) add(e);
 #endif
     return q;
 }
@@ -133,25 +192,38 @@ mr_direction(const MultiRun a, unsigned long long handle) {
     __shared__ State s[NRHS];
     __shared__ double total[NRHS];
     if (!load_states(a, s, handle)) return;
-    const int c = threadIdx.x % NRHS, row = threadIdx.x / NRHS;
-    double pq[1] = {0.0};
-    if (row < MR_ROWS && running(s[c]) && s[c].iteration >= 0) {
-        const int parity = s[c].parity;
+    const int row = threadIdx.x / MR_TPR, c0 = (threadIdx.x % MR_TPR) * MR_CPT;
+    double pq[1][MR_CPT] = {};
+    bool on[MR_CPT], any = false;
+    real_t beta[MR_CPT];
+#pragma unroll
+    for (int m = 0; m < MR_CPT; ++m) {
+        on[m] = row < MR_ROWS && running(s[c0 + m]) && s[c0 + m].iteration >= 0;
+        beta[m] = (real_t)s[c0 + m].beta;
+        any = any || on[m];
+    }
+    if (any) {
+        const int parity = s[c0 + first_on(on)].parity;
         const real_t* p_old = parity ? a.p1 : a.p0;
         real_t* p_new = parity ? a.p0 : a.p1;
-        const real_t beta = (real_t)s[c].beta;
-        const real_t* r = a.r;
         auto direction = [&](int j) {
-            return fma(beta, p_old[(size_t)j * NRHS + c], mr_precondition(a.dinv, j, r[(size_t)j * NRHS + c]));
+            const Cols z = mr_precondition(a.dinv, j, load_cols(a.r, j, c0)), p = load_cols(p_old, j, c0);
+            Cols d;
+#pragma unroll
+            for (int m = 0; m < MR_CPT; ++m) d.v[m] = fma(beta[m], p.v[m], z.v[m]);
+            return d;
         };
         for (int i = blockIdx.x * MR_ROWS + row; i < a.n; i += gridDim.x * MR_ROWS) {
-            const real_t pi = direction(i), qi = row_product(a, i, direction);
-            p_new[(size_t)i * NRHS + c] = pi;
-            pq[0] += (double)pi * (double)qi;
+            const Cols pi = direction(i), qi = row_product(a, i, direction);
+            store_cols(p_new, i, c0, pi, on);
+#pragma unroll
+            for (int m = 0; m < MR_CPT; ++m)
+                if (on[m]) pq[0][m] += (double)pi.v[m] * (double)qi.v[m];
         }
     }
     if (!column_sums<1>(a, pq, total)) return;
-    if (threadIdx.x < NRHS && running(s[c]) && s[c].iteration >= 0) {
+    const int c = threadIdx.x;
+    if (c < NRHS && running(s[c]) && s[c].iteration >= 0) {
         State& st = s[c];
         const double v = total[c];
         st.pq = v;
@@ -168,28 +240,48 @@ mr_update(const MultiRun a, unsigned long long handle) {
     __shared__ State s[NRHS];
     __shared__ double total[2 * NRHS];
     if (!load_states(a, s, handle)) return;
-    const int c = threadIdx.x % NRHS, row = threadIdx.x / NRHS;
-    double sums[2] = {0.0, 0.0};  // r.z, r.r of the new r
-    if (row < MR_ROWS && running(s[c])) {
-        const bool start = s[c].iteration < 0;
-        const real_t* p = s[c].parity ? a.p0 : a.p1;  // the direction pass's p_new
-        const real_t alpha = (real_t)s[c].alpha;
+    const int row = threadIdx.x / MR_TPR, c0 = (threadIdx.x % MR_TPR) * MR_CPT;
+    double sums[2][MR_CPT] = {};  // r.z, r.r of the new r
+    bool on[MR_CPT], step[MR_CPT], any = false;
+    real_t alpha[MR_CPT];
+#pragma unroll
+    for (int m = 0; m < MR_CPT; ++m) {
+        on[m] = row < MR_ROWS && running(s[c0 + m]);
+        step[m] = on[m] && s[c0 + m].iteration >= 0;  // else the set-up pass: sums only
+        alpha[m] = (real_t)s[c0 + m].alpha;
+        any = any || on[m];
+    }
+    if (any) {
+        const real_t* p = s[c0 + first_on(on)].parity ? a.p0 : a.p1;  // the direction pass's p_new
         for (int i = blockIdx.x * MR_ROWS + row; i < a.n; i += gridDim.x * MR_ROWS) {
-            const size_t at = (size_t)i * NRHS + c;
-            real_t ri = a.r[at];
-            if (!start) {
-                const real_t qi = row_product(a, i, [&](int j) { return p[(size_t)j * NRHS + c]; });
-                a.x[at] = fma(alpha, p[at], a.x[at]);
-                ri = fma(-alpha, qi, ri);
-                a.r[at] = ri;
+            Cols ri = load_cols(a.r, i, c0);
+            bool steps = false;
+#pragma unroll
+            for (int m = 0; m < MR_CPT; ++m) steps = steps || step[m];
+            if (steps) {
+                const Cols qi = row_product(a, i, [&](int j) { return load_cols(p, j, c0); });
+                const Cols pi = load_cols(p, i, c0);
+                Cols xi = load_cols(a.x, i, c0);
+#pragma unroll
+                for (int m = 0; m < MR_CPT; ++m) {
+                    xi.v[m] = fma(alpha[m], pi.v[m], xi.v[m]);
+                    if (step[m]) ri.v[m] = fma(-alpha[m], qi.v[m], ri.v[m]);
+                }
+                store_cols(a.x, i, c0, xi, step);
+                store_cols(a.r, i, c0, ri, step);
             }
-            const real_t zi = mr_precondition(a.dinv, i, ri);
-            sums[0] += (double)ri * (double)zi;
-            sums[1] += (double)ri * (double)ri;
+            const Cols zi = mr_precondition(a.dinv, i, ri);
+#pragma unroll
+            for (int m = 0; m < MR_CPT; ++m) {
+                if (!on[m]) continue;
+                sums[0][m] += (double)ri.v[m] * (double)zi.v[m];
+                sums[1][m] += (double)ri.v[m] * (double)ri.v[m];
+            }
         }
     }
     if (!column_sums<2>(a, sums, total)) return;
-    if (threadIdx.x < NRHS && running(s[c])) {
+    const int c = threadIdx.x;
+    if (c < NRHS && running(s[c])) {
         State& st = s[c];
         const bool start = st.iteration < 0;
         const int it = st.iteration + 1;
@@ -211,8 +303,16 @@ mr_update(const MultiRun a, unsigned long long handle) {
 // out = b - A x for every column.
 extern "C" __global__ void __launch_bounds__(MR_BLOCK)
 mr_residual(const MultiRun a, const real_t* __restrict__ x, const real_t* __restrict__ b, real_t* __restrict__ out) {
-    const int c = threadIdx.x % NRHS, row = threadIdx.x / NRHS;
+    const int row = threadIdx.x / MR_TPR, c0 = (threadIdx.x % MR_TPR) * MR_CPT;
     if (row >= MR_ROWS) return;
-    for (int i = blockIdx.x * MR_ROWS + row; i < a.n; i += gridDim.x * MR_ROWS)
-        out[(size_t)i * NRHS + c] = b[(size_t)i * NRHS + c] - row_product(a, i, [&](int j) { return x[(size_t)j * NRHS + c]; });
+    bool on[MR_CPT];
+#pragma unroll
+    for (int m = 0; m < MR_CPT; ++m) on[m] = true;
+    for (int i = blockIdx.x * MR_ROWS + row; i < a.n; i += gridDim.x * MR_ROWS) {
+        const Cols ax = row_product(a, i, [&](int j) { return load_cols(x, j, c0); });
+        Cols out_i = load_cols(b, i, c0);
+#pragma unroll
+        for (int m = 0; m < MR_CPT; ++m) out_i.v[m] -= ax.v[m];
+        store_cols(out, i, c0, out_i, on);
+    }
 }

@@ -29,10 +29,16 @@ MULTI_RUN = Struct("MultiRun", [
     ("n", "int"), ("pad", "int")])
 
 
+def columns_per_thread(columns):
+    """Columns a thread of the kernels holds (MR_CPT): two, loaded as one vector, when ``columns`` is even."""
+    return 2 if columns % 2 == 0 else 1
+
+
 def kernel_program(real, columns, ell_width=None):
     """Arguments of :func:`kernels.module` for the kernels over ``columns`` right-hand sides, reading
     the matrix as ELL of ``ell_width`` entries a row, or as CSR (None)."""
-    defines = (("NRHS", str(columns)),) + ((("MR_ELL_WIDTH", str(ell_width)),) if ell_width else ())
+    defines = (("NRHS", str(columns)), ("MR_CPT", str(columns_per_thread(columns))))
+    defines += (("MR_ELL_WIDTH", str(ell_width)),) if ell_width else ()
     return dict(name="multirhs", real=real, defines=defines, before=("stopping",),
                 structs=(STATE, PROGRESS, MULTI_RUN))
 
@@ -81,7 +87,7 @@ class GPUMultiRHS:
                                               solver.format.width if ell else None))
         self._direction, self._update, self._residual = (mod.get_function(k) for k in
                                                          ("mr_direction", "mr_update", "mr_residual"))
-        rows_per_block = MR_BLOCK // self.columns
+        rows_per_block = MR_BLOCK * columns_per_thread(self.columns) // self.columns
         capacity = min(kernels.resident_blocks(k, MR_BLOCK) for k in (self._direction, self._update))
         self.grid = int(max(1, min(-(-self.n // rows_per_block), capacity)))  # one wave
         shape = (self.n, self.columns)
