@@ -127,6 +127,7 @@ def peers(A, b):
 #: stage each is called from (None: the whole conversion); stages the code does not have are left out.
 SELL_STAGES = {
     "solvers.formats:choose_format": None,
+    "solvers.formats.ell:ELL.__init__": "solvers.formats:choose_format",
     "solvers.formats.sell:SELL.__init__": "solvers.formats:choose_format",
     "solvers.formats.sell:SELL._row_keys": "solvers.formats.sell:SELL.__init__",
     "solvers.formats.sell:SELL._neighbour_order": "solvers.formats.sell:SELL.__init__",
@@ -219,6 +220,98 @@ def conversion_report(A, reps, say):
         say(f"| {'. ' * depth}{label} | {runs[-1][2][label]} | {inclusive * 1e3:.2f} | {own * 1e3:.2f} |")
     say()
     return min(plain)
+
+
+def primitive_costs(n, say, reps=20):
+    """Median ms of the CuPy steps a conversion is made of, on arrays of ``n`` entries, each between two
+    synchronisations: what one call costs with the device idle before it."""
+    import cupy
+    sync = cupy.cuda.Device().synchronize
+    rng = cupy.random.default_rng(0)
+    small = rng.integers(0, 66, n).astype(cupy.uint8)
+    wide = rng.integers(0, n, n).astype(cupy.int32)
+    values = cupy.arange(n, dtype=cupy.int64)
+    target = cupy.empty(n)
+    indptr, order, key = cupy.arange(n + 1, dtype=cupy.int32), cupy.arange(n, dtype=cupy.int32), cupy.empty_like(wide)
+    steps = {
+        "argsort uint8 keys": lambda: small.argsort(),
+        "argsort int32 keys": lambda: wide.argsort(),
+        "argsort int32 keys, astype int32": lambda: wide.argsort().astype(cupy.int32),
+        "cumsum int64": lambda: cupy.cumsum(values),
+        "zeros float64": lambda: cupy.zeros(n),
+        "scatter float64": lambda: target.__setitem__(wide, 1.0),
+        "empty int32": lambda: cupy.empty(n, dtype=cupy.int32),
+        "read one int back": lambda: int(values[-1]),
+        "diff and max, read back": lambda: int(cupy.diff(wide).max()),
+        "layout kernel launch (sell_window_key)": lambda: formats.sell.launch(
+            "sell_window_key", n, formats.sell.WINDOW, n=n, rows=n, window=256, long_row=64,
+            indptr=indptr, order=order, key=key),
+    }
+    say(f"CuPy steps on {n:,} entries, ms (median of {reps}, each between synchronisations):")
+    say()
+    say("| step | ms |")
+    say("|---|---|")
+    for label, step in steps.items():
+        step()
+        times = []
+        for _ in range(reps):
+            sync()
+            t0 = time.perf_counter()
+            step()
+            sync()
+            times.append(time.perf_counter() - t0)
+        say(f"| {label} | {np.median(times) * 1e3:.3f} |")
+    say()
+
+
+def setup_probe(args):
+    """``--setup``: the conversion's stages on the benchmark's matrices, the CuPy steps' costs, and SELL's two
+    row orders per iteration on the smaller random geometric graphs; saves the results."""
+    import cupy
+    gpu = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["name"].decode()
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d_%H%M")
+    lines = []
+
+    def say(text=""):
+        print(text, flush=True)
+        lines.append(text)
+
+    def saved():
+        text = (f"# Conversion probe, {stamp} UTC, {gpu}, commit {provenance.commit()}\n\n"
+                f"`python scripts/probe_formats.py --setup`: the format conversion from device CSR arrays "
+                f"(``choose_format`` and the values, as the solver's set-up times it) by stages, what CuPy's "
+                f"steps cost, and PCG per iteration ({ITERATIONS} a solve, while mode, Jacobi, float64) with "
+                f"SELL's rows by neighbours and by length.\n\n" + "\n".join(lines) + "\n")
+        return provenance.save(args.out, f"probe_formats_setup_{stamp}_{gpu.replace(' ', '_')}_"
+                                         f"{provenance.commit()}.md", text)
+
+    for n in (50_000, 2_000_000):
+        primitive_costs(n, say)
+    cases = [("geometric 50k", lambda: random_geometric_laplacian(50_000)),
+             ("geometric 200k", lambda: random_geometric_laplacian(200_000)),
+             ("power-law 100k", lambda: power_law_laplacian(100_000)),
+             ("27-point 128^3", lambda: stencil27((128, 128, 128))),
+             ("geometric 2M", lambda: random_geometric_laplacian(2_000_000))]
+    for name, make in cases:
+        if args.only and not any(o in name for o in args.only):
+            continue
+        A = make()
+        n = A.shape[0]
+        say(f"## {name} (n = {n:,}, nnz = {A.nnz:,}, longest row {int(np.diff(A.indptr).max()):,})")
+        say()
+        conversion_report(A, args.reps, say)
+        if name.startswith("geometric") and n <= 200_000:
+            b = A @ np.ones(n)
+            say("| rows | variant | us/it | conversion ms | described |")
+            say("|---|---|---|---|---|")
+            for rows in ("neighbours", "length"):
+                for variant in ("classic", "single-reduction"):
+                    t, conv, layout = per_iteration(A, b, "sell", "stored", variant, rows=rows)
+                    say(f"| {rows} | {variant} | {t * 1e6:.2f} | {conv * 1e3:.2f} | {layout} |")
+            say()
+        cupy.get_default_memory_pool().free_all_blocks()
+        print(f"saved {saved()}", file=sys.stderr)
+    return 0
 
 
 def sell_sweep(name):
@@ -322,11 +415,15 @@ def main(argv=None):
     ap.add_argument("--rows", action="store_true", help="irregular matrices only: SELL's row orders, no reordering")
     ap.add_argument("--sell", action="store_true",
                     help="SELL on the irregular matrices: conversion stages and a per-iteration sweep (saved)")
-    ap.add_argument("--reps", type=int, default=3, help="--sell: timed conversions of each kind")
+    ap.add_argument("--setup", action="store_true",
+                    help="the conversion by stages on the benchmark's matrices, CuPy steps' costs (saved)")
+    ap.add_argument("--reps", type=int, default=3, help="--sell, --setup: timed conversions of each kind")
     ap.add_argument("--out", default=str(pathlib.Path(__file__).resolve().parent / "results"))
     args = ap.parse_args(argv)
     if args.sell:
         return sell_probe(args)
+    if args.setup:
+        return setup_probe(args)
     rows = ["| matrix | n | nnz | sectors/nnz | order | format | gather | variant | stream | lanes | block "
             "| us/it | x SpMV | cupyx/ours | conversion ms | layout |", "|" + "---|" * 16]
     print(rows[0], flush=True)
