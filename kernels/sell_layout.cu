@@ -4,29 +4,14 @@
 
 // Per row (SELL._row_keys): key[r] = 64 - length for a short row (length <= long_row), long_row + 1
 // for a long one, so that a stable sort puts the short rows longest first and the long ones after them;
-// rank[r] = r, or n for a long row (the first ranks of the neighbours' order). stats[0] gets the long
-// rows; with `columns`, stats[1] the largest column index + 1 (it starts at 0). One atomic a warp.
-// struct SellRows (generated): n, nnz, long_row, columns, indptr, indices, key, rank, stats.
+// rank[r] = r, or n for a long row (the first ranks of the neighbours' order).
+// struct SellRows (generated): n, long_row, indptr, key, rank.
 extern "C" __global__ void sell_rows(const SellRows a) {
-    const int stride = gridDim.x * blockDim.x;
-    int longs = 0, columns = 0;
-    for (int r = blockIdx.x * blockDim.x + threadIdx.x; r < a.n; r += stride) {
+    for (int r = blockIdx.x * blockDim.x + threadIdx.x; r < a.n; r += gridDim.x * blockDim.x) {
         const int length = a.indptr[r + 1] - a.indptr[r];
         const bool is_long = length > a.long_row;
         a.key[r] = (unsigned char)(is_long ? a.long_row + 1 : a.long_row - length);
         a.rank[r] = is_long ? a.n : r;
-        longs += is_long;
-    }
-    if (a.columns)
-        for (int e = blockIdx.x * blockDim.x + threadIdx.x; e < a.nnz; e += stride)
-            columns = max(columns, a.indices[e] + 1);
-    for (int o = 16; o > 0; o >>= 1) {
-        longs += __shfl_xor_sync(0xffffffffu, longs, o);
-        columns = max(columns, __shfl_xor_sync(0xffffffffu, columns, o));
-    }
-    if ((threadIdx.x & 31) == 0) {
-        if (longs) atomicAdd(&a.stats[0], longs);
-        if (columns) atomicMax(&a.stats[1], columns);
     }
 }
 
@@ -99,16 +84,40 @@ extern "C" __global__ void sell_sample_sectors(const SellSample a) {
     }
 }
 
-// The sort key of the positions p of `order` (its first `rows` the short rows; SELL._window_key):
-// (p / window)(long_row + 1) + long_row - length for a short row, so that a stable sort keeps the windows
-// and puts each window's longest rows first; for a long row a key above all of those.
-// struct SellWindow (generated): n, rows, window, long_row, indptr, order, key.
-extern "C" __global__ void sell_window_key(const SellWindow a) {
-    const int last = (a.rows + a.window - 1) / a.window * (a.long_row + 1);
-    for (int p = blockIdx.x * blockDim.x + threadIdx.x; p < a.n; p += gridDim.x * blockDim.x) {
-        const int r = a.order[p];
-        a.key[p] = p < a.rows ? p / a.window * (a.long_row + 1) + a.long_row - (a.indptr[r + 1] - a.indptr[r]) : last;
+// The ranks of the neighbours' next pass (SELL._ranks): rank[order[p]] = p for a short row (p < rows), n
+// for a long one. `order` is a permutation: each rank is written once.
+// struct SellRanks (generated): n, rows, order, rank.
+extern "C" __global__ void sell_ranks(const SellRanks a) {
+    for (int p = blockIdx.x * blockDim.x + threadIdx.x; p < a.n; p += gridDim.x * blockDim.x)
+        a.rank[a.order[p]] = p < a.rows ? p : a.n;
+}
+
+// `order` sorted within windows (SELL._window_sort): a block of `window` threads a window of `window`
+// positions. The short rows' positions (p < rows) of the window are sorted by length, longest first, ties
+// in their order: the row at position i goes to the window's start + the count of its positions j whose
+// row is longer, or as long with j < i. Positions from `rows` on (the long rows) keep their place.
+// Dynamic shared memory: `window` ints.
+// struct SellWindow (generated): n, rows, window, indptr, order, sorted.
+extern "C" __global__ void sell_window_sort(const SellWindow a) {
+    extern __shared__ int window_lengths[];
+    const long long begin = (long long)blockIdx.x * a.window;
+    const long long p = begin + threadIdx.x;
+    const int shorts = (int)max(0ll, min((long long)a.window, (long long)a.rows - begin));
+    const int r = p < a.n ? a.order[p] : -1;
+    if (threadIdx.x < shorts) window_lengths[threadIdx.x] = a.indptr[r + 1] - a.indptr[r];
+    __syncthreads();
+    if (p >= a.n) return;
+    if ((int)threadIdx.x >= shorts) {
+        a.sorted[p] = r;
+        return;
     }
+    const int mine = window_lengths[threadIdx.x];
+    int before = 0;
+    for (int j = 0; j < shorts; ++j) {
+        const int other = window_lengths[j];
+        before += other > mine || (other == mine && j < (int)threadIdx.x);
+    }
+    a.sorted[begin + before] = r;
 }
 
 // The sizes of the layout (SELL._offsets), in two kernels around a scan. sell_counts: counts[s] = the

@@ -127,13 +127,15 @@ def peers(A, b):
 #: stage each is called from (None: the whole conversion); stages the code does not have are left out.
 SELL_STAGES = {
     "solvers.formats:choose_format": None,
+    "solvers.formats:pattern_stats": "solvers.formats:choose_format",
     "solvers.formats.ell:ELL.__init__": "solvers.formats:choose_format",
     "solvers.formats.sell:SELL.__init__": "solvers.formats:choose_format",
     "solvers.formats.sell:SELL._row_keys": "solvers.formats.sell:SELL.__init__",
     "solvers.formats.sell:SELL._neighbour_order": "solvers.formats.sell:SELL.__init__",
     "solvers.formats.sell:SELL._neighbour_key": "solvers.formats.sell:SELL._neighbour_order",
     "solvers.formats.sell:SELL._sample_sectors": "solvers.formats.sell:SELL._neighbour_order",
-    "solvers.formats.sell:SELL._window_key": "solvers.formats.sell:SELL._neighbour_order",
+    "solvers.formats.sell:SELL._ranks": "solvers.formats.sell:SELL._neighbour_order",
+    "solvers.formats.sell:SELL._window_sort": "solvers.formats.sell:SELL._neighbour_order",
     "solvers.formats.sell:SELL._lay_out": "solvers.formats.sell:SELL.__init__",
     "solvers.formats.sell:SELL._offsets": "solvers.formats.sell:SELL._lay_out",
     "solvers.formats.sell:SELL._cut_pieces": "solvers.formats.sell:SELL._lay_out",
@@ -232,7 +234,7 @@ def primitive_costs(n, say, reps=20):
     wide = rng.integers(0, n, n).astype(cupy.int32)
     values = cupy.arange(n, dtype=cupy.int64)
     target = cupy.empty(n)
-    indptr, order, key = cupy.arange(n + 1, dtype=cupy.int32), cupy.arange(n, dtype=cupy.int32), cupy.empty_like(wide)
+    order, key = cupy.arange(n, dtype=cupy.int32), cupy.empty_like(wide)
     steps = {
         "argsort uint8 keys": lambda: small.argsort(),
         "argsort int32 keys": lambda: wide.argsort(),
@@ -243,9 +245,8 @@ def primitive_costs(n, say, reps=20):
         "empty int32": lambda: cupy.empty(n, dtype=cupy.int32),
         "read one int back": lambda: int(values[-1]),
         "diff and max, read back": lambda: int(cupy.diff(wide).max()),
-        "layout kernel launch (sell_window_key)": lambda: formats.sell.launch(
-            "sell_window_key", n, formats.sell.WINDOW, n=n, rows=n, window=256, long_row=64,
-            indptr=indptr, order=order, key=key),
+        "layout kernel launch (sell_ranks)": lambda: formats.sell.launch(
+            "sell_ranks", n, formats.sell.RANKS, n=n, rows=n, order=order, rank=key),
     }
     say(f"CuPy steps on {n:,} entries, ms (median of {reps}, each between synchronisations):")
     say()

@@ -5,6 +5,7 @@ import scipy.sparse as sp
 
 from solvers.errors import InputError
 from solvers.formats import CSR, ELL, SELL, choose_format
+from solvers.formats.base import Pattern, pattern_stats
 from solvers.formats.csr import row_lanes
 from solvers.gallery import poisson, power_law_laplacian, random_geometric_laplacian, stencil27
 
@@ -188,7 +189,7 @@ def test_sell_rows_by_neighbours_reproduce_the_product(name):
 
 
 def test_sell_rows_of_a_rectangular_matrix_keep_their_length_order():
-    A = sp.csr_matrix(sp.random(300, 1000, density=0.02, random_state=np.random.default_rng(1)))
+    A = rectangular()
     assert SELL(*arrays(A), np, row_order="auto").row_order == "length"
     with pytest.raises(InputError, match="need a square matrix"):
         SELL(*arrays(A), np, row_order="neighbours")
@@ -218,6 +219,19 @@ def test_csr_lanes_follow_mean_row_length():
     np.testing.assert_array_equal(layout.values(A.data), A.data)
 
 
+def rectangular():
+    return sp.csr_matrix(sp.random(300, 1000, density=0.02, random_state=np.random.default_rng(1)))
+
+
+@pytest.mark.parametrize("name", [*MATRICES, "rectangular"])
+def test_pattern_stats_count_entries_longest_row_long_rows_and_columns(name):
+    A = rectangular() if name == "rectangular" else MATRICES[name]()
+    lengths = np.diff(A.indptr)
+    expected = Pattern(A.nnz, int(lengths.max()), int((lengths > 64).sum()), int(A.indices.max()) + 1)
+    assert pattern_stats(*arrays(A), np, 64, columns=True) == expected
+    assert pattern_stats(*arrays(A), np, 64) == expected._replace(columns=0)
+
+
 def test_unknown_format_is_refused():
     with pytest.raises(InputError, match="matrix format must be auto or one of ell, sell, csr"):
         choose_format(*arrays(poisson((4, 4))), np, "bsr")
@@ -234,6 +248,26 @@ def test_sell_layout_kernels_equal_the_numpy_layout(cupy, name, lanes, row_order
     assert (dev.sigma, dev.size, dev.slices, dev.pieces) == (ref.sigma, ref.size, ref.slices, ref.pieces)
     assert (dev.row_order, dev.sectors, dev.padding) == (ref.row_order, ref.sectors, ref.padding)
     for field in ("_pos", "col", "slice_ptr", "slice_rows", "piece_ptr", "piece_row", "long_rows", "row_pieces"):
+        np.testing.assert_array_equal(getattr(dev, field).get(), getattr(ref, field), err_msg=field)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", [*MATRICES, "rectangular"])
+def test_pattern_stats_kernel_equals_numpy(cupy, name):
+    A = rectangular() if name == "rectangular" else MATRICES[name]()
+    for columns in (False, True):
+        expected = pattern_stats(*arrays(A), np, SELL.LONG_ROW, columns)
+        assert pattern_stats(*(cupy.asarray(a) for a in arrays(A)), cupy, SELL.LONG_ROW, columns) == expected
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["poisson2d", "poisson3d", "stencil27", "geometric", "empty_rows"])
+def test_ell_layout_kernel_equals_the_numpy_layout(cupy, name):
+    A = MATRICES[name]()
+    ref = ELL(*arrays(A), np)
+    dev = ELL(*(cupy.asarray(a) for a in arrays(A)), cupy)
+    assert (dev.width, dev.size, dev.nnz) == (ref.width, ref.size, ref.nnz)
+    for field in ("_pos", "col"):
         np.testing.assert_array_equal(getattr(dev, field).get(), getattr(ref, field), err_msg=field)
 
 
@@ -264,7 +298,7 @@ def test_sell_sample_kernel_counts_the_sectors_the_numpy_path_counts(cupy, name)
 
 @pytest.mark.gpu
 def test_sell_rows_of_a_rectangular_matrix_keep_their_length_order_on_the_device(cupy):
-    A = sp.csr_matrix(sp.random(300, 1000, density=0.02, random_state=np.random.default_rng(1)))
+    A = rectangular()
     indptr, indices = (cupy.asarray(a) for a in arrays(A))
     assert SELL(indptr, indices, cupy, row_order="auto").row_order == "length"
     with pytest.raises(InputError, match="need a square matrix"):

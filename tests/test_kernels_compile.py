@@ -67,6 +67,11 @@ def test_sell_layout_kernel_compiles(tmp_path):
     compile_ok(kernels.program("sell_layout", structs=LAYOUT_STRUCTS), tmp_path)
 
 
+def test_shared_layout_kernels_compile(tmp_path):
+    from solvers.formats.base import LAYOUT_STRUCTS
+    compile_ok(kernels.program("layout", structs=LAYOUT_STRUCTS), tmp_path)
+
+
 def test_amg_setup_kernels_compile(tmp_path):
     compile_ok(kernels.program("amg_setup"), tmp_path)
 

@@ -14,6 +14,7 @@ new format is one module here, one ``.cu`` file and their tests.
 import numpy as np
 
 from ..errors import InputError
+from .base import pattern_stats
 from .csr import CSR
 from .ell import ELL
 from .sell import SELL
@@ -50,12 +51,11 @@ def choose_format(indptr, indices, xp=np, requested="auto", sell_lanes=None, sel
     """
     if requested not in ("auto", *FORMATS):
         raise InputError(f"matrix format must be auto or one of {', '.join(FORMATS)}, not {requested!r}")
+    # one pass over the pattern, read back once, serves the choice and the chosen format's set-up
+    stats = pattern_stats(indptr, indices, xp, SELL.LONG_ROW, columns=requested in ("auto", "sell")
+                          and sell_rows != "length")
+    if requested == "auto":
+        requested = "ell" if ELL.suits(stats.width, stats.nnz, int(indptr.size) - 1) else "sell"
     if requested == "sell":
-        return SELL(indptr, indices, xp, sell_lanes, sell_rows)
-    if requested != "auto":
-        return FORMATS[requested](indptr, indices, xp)
-    n, nnz = int(indptr.size) - 1, int(indices.size)
-    width = int(row_lengths(indptr, xp).max()) if n else 0
-    if ELL.suits(width, nnz, n):
-        return ELL(indptr, indices, xp)
-    return SELL(indptr, indices, xp, sell_lanes, sell_rows)
+        return SELL(indptr, indices, xp, sell_lanes, sell_rows, stats)
+    return FORMATS[requested](indptr, indices, xp, stats)

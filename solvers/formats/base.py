@@ -1,7 +1,58 @@
 """What every matrix format provides (see :mod:`solvers.formats`)."""
+import functools
+from typing import NamedTuple
+
 import numpy as np
 
 from ..kernels.structs import Struct
+
+# The arguments of the shared layout kernels (kernels/layout.cu), one struct each.
+PATTERN = Struct("PatternStats", [("n", "int"), ("long_row", "int"), ("columns", "int"), ("indptr", "const int*"),
+                                  ("indices", "const int*"), ("stats", "int*")])
+ELL_PLACE = Struct("EllPlace", [("n", "int"), ("width", "int"), ("indptr", "const int*"), ("indices", "const int*"),
+                                ("col", "int*"), ("pos", "int*")])
+LAYOUT_STRUCTS = (PATTERN, ELL_PLACE)
+
+
+@functools.lru_cache(maxsize=None)
+def layout_kernel(file, name, structs=LAYOUT_STRUCTS):
+    """Kernel ``name`` of ``kernels/<file>.cu`` with ``structs`` (compiled, and the program text made, once a
+    process)."""
+    from .. import kernels
+    return kernels.module(file, structs=structs).get_function(name)
+
+
+def launch(file, name, items, struct, structs=LAYOUT_STRUCTS, **fields):
+    """Run the grid-stride layout kernel ``name`` over ``items`` with its struct filled from ``fields``."""
+    layout_kernel(file, name, structs)((max(1, min(-(-int(items) // 256), 4096)),), (256,), (struct.pack(**fields),))
+
+
+class Pattern(NamedTuple):
+    """What a format's choice and set-up need to know of a CSR pattern (:func:`pattern_stats`)."""
+
+    nnz: int
+    width: int    # the longest row
+    longs: int    # rows longer than the long_row it was counted for
+    columns: int  # largest column index + 1 (0 when not counted)
+
+
+def pattern_stats(indptr, indices, xp=np, long_row=64, columns=False):
+    """The :class:`Pattern` of a CSR pattern; ``columns``: count its columns too.
+
+    On the device one kernel (``pattern_stats`` of ``kernels/layout.cu``) and one read back.
+    """
+    n = int(indptr.size) - 1
+    if xp is np:
+        lengths = np.diff(indptr)
+        nnz = int(indptr[-1]) if n else 0
+        return Pattern(nnz, int(lengths.max()) if n else 0, int((lengths > long_row).sum()),
+                       int(indices[:nnz].max()) + 1 if columns and nnz else 0)
+    if n == 0:
+        return Pattern(0, 0, 0, 0)
+    stats = xp.zeros(4, dtype=xp.int32)
+    launch("layout", "pattern_stats", n, PATTERN, n=n, long_row=long_row, columns=int(columns), indptr=indptr,
+           indices=indices, stats=stats)
+    return Pattern(*(int(v) for v in host(stats)))
 
 
 class MatrixFormat:
@@ -24,10 +75,10 @@ class MatrixFormat:
     fields = ()
     defines = ()
 
-    def __init__(self, indptr, xp):
+    def __init__(self, indptr, xp, nnz):
         self.xp = xp
         self.n = int(indptr.size) - 1
-        self.nnz = int(indptr[-1]) if self.n else 0
+        self.nnz = nnz
         self.struct = Struct("Matrix", self.fields)
 
     def values(self, data, out=None):

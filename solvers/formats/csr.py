@@ -1,7 +1,7 @@
 """CSR, a few lanes a row (``kernels/csr.cu``)."""
 import numpy as np
 
-from .base import MatrixFormat, host
+from .base import MatrixFormat, host, pattern_stats
 
 
 def row_lanes(nnz, n):
@@ -19,8 +19,9 @@ class CSR(MatrixFormat):
     name = "csr"
     fields = (("rowptr", "const int*"), ("col", "const int*"), ("val", "const real_t*"), ("n", "int"))
 
-    def __init__(self, indptr, indices, xp):
-        super().__init__(indptr, xp)
+    def __init__(self, indptr, indices, xp, stats=None):
+        """``stats``: the pattern's :class:`~.base.Pattern` where known."""
+        super().__init__(indptr, xp, (stats or pattern_stats(indptr, indices, xp)).nnz)
         self.rowptr, self.col = indptr, indices
         self._pos = None
         self.size = self.nnz

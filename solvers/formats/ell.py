@@ -1,6 +1,8 @@
-"""ELL: fixed-width rows, column-major (``kernels/ell.cu``)."""
+"""ELL: fixed-width rows, column-major (``kernels/ell.cu``; laid out by ``kernels/layout.cu``)."""
+import numpy as np
+
 from ..errors import InputError
-from .base import MatrixFormat, entry_rows, host
+from .base import ELL_PLACE, MatrixFormat, entry_rows, host, launch, pattern_stats
 
 
 class ELL(MatrixFormat):
@@ -20,17 +22,24 @@ class ELL(MatrixFormat):
         """True when rows of at most ``width`` entries (``nnz`` in ``n`` rows) pad little."""
         return 0 < width <= cls.AUTO_WIDTH and width <= 1.3 * nnz / n + 1
 
-    def __init__(self, indptr, indices, xp):
-        super().__init__(indptr, xp)
+    def __init__(self, indptr, indices, xp, stats=None):
+        """``stats``: the pattern's :class:`~.base.Pattern` where known."""
+        stats = stats or pattern_stats(indptr, indices, xp)
+        super().__init__(indptr, xp, stats.nnz)
         n, nnz = self.n, self.nnz
-        self.width = int(xp.diff(indptr).max()) if n else 0
+        self.width = stats.width
         if not 0 < self.width <= self.MAX_WIDTH or self.width * n >= 2**31 - 1:
             raise InputError(f"ELL needs rows of 1 to {self.MAX_WIDTH} entries and fewer than 2^31 slots (the "
                              f"longest row has {self.width}); use the sell or csr matrix format")
-        rows = entry_rows(indptr, xp)
-        self._pos = (xp.arange(nnz, dtype=xp.int32) - indptr[rows]) * xp.int32(n) + rows
-        self.col = xp.tile(xp.arange(n, dtype=xp.int32), self.width)
-        self.col[self._pos] = indices
+        if xp is np:
+            rows = entry_rows(indptr, xp)
+            self._pos = (np.arange(nnz, dtype=np.int32) - indptr[rows]) * np.int32(n) + rows
+            self.col = np.tile(np.arange(n, dtype=np.int32), self.width)
+            self.col[self._pos] = indices
+        else:  # the same arrays in one pass (kernels/layout.cu)
+            self._pos, self.col = xp.empty(nnz, dtype=xp.int32), xp.empty(self.width * n, dtype=xp.int32)
+            launch("layout", "ell_place", n, ELL_PLACE, n=n, width=self.width, indptr=indptr, indices=indices,
+                   col=self.col, pos=self._pos)
         self.size = self.width * n
         self.defines = (("ELL_WIDTH", str(self.width)),)
 

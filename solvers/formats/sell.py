@@ -1,24 +1,23 @@
 """SELL-C-sigma with long rows split into pieces (``kernels/sell.cu``)."""
-import functools
-
 import numpy as np
 
 from ..errors import InputError
 from ..kernels.structs import Struct
-from .base import MatrixFormat, entry_rows, host, window_sectors
+from . import base
+from .base import MatrixFormat, entry_rows, host, pattern_stats, window_sectors
 
 SLICE = 32  # rows a slice: one warp, a thread a row
 # The arguments of the layout kernels (kernels/sell_layout.cu), one struct each.
-ROWS = Struct("SellRows", [("n", "int"), ("nnz", "int"), ("long_row", "int"), ("columns", "int"),
-                           ("indptr", "const int*"), ("indices", "const int*"), ("key", "unsigned char*"),
-                           ("rank", "int*"), ("stats", "int*")])
+ROWS = Struct("SellRows", [("n", "int"), ("long_row", "int"), ("indptr", "const int*"), ("key", "unsigned char*"),
+                           ("rank", "int*")])
 KEY = Struct("SellKey", [("n", "int"), ("long_row", "int"), ("indptr", "const int*"), ("indices", "const int*"),
                          ("rank", "const int*"), ("key", "int*")])
 SAMPLE = Struct("SellSample", [("n", "int"), ("rows", "int"), ("window", "int"), ("samples", "int"),
                                ("table", "int"), ("itemsize", "int"), ("long_row", "int"), ("indptr", "const int*"),
                                ("indices", "const int*"), ("grouped", "const int*"), ("counts", "unsigned int*")])
-WINDOW = Struct("SellWindow", [("n", "int"), ("rows", "int"), ("window", "int"), ("long_row", "int"),
-                               ("indptr", "const int*"), ("order", "const int*"), ("key", "int*")])
+RANKS = Struct("SellRanks", [("n", "int"), ("rows", "int"), ("order", "const int*"), ("rank", "int*")])
+WINDOW = Struct("SellWindow", [("n", "int"), ("rows", "int"), ("window", "int"), ("indptr", "const int*"),
+                               ("order", "const int*"), ("sorted", "int*")])
 SIZES = Struct("SellSizes", [("rows", "int"), ("lanes", "int"), ("slices", "int"), ("longs", "int"),
                              ("piece_length", "int"), ("indptr", "const int*"), ("order", "const int*"),
                              ("counts", "long long*"), ("scan", "const long long*"), ("slice_ptr", "int*"),
@@ -30,20 +29,18 @@ LAYOUT = Struct("SellLayout", [("lanes", "int"), ("rows", "int"), ("positions", 
                                ("indptr", "const int*"), ("indices", "const int*"), ("order", "const int*"),
                                ("slice_ptr", "const int*"), ("long_start", "const int*"), ("long_rows", "const int*"),
                                ("longs", "int"), ("col", "int*"), ("pos", "int*"), ("slice_rows", "int*")])
-LAYOUT_STRUCTS = (ROWS, KEY, SAMPLE, WINDOW, SIZES, PIECES, LAYOUT)
+LAYOUT_STRUCTS = (ROWS, KEY, SAMPLE, RANKS, WINDOW, SIZES, PIECES, LAYOUT)
 ROW_ORDERS = ("auto", "neighbours", "length")
 
 
-@functools.lru_cache(maxsize=None)
 def layout_kernel(name):
-    """A kernel of ``kernels/sell_layout.cu`` (compiled, and the program text made, once a process)."""
-    from .. import kernels
-    return kernels.module("sell_layout", structs=LAYOUT_STRUCTS).get_function(name)
+    """A kernel of ``kernels/sell_layout.cu`` (compiled once a process)."""
+    return base.layout_kernel("sell_layout", name, LAYOUT_STRUCTS)
 
 
 def launch(name, items, struct, **fields):
-    """Run the grid-stride layout kernel ``name`` over ``items`` with its struct filled from ``fields``."""
-    layout_kernel(name)((max(1, min(-(-int(items) // 256), 4096)),), (256,), (struct.pack(**fields),))
+    """Run the grid-stride kernel ``name`` of ``kernels/sell_layout.cu`` over ``items``."""
+    base.launch("sell_layout", name, items, struct, LAYOUT_STRUCTS, **fields)
 
 
 def stable_argsort(key, xp):
@@ -95,8 +92,9 @@ class SELL(MatrixFormat):
     order.
 
     On the device the layout is a few sorts and kernel passes
-    (``kernels/sell_layout.cu``), with three or four reads of sizes back to the
-    host; the NumPy path computes the same arrays and is the kernels' reference.
+    (``kernels/sell_layout.cu``), with two or three reads back to the host (the
+    pattern's sizes, auto's sample, the layout's sizes); the NumPy path computes
+    the same arrays and is the kernels' reference.
     """
 
     name = "sell"
@@ -125,8 +123,11 @@ class SELL(MatrixFormat):
         mean = nnz / max(n, 1)
         return int(min(8, max(1, 2 ** round(np.log2(max(mean / 4, 1.0))))))
 
-    def __init__(self, indptr, indices, xp, lanes=None, row_order="length"):
-        super().__init__(indptr, xp)
+    def __init__(self, indptr, indices, xp, lanes=None, row_order="length", stats=None):
+        """``stats``: the pattern's :class:`~.base.Pattern` where known (long rows counted for
+        :attr:`LONG_ROW`, its columns counted unless ``row_order`` is ``"length"``)."""
+        stats = stats or pattern_stats(indptr, indices, xp, self.LONG_ROW, columns=row_order != "length")
+        super().__init__(indptr, xp, stats.nnz)
         if lanes is None:
             lanes = self.auto_lanes(self.nnz, self.n)
         if lanes not in (1, 2, 4, 8):
@@ -136,9 +137,9 @@ class SELL(MatrixFormat):
         self.lanes, self.sectors = lanes, None
         self.defines = (("SELL_LANES", str(lanes)),)
         by_neighbours = row_order != "length" and self.nnz > 0
-        length_key, rank, longs, columns = self._row_keys(indptr, indices, by_neighbours)
-        self.short = self.n - longs
-        if by_neighbours and columns > self.n:
+        length_key, rank = self._row_keys(indptr)
+        self.short = self.n - stats.longs
+        if by_neighbours and stats.columns > self.n:
             if row_order == "neighbours":
                 raise InputError("SELL rows by neighbours need a square matrix (columns numbered as rows)")
             by_neighbours = False  # auto: a rectangular matrix's columns are not its rows
@@ -150,25 +151,20 @@ class SELL(MatrixFormat):
         self._lay_out(indptr, indices, order)
 
     # -- row order ------------------------------------------------------------
-    def _row_keys(self, indptr, indices, columns):
-        """``(length_key, rank, longs, columns)``: each row's sort key by length (uint8: 64 - length for a short
-        row, so that a stable sort puts the longest first, 65 for a long one, after them), its first rank for
-        the neighbours' order (the row itself, n for a long row), the long rows and, when ``columns``, the
-        columns of the pattern (largest index + 1; else 0). One kernel (``sell_rows``) and one read back.
+    def _row_keys(self, indptr):
+        """``(length_key, rank)``: each row's sort key by length (uint8: 64 - length for a short row, so that a
+        stable sort puts the longest first, 65 for a long one, after them) and its first rank for the
+        neighbours' order (the row itself, n for a long row). One kernel (``sell_rows``).
         """
         xp, n, top = self.xp, self.n, self.LONG_ROW
         if xp is np:
             lengths = np.diff(indptr)
             is_long = lengths > top
             length_key = np.where(is_long, top + 1, top - lengths).astype(np.uint8)
-            rank = np.where(is_long, n, np.arange(n)).astype(np.int32)
-            return length_key, rank, int(is_long.sum()), int(indices.max()) + 1 if columns else 0
+            return length_key, np.where(is_long, n, np.arange(n)).astype(np.int32)
         length_key, rank = xp.empty(n, dtype=xp.uint8), xp.empty(n, dtype=xp.int32)
-        stats = xp.zeros(2, dtype=xp.int32)
-        launch("sell_rows", max(n, self.nnz if columns else 0), ROWS, n=n, nnz=self.nnz, long_row=top,
-               columns=int(columns), indptr=indptr, indices=indices, key=length_key, rank=rank, stats=stats)
-        longs, columns = (int(v) for v in host(stats))
-        return length_key, rank, longs, columns
+        launch("sell_rows", n, ROWS, n=n, long_row=top, indptr=indptr, key=length_key, rank=rank)
+        return length_key, rank
 
     def _neighbour_order(self, indptr, indices, rank, row_order):
         """Every row by position in the layout (short rows first), or None where ``"auto"`` does not take the
@@ -184,7 +180,7 @@ class SELL(MatrixFormat):
         sorted by length, longest first, within windows of
         :attr:`NEIGHBOUR_WINDOW` rows.
         """
-        xp, n, ns = self.xp, self.n, self.short
+        xp = self.xp
         for done in range(self.NEIGHBOUR_PASSES):
             order = stable_argsort(self._neighbour_key(indptr, indices, rank), xp).astype(xp.int32)
             if done == 0 and row_order == "auto":
@@ -192,9 +188,8 @@ class SELL(MatrixFormat):
                 if self.sectors[1] > self.NEIGHBOUR_GAIN * self.sectors[0]:
                     return None
             if done + 1 < self.NEIGHBOUR_PASSES:
-                rank = xp.full(n, n, dtype=xp.int32)
-                rank[order[:ns]] = xp.arange(ns, dtype=xp.int32)
-        return order[stable_argsort(self._window_key(indptr, order), xp)]
+                rank = self._ranks(order)
+        return self._window_sort(indptr, order)
 
     def _neighbour_key(self, indptr, indices, rank):
         """Least ``rank`` of each row's columns (``sell_neighbour_key``).
@@ -213,20 +208,33 @@ class SELL(MatrixFormat):
                key=key)
         return key
 
-    def _window_key(self, indptr, order):
-        """Sort key of the positions of ``order`` (short rows first): by window of :attr:`NEIGHBOUR_WINDOW`
-        positions, the longest row first within a window; the long rows after every window
-        (``sell_window_key``)."""
-        xp, n, ns, window, top = self.xp, self.n, self.short, self.NEIGHBOUR_WINDOW, self.LONG_ROW
-        last = -(-ns // window) * (top + 1)  # above every short row's key
+    def _ranks(self, order):
+        """The position of each row in ``order``, ``n`` for a long one (positions from ``self.short`` on;
+        ``sell_ranks``)."""
+        xp, n, ns = self.xp, self.n, self.short
         if xp is np:
+            rank = np.full(n, n, dtype=np.int32)
+            rank[order[:ns]] = np.arange(ns, dtype=np.int32)
+            return rank
+        rank = xp.empty(n, dtype=xp.int32)
+        launch("sell_ranks", n, RANKS, n=n, rows=ns, order=order, rank=rank)
+        return rank
+
+    def _window_sort(self, indptr, order):
+        """``order`` (short rows first) sorted by length, longest first, within each window of
+        :attr:`NEIGHBOUR_WINDOW` positions, ties in their order; the long rows after every window, in theirs.
+        On the device one kernel, a block a window (``sell_window_sort``)."""
+        xp, n, ns, window, top = self.xp, self.n, self.short, self.NEIGHBOUR_WINDOW, self.LONG_ROW
+        if xp is np:
+            last = -(-ns // window) * (top + 1)  # above every short row's key
             position = np.arange(n, dtype=np.int64)
             lengths = np.diff(indptr)[order]
-            return np.where(position < ns, position // window * (top + 1) + top - lengths, last).astype(np.int32)
-        key = xp.empty(n, dtype=xp.int32)
-        launch("sell_window_key", n, WINDOW, n=n, rows=ns, window=window, long_row=top, indptr=indptr, order=order,
-               key=key)
-        return key
+            key = np.where(position < ns, position // window * (top + 1) + top - lengths, last)
+            return order[stable_argsort(key, np)]
+        ordered = xp.empty(n, dtype=xp.int32)
+        layout_kernel("sell_window_sort")((-(-n // window),), (window,), (WINDOW.pack(
+            n=n, rows=ns, window=window, indptr=indptr, order=order, sorted=ordered),), shared_mem=4 * window)
+        return ordered
 
     def _sample_sectors(self, indptr, indices, grouped):
         """Sectors a nonzero that :attr:`SAMPLE_WINDOWS` windows of :attr:`NEIGHBOUR_WINDOW` rows read: in the
