@@ -46,16 +46,39 @@ __device__ __forceinline__ void add_release(unsigned long long* p, unsigned long
     asm volatile("red.release.gpu.global.add.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
 
-// ---- Totals in every block: grid_sums -------------------------------------------------------
-// Each block publishes its sums in its own slot with a release store of the reduction's tag; every
-// block then polls all slots with acquire loads and adds them in a fixed order, so all blocks hold
-// the same totals and take the same decisions. The release/acquire pairs also order every block's
-// earlier writes before every block's later reads (and drop stale L1 lines). Slots alternate
-// between two buffers from one tag to the next: a block that has gone ahead never overwrites a slot
-// a slower block still has to read. Tags count reductions since set-up, so they never repeat within
-// a buffer; a launch's first tag comes from *epoch (see end_epoch). Every block reads every slot:
-// meant for grids of a few hundred blocks.
+__device__ __forceinline__ void add_release(unsigned int* p, unsigned int v) {
+    asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
 
+// ---- Totals in every block: grid_sums -------------------------------------------------------
+// Reductions and barriers of a persistent kernel count from one launch to the next: `tag` (the same
+// in every thread of the grid) is the number of reductions and barriers since set-up, a launch's
+// first from *epoch (see end_epoch). `slots` holds two buffers of one Slot a block, which alternate
+// from one tag to the next (a block that has gone ahead never overwrites a slot a slower block still
+// has to read), then the arrival counter (GRID_EXCHANGE 1). Every block adds the slots in block
+// order, so all blocks hold the same totals and take the same decisions.
+//
+// GRID_EXCHANGE 1: each block writes its slot and adds 1 to the arrival counter (release); warp 0
+// waits (acquire) until the counter reaches tag * gridDim.x, reads every slot and adds them. One
+// word is polled a block, and the slots are read once, after the last arrival.
+// GRID_EXCHANGE 0: each block releases its slot with the tag in it; threads 0 .. gridDim.x - 1
+// poll one slot each until it carries the tag, and the block adds what they read.
+// The release/acquire pairs also order every block's earlier writes before every block's later reads
+// (and drop stale L1 lines).
+#ifndef GRID_EXCHANGE
+#define GRID_EXCHANGE 1
+#endif
+
+// Arrive at reduction or barrier `tag` and wait for every block (one thread a block, or a whole
+// warp: then every lane acquires). Counter and targets wrap at 2^32 together.
+__device__ __forceinline__ void arrive_and_wait(Slot* slots, unsigned int tag, bool arrive) {
+    unsigned int* arrivals = &slots[2 * gridDim.x].tag;
+    if (arrive) add_release(arrivals, 1u);
+    const unsigned int target = tag * gridDim.x;
+    while ((int)(load_acquire(arrivals) - target) < 0) {}
+}
+
+#if GRID_EXCHANGE == 0
 // Publish this block's slot for reduction `tag` + 1 (thread 0 fills it with `publish(slot)`, then
 // releases the tag), then wait for every block's slot and call `read(slot)` on each, in block order,
 // spread over the block's threads.
@@ -72,15 +95,16 @@ __device__ __forceinline__ void grid_exchange(Slot* slots, unsigned int& tag, P 
         read(buf[i]);
     }
 }
+#endif
 
-// Sums of K <= 3 values over the grid, in thread 0 of every block; `tag` is this thread's
-// reduction counter (the same in every thread of the grid).
+// Sums of K <= 3 values over the grid, in thread 0 of every block.
 template <int B, int K>
 __device__ void grid_sums(Slot* slots, double (&v)[K], unsigned int& tag) {
     block_sums<B>(v);
     double total[K];
 #pragma unroll
     for (int k = 0; k < K; ++k) total[k] = 0.0;
+#if GRID_EXCHANGE == 0
     grid_exchange<B>(slots, tag, [&](Slot& own) {
 #pragma unroll
         for (int k = 0; k < K; ++k) own.v[k] = v[k];
@@ -91,6 +115,22 @@ __device__ void grid_sums(Slot* slots, double (&v)[K], unsigned int& tag) {
 #pragma unroll
     for (int k = 0; k < K; ++k) v[k] = total[k];
     block_sums<B>(v);
+#else
+    ++tag;
+    if (threadIdx.x >= 32) return;  // the totals are wanted in thread 0 only
+    const Slot* buf = slots + (tag & 1u) * gridDim.x;
+    if (threadIdx.x == 0) {
+#pragma unroll
+        for (int k = 0; k < K; ++k) slots[(tag & 1u) * gridDim.x + blockIdx.x].v[k] = v[k];
+    }
+    arrive_and_wait(slots, tag, threadIdx.x == 0);
+    for (int i = threadIdx.x; i < gridDim.x; i += 32) {
+#pragma unroll
+        for (int k = 0; k < K; ++k) total[k] += __ldcg(&buf[i].v[k]);
+    }
+#pragma unroll
+    for (int k = 0; k < K; ++k) v[k] = warp_sum(total[k]);
+#endif
 }
 
 // Barrier of the whole grid on the same slots and tags (a reduction of nothing): orders every
@@ -98,7 +138,12 @@ __device__ void grid_sums(Slot* slots, double (&v)[K], unsigned int& tag) {
 template <int B>
 __device__ void grid_barrier(Slot* slots, unsigned int& tag) {
     __syncthreads();
+#if GRID_EXCHANGE == 0
     grid_exchange<B>(slots, tag, [](Slot&) {}, [](const Slot&) {});
+#else
+    ++tag;
+    if (threadIdx.x == 0) arrive_and_wait(slots, tag, true);
+#endif
     __syncthreads();
 }
 

@@ -283,9 +283,9 @@ class GPUPCG:
         self.r = self.vectors[variant.residual]
         self.b = cupy.zeros(n, dtype=self.dtype)
         self.dinv = cupy.zeros(n, dtype=self.dtype) if self.preconditioner == "jacobi" else None
-        # the persistent kernel's reduction slots (two buffers of one a block) and the tag its next
-        # launch starts from
-        self.slots = cupy.zeros(2 * self.grid * SLOT.dtype.itemsize, dtype=cupy.uint8)
+        # the persistent kernel's reduction slots (two buffers of one a block, then the arrival
+        # counter: kernels/grid.cu) and the tag its next launch starts from
+        self.slots = cupy.zeros((2 * self.grid + 1) * SLOT.dtype.itemsize, dtype=cupy.uint8)
         self.epoch = cupy.zeros(1, dtype=cupy.uint32)
         self.state = cupy.zeros(STATE.dtype.itemsize, dtype=cupy.uint8)
         self.progress = _HostMapped(PROGRESS.dtype)
