@@ -139,12 +139,10 @@ __device__ int update_decision(State* st, bool start, int it, double rz_new, dou
 // st->iteration is -1.
 
 // Threads per block of the persistent kernels (the loader may set it), and the threads each SM must
-// hold at once (caps the registers). Holding more (1024, 2048) was no faster on an H200, even for
-// gather-bound products (scripts/results/probe_formats_sweep_2026-11-30_NVIDIA_H200_af63447.md).
+// hold at once (caps the registers; set by the loader, which sizes the grid by it).
 #ifndef RUN_BLOCK
 #define RUN_BLOCK 256
 #endif
-#define RUN_SM_THREADS 512
 #define RUN_MIN_BLOCKS (RUN_BLOCK >= RUN_SM_THREADS ? 1 : RUN_SM_THREADS / RUN_BLOCK)
 
 // Settle the decision of iteration `it` in the block's copy `s` (thread 0); block 0 publishes it.
@@ -203,13 +201,13 @@ pcg_run(const ClassicRun a, unsigned long long handle, int count) {
                     if (steps) a.x[i] = fma(alpha, po, fma(alpha_prev, p_new[i], a.x[i]));
                     p_new[i] = fma(beta, po, a.z[i]);
                 }
-                grid_barrier<RUN_BLOCK>(a.slots, tag);
+                grid_barrier(a.arrivals, tag);
                 pq[0] = stored_product(a.A, p_new, a.q);
             } else {
                 pq[0] = direction_product(a.A, a.z, p_old, p_new, a.q, beta, steps ? a.x : nullptr, alpha_prev,
                                           alpha);
             }
-            grid_sums<RUN_BLOCK>(a.slots, pq, tag);
+            grid_sums<RUN_BLOCK>(a.slots, a.arrivals, pq, tag);
             if (threadIdx.x == 0) {
                 const int pending = steps ? 0 : s.x_steps;  // 0, or 1: alpha along p_old
                 s.alpha_prev = s.alpha;
@@ -223,7 +221,7 @@ pcg_run(const ClassicRun a, unsigned long long handle, int count) {
         }
         double sums[2] = {0.0, 0.0};  // r.z, r.r
         update_rows(start, nullptr, a.r, a.r, a.q, nullptr, a.dinv, a.z, (real_t)s.alpha, n, sums[0], sums[1]);
-        grid_sums<RUN_BLOCK>(a.slots, sums, tag);
+        grid_sums<RUN_BLOCK>(a.slots, a.arrivals, sums, tag);
         if (threadIdx.x == 0) {
             const int it = s.iteration + 1;
             const double rnorm = sqrt(sums[1]);
@@ -324,7 +322,7 @@ pcg1_run(const SingleReductionRun a, unsigned long long handle, int count) {
         double sums[3] = {0.0, 0.0, 0.0};  // r.r, r.u, w.u
         if (GATHER_STORED) {
             single_reduction_pointwise(a, s, sums);
-            grid_barrier<RUN_BLOCK>(a.slots, tag);
+            grid_barrier(a.arrivals, tag);
             real_t* w_new = s.parity ? a.w0 : a.w1;
             for_each_row_product(a.A, [&](int j) { return a.u[j]; }, [&](int i, real_t wi, int part) {
                 if (completes_row(part)) w_new[i] = wi;
@@ -333,7 +331,7 @@ pcg1_run(const SingleReductionRun a, unsigned long long handle, int count) {
         } else {
             single_reduction_rows(a.A, a.dinv, a.x, a.p, a.r0, a.r1, a.s0, a.s1, a.w0, a.w1, nullptr, s, 0, sums);
         }
-        grid_sums<RUN_BLOCK>(a.slots, sums, tag);
+        grid_sums<RUN_BLOCK>(a.slots, a.arrivals, sums, tag);
         if (threadIdx.x == 0) {
             const int it = s.iteration + 1;
             const double rnorm = sqrt(sums[0]);

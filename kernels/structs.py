@@ -118,8 +118,8 @@ def definitions(structs):
     return "".join(t.definition() for t in order)
 
 
-# Grid reductions' publication slot (kernels/grid.cu): two buffers of one slot a block.
-SLOT = Struct("Slot", [("v", "double[3]"), ("tag", "unsigned int"), ("pad", "unsigned int")])
+# A block's sums in a grid reduction (kernels/grid.cu): two buffers of one slot a block.
+SLOT = Struct("Slot", [("v", "double[3]")])
 
 # PCG solver state (kernels/pcg.cu): one per solve, on the device; iteration -1 is the set-up pass.
 # alpha_prev: the classic solvers' step before alpha while x has not taken it (the distributed solver

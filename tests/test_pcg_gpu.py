@@ -88,6 +88,7 @@ def test_classic_kernel_matches_numpy_reference(cupy, fmt, gather):
         # two grid reductions an iteration, and a barrier before a stored product
         per_iteration = 3 if gather == "stored" else 2
         assert int(g.epoch.get()[0]) == per_iteration * (ref["iteration"] - 4)
+        assert int(g.arrivals.get()[0]) == int(g.epoch.get()[0]) * g.grid  # every block arrived at each
     assert ref["iteration"] == 10
 
     out = cupy.empty(600)
@@ -124,6 +125,7 @@ def test_single_reduction_kernel_matches_numpy_reference(cupy, fmt, gather):
         assert_run_matches_reference(g, pairs, host, ref)
         # one grid reduction an iteration, and a barrier before a stored product
         assert int(g.epoch.get()[0]) == (2 if gather == "stored" else 1) * (ref["iteration"] + 1)
+        assert int(g.arrivals.get()[0]) == int(g.epoch.get()[0]) * g.grid
     assert ref["iteration"] == 2 and ref["parity"] == 1
 
 

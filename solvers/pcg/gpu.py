@@ -29,6 +29,16 @@ from .preconditioners.device import DeviceProgram
 from .result import Reason
 
 BLOCK = 256  # threads per block of the plain kernels (kernels/pcg.cu)
+# Threads an SM of the persistent kernels: they cap its registers (RUN_SM_THREADS in kernels/pcg.cu)
+# and its grid, which holds no more blocks an SM than make these even where more would fit. H200, us
+# an iteration (single-reduction; blocks an SM x threads a block): random geometric graph 50k rows
+# 1 x 512: 10.23, 2 x 512: 11.43, 2 x 256: 11.59, 1 x 1024: 10.54, half the SMs x 1024: 11.51;
+# power-law graph 100k rows 1 x 512: 16.18, 2 x 512: 17.55, 2 x 256: 16.43, 5 x 256: 24.17;
+# Poisson 256^2 (one row a thread: 128 blocks of 512) 5.89, 1 x 1024 6.33, 2 x 256 7.05
+# (scripts/results/probe_grid_latency_2026-11-30_2050_NVIDIA_H200_a5b89d4.md). Holding more threads
+# an SM (1024, 2048) was no faster for gather-bound products at large n either
+# (scripts/results/probe_formats_sweep_2026-11-30_NVIDIA_H200_af63447.md).
+SM_THREADS = 512
 GATHERS = ("auto", "formed", "stored")
 
 
@@ -61,8 +71,8 @@ class Variant:
     def struct(cls, matrix):
         """The kernel's argument struct over the format's ``Matrix`` struct."""
         fields = [("A", matrix), ("dinv", "const real_t*")] + [(v, "real_t*") for v in cls.vectors]
-        fields += [("st", "State*"), ("slots", "Slot*"), ("epoch", "unsigned int*"), ("history", "double*"),
-                   ("progress", "Progress*")]
+        fields += [("st", "State*"), ("slots", "Slot*"), ("arrivals", "unsigned int*"), ("epoch", "unsigned int*"),
+                   ("history", "double*"), ("progress", "Progress*")]
         return Struct(cls.struct_name, fields)
 
 
@@ -97,7 +107,7 @@ def split_struct(matrix):
 
 def kernel_program(matrix_format, real, run_block_size, gather_stored, stream_matrix=False, split=False):
     """Arguments of :func:`kernels.module` for the PCG kernels over ``matrix_format`` (``split``: pcg_split.cu too)."""
-    defines = tuple(matrix_format.defines) + (("RUN_BLOCK", str(run_block_size)),
+    defines = tuple(matrix_format.defines) + (("RUN_BLOCK", str(run_block_size)), ("RUN_SM_THREADS", str(SM_THREADS)),
                                               ("GATHER_STORED", "1" if gather_stored else "0"))
     if stream_matrix:
         defines += (("STREAM_MATRIX", "1"),)
@@ -269,11 +279,13 @@ class GPUPCG:
         sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
         threads = max(self.format.threads(), n)  # the product's work items, or the rows of the pointwise phases
         # The residual kernel strides over the rows with enough blocks to fill the GPU; the
-        # persistent kernel takes its share of the work items up to the blocks the GPU holds at once.
+        # persistent kernel takes its share of the work items up to the blocks the GPU holds at once,
+        # and no more than SM_THREADS an SM.
         self.grid_spmv = int(max(1, min(-(-threads // BLOCK), sms * 8)))
         # the split kernels stride over the rows with the blocks the GPU holds at once (no second wave)
         self.grid_split = int(max(1, min(-(-threads // BLOCK), split_capacity))) if self.split else 0
-        self.grid = int(max(1, min(-(-threads // self.run_block), capacity)))
+        per_sm = max(1, SM_THREADS // self.run_block)
+        self.grid = int(max(1, min(-(-threads // self.run_block), capacity, sms * per_sm)))
 
         self.vectors = {}
         for name in variant.vectors:
@@ -283,9 +295,10 @@ class GPUPCG:
         self.r = self.vectors[variant.residual]
         self.b = cupy.zeros(n, dtype=self.dtype)
         self.dinv = cupy.zeros(n, dtype=self.dtype) if self.preconditioner == "jacobi" else None
-        # the persistent kernel's reduction slots (two buffers of one a block) and the tag its next
-        # launch starts from
+        # the persistent kernel's reduction slots (two buffers of one a block), its arrival counter and
+        # the tag its next launch starts from (kernels/grid.cu): the counter is the tag times the grid
         self.slots = cupy.zeros(2 * self.grid * SLOT.dtype.itemsize, dtype=cupy.uint8)
+        self.arrivals = cupy.zeros(1, dtype=cupy.uint32)
         self.epoch = cupy.zeros(1, dtype=cupy.uint32)
         self.state = cupy.zeros(STATE.dtype.itemsize, dtype=cupy.uint8)
         self.progress = _HostMapped(PROGRESS.dtype)
@@ -323,7 +336,7 @@ class GPUPCG:
         """The kernels' argument structs (fixed addresses, so graphs capture them once)."""
         self._matrix_args = self.format.pack(self.val)
         self._run_args = self._run_struct.pack(A=self._matrix_args, dinv=self.dinv, st=self.state, slots=self.slots,
-                                               epoch=self.epoch, history=self.history,
+                                               arrivals=self.arrivals, epoch=self.epoch, history=self.history,
                                                progress=self.progress.device_ptr, **self.vectors)
         if self.split:
             self._split_args = self._split_struct.pack(
