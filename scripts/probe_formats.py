@@ -18,6 +18,12 @@ and own time). Then one PCG iteration for each layout of :func:`sell_sweep`, bot
 variants, with the product alone (the residual kernel) beside one cuSPARSE SpMV
 and one iteration of cupyx ``cg``. Saved under ``scripts/results/`` with the date,
 the GPU and the commit.
+
+``--setup``: the conversion by stages (as ``--sell`` does it) on the benchmark's
+random geometric graphs of 50k, 200k and 2M rows, the power-law graph of 100k rows
+and the 27-point stencil of 128^3 points, what single CuPy steps (sorts, scans,
+launches, reads back) cost on 50k and 2M entries, and SELL's two row orders per
+iteration on the geometric graphs of up to 200k rows. Saved like ``--sell``'s.
 """
 import argparse
 import cProfile
