@@ -22,15 +22,18 @@
 // * classic (0), pcg_ref's direction_product then pcg_update, two reductions an iteration. The new
 //   direction p = beta p_old + z is stored for the block's own rows behind a block barrier, and the
 //   product reads it there; at rows of other blocks it forms it from their z and p_old, which the
-//   last reduction published. Shared memory: z and the two directions.
+//   last reduction published. A thread keeps its rows of z and of the direction in registers; shared
+//   memory holds the new direction, and in a team also z and the previous direction.
 // * single-reduction (1), pcg_ref.pcg1_step (Chronopoulos-Gear), one reduction an iteration. u = M^-1 r
 //   is stored for the block's own rows behind a block barrier; at rows of other blocks the product
 //   forms it from their r, s and w of the previous iteration (double-buffered by iteration parity)
 //   with the owners' operations, so it is exactly their u. Shared memory: u, and in a team r, s, w
 //   twice.
 //
-// A reduction adds lanes by a butterfly (every lane ends with the same bits), then warp 0 adds the
-// block's warp totals the same way. In a team, warp 0 pushes the block's totals into every member's
+// A reduction adds lanes by a butterfly (every lane ends with the same bits), then the warps' totals
+// the same way: in one block every warp adds them itself, behind one block barrier (gr_900 0.64 us an
+// iteration faster than warp 0 handing them on, MEASUREMENTS.md); in a team warp 0 adds them. In a
+// team, warp 0 pushes the block's totals into every member's
 // shared memory with st.async, each store completing bytes on the receiver's mbarrier, waits on its
 // own block's mbarrier only (no cluster barrier) and adds the team's totals by a butterfly too; the
 // block's threads read the result behind a block barrier: results depend on nothing but the
@@ -49,9 +52,10 @@
 // ||b - A x|| and ||b|| in norms[2s], norms[2s + 1].
 //
 // Compiled after grid.cu and stopping.cu, with ONCHIP_BLOCK, ONCHIP_ROWS, ONCHIP_TEAM, ONCHIP_HELD,
-// ONCHIP_SINGLE and ONCHIP_MIN_BLOCKS (blocks an SM should hold: the registers a thread may use
-// follow) defined and the structs State, Progress, OnchipRun generated (solvers/pcg/onchip.py). A
-// team of more than 8 blocks needs the non-portable cluster size allowed on the function.
+// ONCHIP_SINGLE, ONCHIP_GLOBAL (1 when some slices live in the global workspace) and
+// ONCHIP_MIN_BLOCKS (blocks an SM should hold: the registers a thread may use follow) defined and the
+// structs State, Progress, OnchipRun generated (solvers/pcg/onchip.py). A team of more than 8 blocks
+// needs the non-portable cluster size allowed on the function.
 
 #define CHUNK (ONCHIP_BLOCK * ONCHIP_ROWS)
 #define ONCHIP_WARPS (ONCHIP_BLOCK / 32)
@@ -63,7 +67,7 @@
 #if ONCHIP_SINGLE
 #define SHARED_VECTORS (ONCHIP_TEAM > 1 ? 7 : 1)
 #else
-#define SHARED_VECTORS 3
+#define SHARED_VECTORS (ONCHIP_TEAM > 1 ? 3 : 1)
 #endif
 
 __device__ __forceinline__ unsigned team_rank() {
@@ -163,10 +167,15 @@ __device__ __forceinline__ void init_team_scratch(TeamScratch& sc) {
 #endif
 }
 
+// The block's warps as a power of two: the lanes of a butterfly over the warps' totals.
+#define WARP_GROUP (ONCHIP_WARPS > 16 ? 32 : ONCHIP_WARPS > 8 ? 16 : ONCHIP_WARPS > 4 ? 8 : ONCHIP_WARPS > 2 ? 4 : 2)
+
 // Sums of K <= 3 values over the team, the same bits in every thread; `round` counts the reductions.
-// Every warp adds its lanes; warp 0 adds the warps' totals and, in a team, pushes them to every
-// member, waits for the others' and adds them; the block's threads read the result behind a block
-// barrier. Also a barrier of the team for the shared memory accessed before and after the call.
+// Every warp adds its lanes. In one block every warp then adds the warps' totals itself, each group
+// of WARP_GROUP lanes by the same butterfly (one block barrier a reduction). In a team warp 0 adds
+// them, pushes them to every member, waits for the others' and adds them; the block's threads read
+// the result behind a second block barrier. Also a barrier of the team for the shared memory
+// accessed before and after the call.
 template <int K>
 __device__ __forceinline__ void team_sums(double (&v)[K], TeamScratch& sc, int& round) {
     const int buf = round & 1;
@@ -180,10 +189,20 @@ __device__ __forceinline__ void team_sums(double (&v)[K], TeamScratch& sc, int& 
         for (int k = 0; k < K; ++k) sc.warp[buf][k][warp] = v[k];
     }
     __syncthreads();
+#if ONCHIP_TEAM == 1
+    (void)parity;
+    const int from = lane % WARP_GROUP;
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+        double t = from < ONCHIP_WARPS ? sc.warp[buf][k][from] : 0.0;
+#pragma unroll
+        for (int o = WARP_GROUP / 2; o > 0; o >>= 1) t += __shfl_xor_sync(FULL_WARP, t, o);
+        v[k] = t;
+    }
+#else
     if (warp == 0) {
 #pragma unroll
         for (int k = 0; k < K; ++k) v[k] = warp_total(lane < ONCHIP_WARPS ? sc.warp[buf][k][lane] : 0.0);
-#if ONCHIP_TEAM > 1
         if (lane == 0) expect_bytes(&sc.arrived[buf], ONCHIP_TEAM * K * sizeof(double));
         if (lane < ONCHIP_TEAM) {  // lane c pushes the block's totals into block c
             const unsigned me = team_rank();
@@ -193,9 +212,6 @@ __device__ __forceinline__ void team_sums(double (&v)[K], TeamScratch& sc, int& 
         wait_phase(&sc.arrived[buf], parity);
 #pragma unroll
         for (int k = 0; k < K; ++k) v[k] = warp_total(lane < ONCHIP_TEAM ? sc.team[buf][k][lane] : 0.0);
-#else
-        (void)parity;
-#endif
         if (lane == 0) {
 #pragma unroll
             for (int k = 0; k < K; ++k) sc.total[buf][k] = v[k];
@@ -204,6 +220,7 @@ __device__ __forceinline__ void team_sums(double (&v)[K], TeamScratch& sc, int& 
     __syncthreads();  // orders the team's accesses before warp 0's wait before the block's later ones
 #pragma unroll
     for (int k = 0; k < K; ++k) v[k] = sc.total[buf][k];
+#endif
 }
 
 // z = M^-1 r at row i of the stacked systems (Jacobi when dinv is set, else the identity), for rows
@@ -253,7 +270,7 @@ __device__ __forceinline__ void rows_product(const ThreadRows& m, V v, real_t (&
         for (int k = 0; k < ONCHIP_ROWS; ++k) {
             if (w >= m.width[k]) continue;
             const int e = m.at[k] + 32 * w;
-            const bool shared = e < m.split;
+            const bool shared = !ONCHIP_GLOBAL || e < m.split;
             out[k] = fma(shared ? m.val_s[e] : m.val_g[e], v(shared ? m.col_s[e] : m.col_g[e]), out[k]);
         }
     }
@@ -458,15 +475,18 @@ __device__ __forceinline__ int iterate(SystemRun& sr, real_t (&x)[ONCHIP_ROWS]) 
 // x holds the thread's rows of the iterate.
 __device__ __forceinline__ int iterate(SystemRun& sr, real_t (&x)[ONCHIP_ROWS]) {
     const OnchipRun& a = sr.a;
+    // The thread's rows of z and of the direction live in its registers. The product reads the new
+    // direction from shared memory: in one block only that (shared vector 0); in a team also z and
+    // the previous direction, from which the other blocks form it (vectors 0, 1 and 2).
     real_t* z_s = sr.vec;
-    auto direction = [&](int which) { return z_s + CHUNK * (1 + which); };
-    real_t r[ONCHIP_ROWS], q[ONCHIP_ROWS], dv[ONCHIP_ROWS];
-    int parity = 0;  // p_old is direction(parity), the new direction goes to direction(parity ^ 1)
+    auto direction = [&](int which) { return ONCHIP_TEAM > 1 ? z_s + CHUNK * (1 + which) : sr.vec; };
+    real_t r[ONCHIP_ROWS], q[ONCHIP_ROWS], dv[ONCHIP_ROWS], z[ONCHIP_ROWS], p[ONCHIP_ROWS];
+    int parity = 0;  // in a team, p_old is direction(parity) and the new direction goes to direction(parity ^ 1)
     double tol, rz, beta, rnorm;
     int it, maxiter, status;
 #pragma unroll
     for (int k = 0; k < ONCHIP_ROWS; ++k) {
-        x[k] = r[k] = q[k] = 0;
+        x[k] = r[k] = q[k] = z[k] = p[k] = 0;
         dv[k] = sr.owns(k) && a.dinv ? a.dinv[sr.row(k)] : real_t(1);
     }
     if (sr.start) {  // r = b - A x0, z = M^-1 r, p_old = 0: the set-up pass
@@ -480,11 +500,10 @@ __device__ __forceinline__ int iterate(SystemRun& sr, real_t (&x)[ONCHIP_ROWS]) 
             const real_t bi = a.b[sr.row(k)];
             x[k] = x0[sr.first + sr.own(k)];
             r[k] = bi - ax[k];
-            const real_t zi = dv[k] * r[k];
-            z_s[sr.own(k)] = zi;
-            direction(0)[sr.own(k)] = 0;
+            z[k] = dv[k] * r[k];
+            if (ONCHIP_TEAM > 1) z_s[sr.own(k)] = z[k], direction(0)[sr.own(k)] = 0;
             sums[0] += (double)bi * (double)bi;
-            sums[1] += (double)r[k] * (double)zi;
+            sums[1] += (double)r[k] * (double)z[k];
             sums[2] += (double)r[k] * (double)r[k];
         }
         team_sums(sums, sr.sc, sr.round);
@@ -501,8 +520,9 @@ __device__ __forceinline__ int iterate(SystemRun& sr, real_t (&x)[ONCHIP_ROWS]) 
             const int i = sr.row(k);
             x[k] = a.x[i];
             r[k] = a.r[i];
-            z_s[sr.own(k)] = a.z[i];
-            direction(0)[sr.own(k)] = a.p[i];
+            z[k] = a.z[i];
+            p[k] = a.p[i];
+            if (ONCHIP_TEAM > 1) z_s[sr.own(k)] = z[k], direction(0)[sr.own(k)] = p[k];
         }
         const State* st = sr.st;
         tol = st->tol, maxiter = st->maxiter, rz = st->rz, beta = st->beta, rnorm = st->rnorm;
@@ -527,9 +547,10 @@ __device__ __forceinline__ int iterate(SystemRun& sr, real_t (&x)[ONCHIP_ROWS]) 
         real_t p_new[ONCHIP_ROWS];
 #pragma unroll
         for (int k = 0; k < ONCHIP_ROWS; ++k) {
-            p_new[k] = fma(b_, po[sr.own(k)], z_s[sr.own(k)]);
+            p_new[k] = fma(b_, p[k], z[k]);
             if (sr.owns(k)) pn[sr.own(k)] = p_new[k];
         }
+        (void)po;
         __syncthreads();  // the block's new direction, read by its threads
         rows_product(sr.m, [&](int j) {
 #if ONCHIP_TEAM > 1
@@ -562,9 +583,9 @@ __device__ __forceinline__ int iterate(SystemRun& sr, real_t (&x)[ONCHIP_ROWS]) 
             if (!sr.owns(k)) continue;
             x[k] = fma(alpha, p_new[k], x[k]);
             r[k] = fma(-alpha, q[k], r[k]);
-            const real_t zi = dv[k] * r[k];
-            z_s[sr.own(k)] = zi;
-            sums[0] += (double)r[k] * (double)zi;
+            z[k] = dv[k] * r[k];
+            if (ONCHIP_TEAM > 1) z_s[sr.own(k)] = z[k];
+            sums[0] += (double)r[k] * (double)z[k];
             sums[1] += (double)r[k] * (double)r[k];
         }
         team_sums(sums, sr.sc, sr.round);
@@ -575,6 +596,8 @@ __device__ __forceinline__ int iterate(SystemRun& sr, real_t (&x)[ONCHIP_ROWS]) 
             beta = sums[0] / rz;
             rz = sums[0];
             parity ^= 1;
+#pragma unroll
+            for (int k = 0; k < ONCHIP_ROWS; ++k) p[k] = p_new[k];
         }
         if (sr.recorder) record_decision(sr.st, it, rnorm, status, a.history, a.progress, sr.handle);
     }
@@ -583,9 +606,7 @@ __device__ __forceinline__ int iterate(SystemRun& sr, real_t (&x)[ONCHIP_ROWS]) 
         for (int k = 0; k < ONCHIP_ROWS; ++k) {
             if (!sr.owns(k)) continue;
             const int i = sr.row(k);
-            a.r[i] = r[k];
-            a.z[i] = z_s[sr.own(k)];
-            a.p[i] = direction(parity)[sr.own(k)];
+            a.r[i] = r[k], a.z[i] = z[k], a.p[i] = p[k];
         }
         if (sr.recorder) {
             sr.st->rz = rz;

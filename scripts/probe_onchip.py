@@ -4,6 +4,7 @@ Run on a GPU machine::
 
     python scripts/probe_onchip.py layouts [--iterations 300]
     python scripts/probe_onchip.py costs [--iterations 300] [--matrices gr_900_900_crg,...]
+    python scripts/probe_onchip.py batch [--systems 10000] [--shapes 256x4x3,128x8x3,...]
 
 ``layouts`` times each small matrix at several on-chip layouts (block threads,
 rows a thread, blocks a cluster), the layout forced in place of
@@ -17,6 +18,9 @@ held in registers; single-reduction PCG (one reduction an iteration) instead of
 classic. The differences are what those parts
 cost. Every figure: float64, Jacobi, while mode, the whole solve one launch,
 rtol 0 and a fixed number of iterations, best of three, us per iteration.
+``batch`` times :class:`solvers.BatchedPCG` on the benchmark's batch (``bench_small.problem``: 32x32
+variable-coefficient diffusion systems, rtol 1e-8) at forced layouts: block threads, rows a thread
+and the blocks an SM the kernel is compiled for (``min_blocks``, which caps its registers).
 """
 import argparse
 import contextlib
@@ -176,14 +180,40 @@ def costs(iterations, names):
     kernels.source = source
 
 
+def batch(systems, shapes):
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+    import bench_small
+    pattern, values, b = bench_small.problem(systems, 32)
+    candidates, sm_shared = onchip.candidate_shapes, onchip.SM_SHARED
+    for text in shapes:
+        block, rows, min_blocks = (int(v) for v in text.split("x"))
+        shape = onchip.Shape(block, rows, 1)
+        onchip.candidate_shapes = lambda n, latency, s=shape: [s]
+        layout = onchip.choose_layout(pattern.indptr, np.array([0, pattern.shape[0]]), 8, False)
+        need = onchip.shared_bytes(shape, layout.in_shared, 8) + onchip.scratch_bytes(shape) + 1024
+        onchip.SM_SHARED = min_blocks * need  # what makes OnChipKernel compile for min_blocks blocks an SM
+        try:
+            seconds, _, iterations, worst, path = bench_small.bench_ours(pattern, values, b, 5)
+            print(f"| {text} | {path} | {iterations} | {worst:.1e} | {seconds * 1e3:.2f} | {systems / seconds:,.0f} |",
+                  flush=True)
+        finally:
+            onchip.candidate_shapes, onchip.SM_SHARED = candidates, sm_shared
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("what", choices=("layouts", "costs"))
+    ap.add_argument("what", choices=("layouts", "costs", "batch"))
     ap.add_argument("--iterations", type=int, default=300)
     ap.add_argument("--matrices", default="", help="comma-separated names (default: the mode's own list)")
+    ap.add_argument("--systems", type=int, default=10000)
+    ap.add_argument("--shapes", default="256x4x2,256x4x3,128x8x3",
+                    help="batch layouts: block threads x rows a thread x blocks an SM, comma-separated")
     args = ap.parse_args(argv)
     names = [n for n in args.matrices.split(",") if n]
-    (layouts if args.what == "layouts" else costs)(args.iterations, names)
+    if args.what == "batch":
+        batch(args.systems, args.shapes.split(","))
+    else:
+        (layouts if args.what == "layouts" else costs)(args.iterations, names)
     return 0
 
 

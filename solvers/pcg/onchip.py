@@ -32,9 +32,9 @@ QUARTER_REGISTERS = 16384  # 32-bit registers of each of an SM's four schedulers
 THREAD_REGISTERS = 255     # the most one thread may use
 # Registers a thread needs besides its rows' vectors and held matrix entries (indices, scalars, the
 # slices' addresses): a base by variant and whether the system spans a cluster (reads from other
-# blocks), and REGISTERS_A_ROW more for each of its rows; the most that leaves ptxas (CUDA 13,
+# blocks), and REGISTERS_A_ROW more for each of its rows; the least that leaves ptxas (CUDA 13,
 # sm_90) no spills on the layouts of latency_shape up to 16,384 rows.
-RESERVED_REGISTERS = {("classic", False): 38, ("classic", True): 64,
+RESERVED_REGISTERS = {("classic", False): 47, ("classic", True): 58,
                       ("single-reduction", False): 46, ("single-reduction", True): 62}
 REGISTERS_A_ROW = 6
 NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 14  # CUfunction_attribute
@@ -167,10 +167,11 @@ def slice_capacity(rowptr, start, shape, held=0):
 
 
 def shared_vectors(variant, team):
-    """Vectors of a block's rows in its shared memory: classic z and two directions; single-reduction u,
-    and in a cluster r, s and w of two iterations (what the other blocks form u from)."""
+    """Vectors of a block's rows in its shared memory: classic the new direction, and in a cluster also z
+    and the previous direction; single-reduction u, and in a cluster r, s and w of two iterations (what
+    the other blocks form the product's input from)."""
     if variant == "classic":
-        return 3
+        return 3 if team > 1 else 1
     return 7 if team > 1 else 1
 
 
@@ -187,12 +188,13 @@ def scratch_bytes(shape):
 
 def held_entries(shape, variant, itemsize, longest):
     """Entries of each row a thread keeps in registers (one block an SM): what the registers left
-    beside the rows' vectors (classic x, r, q, p and the inverse diagonal; single-reduction x, p, r,
-    s, w, u and the inverse diagonal) and RESERVED_REGISTERS leave, at most the longest row."""
+    beside the rows' seven vectors (classic x, r, z, q, the previous and the new direction and the
+    inverse diagonal; single-reduction x, p, r, s, w, u and the inverse diagonal) and
+    RESERVED_REGISTERS leave, at most the longest row."""
     words = itemsize // 4
     warps_a_scheduler = -(-shape.block // 128)
     per_thread = min(THREAD_REGISTERS, QUARTER_REGISTERS // (32 * warps_a_scheduler) // 8 * 8)
-    vectors = (5 if variant == "classic" else 7) * words * shape.rows
+    vectors = 7 * words * shape.rows
     room = per_thread - RESERVED_REGISTERS[variant, shape.team > 1] - REGISTERS_A_ROW * shape.rows - vectors
     return int(max(0, min(longest, room // ((words + 1) * shape.rows))))
 
@@ -262,6 +264,7 @@ def kernel_program(layout, variant, real, min_blocks):
     shape = layout.shape
     defines = (("ONCHIP_BLOCK", str(shape.block)), ("ONCHIP_ROWS", str(shape.rows)), ("ONCHIP_TEAM", str(shape.team)),
                ("ONCHIP_HELD", str(layout.held)), ("ONCHIP_SINGLE", str(int(variant != "classic"))),
+               ("ONCHIP_GLOBAL", str(int(layout.in_shared < layout.entries))),
                ("ONCHIP_MIN_BLOCKS", str(min_blocks)))
     return dict(name="onchip", real=real, defines=defines, before=("stopping",), structs=(STATE, PROGRESS, ONCHIP_RUN))
 
