@@ -22,8 +22,8 @@
 // * classic (0), pcg_ref's direction_product then pcg_update, two reductions an iteration. The new
 //   direction p = beta p_old + z is stored for the block's own rows behind a block barrier, and the
 //   product reads it there; at rows of other blocks it forms it from their z and p_old, which the
-//   last reduction published. A thread keeps its rows of z and of the direction in registers; shared
-//   memory holds the new direction, and in a team also z and the previous direction.
+//   last reduction published. Shared memory: z and the two directions, or with ONCHIP_ZP_REGISTERS
+//   (one block, batches) the new direction only, the thread's rows of z and p_old in its registers.
 // * single-reduction (1), pcg_ref.pcg1_step (Chronopoulos-Gear), one reduction an iteration. u = M^-1 r
 //   is stored for the block's own rows behind a block barrier; at rows of other blocks the product
 //   forms it from their r, s and w of the previous iteration (double-buffered by iteration parity)
@@ -52,10 +52,11 @@
 // ||b - A x|| and ||b|| in norms[2s], norms[2s + 1].
 //
 // Compiled after grid.cu and stopping.cu, with ONCHIP_BLOCK, ONCHIP_ROWS, ONCHIP_TEAM, ONCHIP_HELD,
-// ONCHIP_SINGLE, ONCHIP_GLOBAL (1 when some slices live in the global workspace) and
-// ONCHIP_MIN_BLOCKS (blocks an SM should hold: the registers a thread may use follow) defined and the
-// structs State, Progress, OnchipRun generated (solvers/pcg/onchip.py). A team of more than 8 blocks
-// needs the non-portable cluster size allowed on the function.
+// ONCHIP_SINGLE, ONCHIP_GLOBAL (1 when some slices live in the global workspace), ONCHIP_ZP_REGISTERS
+// (classic, one block: z and p_old in registers) and ONCHIP_MIN_BLOCKS (blocks an SM should hold:
+// the registers a thread may use follow) defined and the structs State, Progress, OnchipRun generated
+// (solvers/pcg/onchip.py). A team of more than 8 blocks needs the non-portable cluster size allowed
+// on the function.
 
 #define CHUNK (ONCHIP_BLOCK * ONCHIP_ROWS)
 #define ONCHIP_WARPS (ONCHIP_BLOCK / 32)
@@ -67,7 +68,7 @@
 #if ONCHIP_SINGLE
 #define SHARED_VECTORS (ONCHIP_TEAM > 1 ? 7 : 1)
 #else
-#define SHARED_VECTORS (ONCHIP_TEAM > 1 ? 3 : 1)
+#define SHARED_VECTORS (ONCHIP_ZP_REGISTERS ? 1 : 3)
 #endif
 
 __device__ __forceinline__ unsigned team_rank() {
@@ -475,18 +476,27 @@ __device__ __forceinline__ int iterate(SystemRun& sr, real_t (&x)[ONCHIP_ROWS]) 
 // x holds the thread's rows of the iterate.
 __device__ __forceinline__ int iterate(SystemRun& sr, real_t (&x)[ONCHIP_ROWS]) {
     const OnchipRun& a = sr.a;
-    // The thread's rows of z and of the direction live in its registers. The product reads the new
-    // direction from shared memory: in one block only that (shared vector 0); in a team also z and
-    // the previous direction, from which the other blocks form it (vectors 0, 1 and 2).
+    // The product reads the new direction from shared memory. With ONCHIP_ZP_REGISTERS (one block of a
+    // batch) a thread keeps its rows of z and of the previous direction in registers and shared memory
+    // holds only the new direction; otherwise shared memory holds z and the two directions (the other
+    // blocks of a team form the new direction from them; one system's registers hold matrix entries).
     real_t* z_s = sr.vec;
-    auto direction = [&](int which) { return ONCHIP_TEAM > 1 ? z_s + CHUNK * (1 + which) : sr.vec; };
-    real_t r[ONCHIP_ROWS], q[ONCHIP_ROWS], dv[ONCHIP_ROWS], z[ONCHIP_ROWS], p[ONCHIP_ROWS];
-    int parity = 0;  // in a team, p_old is direction(parity) and the new direction goes to direction(parity ^ 1)
+    auto direction = [&](int which) { return ONCHIP_ZP_REGISTERS ? sr.vec : z_s + CHUNK * (1 + which); };
+    int parity = 0;  // p_old is direction(parity), the new direction goes to direction(parity ^ 1)
+#if ONCHIP_ZP_REGISTERS
+    real_t z[ONCHIP_ROWS] = {}, p[ONCHIP_ROWS] = {};
+    auto zr = [&](int k) -> real_t& { return z[k]; };
+    auto pr = [&](int k) -> real_t& { return p[k]; };
+#else
+    auto zr = [&](int k) -> real_t& { return z_s[sr.own(k)]; };
+    auto pr = [&](int k) -> real_t& { return direction(parity)[sr.own(k)]; };
+#endif
+    real_t r[ONCHIP_ROWS], q[ONCHIP_ROWS], dv[ONCHIP_ROWS];
     double tol, rz, beta, rnorm;
     int it, maxiter, status;
 #pragma unroll
     for (int k = 0; k < ONCHIP_ROWS; ++k) {
-        x[k] = r[k] = q[k] = z[k] = p[k] = 0;
+        x[k] = r[k] = q[k] = 0;
         dv[k] = sr.owns(k) && a.dinv ? a.dinv[sr.row(k)] : real_t(1);
     }
     if (sr.start) {  // r = b - A x0, z = M^-1 r, p_old = 0: the set-up pass
@@ -500,10 +510,10 @@ __device__ __forceinline__ int iterate(SystemRun& sr, real_t (&x)[ONCHIP_ROWS]) 
             const real_t bi = a.b[sr.row(k)];
             x[k] = x0[sr.first + sr.own(k)];
             r[k] = bi - ax[k];
-            z[k] = dv[k] * r[k];
-            if (ONCHIP_TEAM > 1) z_s[sr.own(k)] = z[k], direction(0)[sr.own(k)] = 0;
+            zr(k) = dv[k] * r[k];
+            pr(k) = 0;
             sums[0] += (double)bi * (double)bi;
-            sums[1] += (double)r[k] * (double)z[k];
+            sums[1] += (double)r[k] * (double)zr(k);
             sums[2] += (double)r[k] * (double)r[k];
         }
         team_sums(sums, sr.sc, sr.round);
@@ -520,9 +530,8 @@ __device__ __forceinline__ int iterate(SystemRun& sr, real_t (&x)[ONCHIP_ROWS]) 
             const int i = sr.row(k);
             x[k] = a.x[i];
             r[k] = a.r[i];
-            z[k] = a.z[i];
-            p[k] = a.p[i];
-            if (ONCHIP_TEAM > 1) z_s[sr.own(k)] = z[k], direction(0)[sr.own(k)] = p[k];
+            zr(k) = a.z[i];
+            pr(k) = a.p[i];
         }
         const State* st = sr.st;
         tol = st->tol, maxiter = st->maxiter, rz = st->rz, beta = st->beta, rnorm = st->rnorm;
@@ -547,7 +556,7 @@ __device__ __forceinline__ int iterate(SystemRun& sr, real_t (&x)[ONCHIP_ROWS]) 
         real_t p_new[ONCHIP_ROWS];
 #pragma unroll
         for (int k = 0; k < ONCHIP_ROWS; ++k) {
-            p_new[k] = fma(b_, p[k], z[k]);
+            p_new[k] = fma(b_, pr(k), zr(k));
             if (sr.owns(k)) pn[sr.own(k)] = p_new[k];
         }
         (void)po;
@@ -583,9 +592,8 @@ __device__ __forceinline__ int iterate(SystemRun& sr, real_t (&x)[ONCHIP_ROWS]) 
             if (!sr.owns(k)) continue;
             x[k] = fma(alpha, p_new[k], x[k]);
             r[k] = fma(-alpha, q[k], r[k]);
-            z[k] = dv[k] * r[k];
-            if (ONCHIP_TEAM > 1) z_s[sr.own(k)] = z[k];
-            sums[0] += (double)r[k] * (double)z[k];
+            zr(k) = dv[k] * r[k];
+            sums[0] += (double)r[k] * (double)zr(k);
             sums[1] += (double)r[k] * (double)r[k];
         }
         team_sums(sums, sr.sc, sr.round);
@@ -596,8 +604,10 @@ __device__ __forceinline__ int iterate(SystemRun& sr, real_t (&x)[ONCHIP_ROWS]) 
             beta = sums[0] / rz;
             rz = sums[0];
             parity ^= 1;
+#if ONCHIP_ZP_REGISTERS
 #pragma unroll
             for (int k = 0; k < ONCHIP_ROWS; ++k) p[k] = p_new[k];
+#endif
         }
         if (sr.recorder) record_decision(sr.st, it, rnorm, status, a.history, a.progress, sr.handle);
     }
@@ -606,7 +616,7 @@ __device__ __forceinline__ int iterate(SystemRun& sr, real_t (&x)[ONCHIP_ROWS]) 
         for (int k = 0; k < ONCHIP_ROWS; ++k) {
             if (!sr.owns(k)) continue;
             const int i = sr.row(k);
-            a.r[i] = r[k], a.z[i] = z[k], a.p[i] = p[k];
+            a.r[i] = r[k], a.z[i] = zr(k), a.p[i] = pr(k);
         }
         if (sr.recorder) {
             sr.st->rz = rz;

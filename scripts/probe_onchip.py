@@ -190,7 +190,7 @@ def batch(systems, shapes):
         shape = onchip.Shape(block, rows, 1)
         onchip.candidate_shapes = lambda n, latency, s=shape: [s]
         layout = onchip.choose_layout(pattern.indptr, np.array([0, pattern.shape[0]]), 8, False)
-        need = onchip.shared_bytes(shape, layout.in_shared, 8) + onchip.scratch_bytes(shape) + 1024
+        need = onchip.layout_bytes(layout, layout.in_shared, 8, "classic") + 1024
         onchip.SM_SHARED = min_blocks * need  # what makes OnChipKernel compile for min_blocks blocks an SM
         try:
             seconds, _, iterations, worst, path = bench_small.bench_ours(pattern, values, b, 5)

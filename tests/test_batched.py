@@ -164,7 +164,7 @@ def test_on_chip_layouts_follow_size_and_shared_memory():
     assert layout(poisson((100, 100))) == (512, 2, 10, True)
     assert layout(poisson((128, 128))) == (512, 2, 16, True)
     assert layout(poisson((256, 256))) == (1024, 4, 16, False)   # part of the matrix in global memory
-    assert layout(variable_diffusion(np.ones((32, 32))), latency=False, count=3) == (256, 4, 1, True)
+    assert layout(variable_diffusion(np.ones((32, 32))), latency=False, count=3) == (128, 8, 1, True)
     with pytest.raises(InputError, match="too large to solve on chip"):
         layout(poisson((400, 400)))
     # single-reduction: in a cluster r, s and w of two iterations join u in shared memory

@@ -32,9 +32,9 @@ QUARTER_REGISTERS = 16384  # 32-bit registers of each of an SM's four schedulers
 THREAD_REGISTERS = 255     # the most one thread may use
 # Registers a thread needs besides its rows' vectors and held matrix entries (indices, scalars, the
 # slices' addresses): a base by variant and whether the system spans a cluster (reads from other
-# blocks), and REGISTERS_A_ROW more for each of its rows; the least that leaves ptxas (CUDA 13,
+# blocks), and REGISTERS_A_ROW more for each of its rows; the most that leaves ptxas (CUDA 13,
 # sm_90) no spills on the layouts of latency_shape up to 16,384 rows.
-RESERVED_REGISTERS = {("classic", False): 47, ("classic", True): 58,
+RESERVED_REGISTERS = {("classic", False): 40, ("classic", True): 64,
                       ("single-reduction", False): 46, ("single-reduction", True): 62}
 REGISTERS_A_ROW = 6
 NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 14  # CUfunction_attribute
@@ -112,12 +112,14 @@ class Shape:
 class Layout:
     """Where the kernel keeps a system: its :class:`Shape`, ``held`` entries of each row in the
     thread's registers, the rest (``entries`` a block at most) in slices, ``in_shared`` of them in
-    shared memory and the others in a global workspace."""
+    shared memory and the others in a global workspace; with ``zp_registers`` (classic PCG, one
+    block) a thread's rows of z and of the previous direction in its registers, not shared memory."""
 
     shape: Shape
     held: int
     entries: int
     in_shared: int
+    zp_registers: bool = False
 
     def describe(self):
         if self.entries == 0:
@@ -166,18 +168,18 @@ def slice_capacity(rowptr, start, shape, held=0):
     return 32 * int(block_sums.max())
 
 
-def shared_vectors(variant, team):
-    """Vectors of a block's rows in its shared memory: classic the new direction, and in a cluster also z
-    and the previous direction; single-reduction u, and in a cluster r, s and w of two iterations (what
-    the other blocks form the product's input from)."""
+def shared_vectors(variant, team, zp_registers=False):
+    """Vectors of a block's rows in its shared memory: classic z and two directions (only the new
+    direction with z and the previous one in registers); single-reduction u, and in a cluster r, s
+    and w of two iterations (what the other blocks form u from)."""
     if variant == "classic":
-        return 3 if team > 1 else 1
+        return 1 if zp_registers else 3
     return 7 if team > 1 else 1
 
 
-def shared_bytes(shape, entries, itemsize, variant="classic"):
+def shared_bytes(shape, entries, itemsize, variant="classic", zp_registers=False):
     """Dynamic shared memory of a block: its shared vectors, plus ``entries`` of the matrix."""
-    return shared_vectors(variant, shape.team) * shape.chunk * itemsize + entries * (itemsize + 4)
+    return shared_vectors(variant, shape.team, zp_registers) * shape.chunk * itemsize + entries * (itemsize + 4)
 
 
 def scratch_bytes(shape):
@@ -188,13 +190,12 @@ def scratch_bytes(shape):
 
 def held_entries(shape, variant, itemsize, longest):
     """Entries of each row a thread keeps in registers (one block an SM): what the registers left
-    beside the rows' seven vectors (classic x, r, z, q, the previous and the new direction and the
-    inverse diagonal; single-reduction x, p, r, s, w, u and the inverse diagonal) and
-    RESERVED_REGISTERS leave, at most the longest row."""
+    beside the rows' vectors (classic x, r, q, p and the inverse diagonal; single-reduction x, p, r,
+    s, w, u and the inverse diagonal) and RESERVED_REGISTERS leave, at most the longest row."""
     words = itemsize // 4
     warps_a_scheduler = -(-shape.block // 128)
     per_thread = min(THREAD_REGISTERS, QUARTER_REGISTERS // (32 * warps_a_scheduler) // 8 * 8)
-    vectors = 7 * words * shape.rows
+    vectors = (5 if variant == "classic" else 7) * words * shape.rows
     room = per_thread - RESERVED_REGISTERS[variant, shape.team > 1] - REGISTERS_A_ROW * shape.rows - vectors
     return int(max(0, min(longest, room // ((words + 1) * shape.rows))))
 
@@ -215,16 +216,24 @@ def latency_shape(rows):
     return Shape(block, per_thread, -(-rows // (block * per_thread)))
 
 
+def layout_bytes(layout, entries, itemsize, variant):
+    """Shared memory of a block of ``layout`` holding ``entries`` of the matrix, static included."""
+    return shared_bytes(layout.shape, entries, itemsize, variant, layout.zp_registers) + scratch_bytes(layout.shape)
+
+
 def candidate_shapes(rows, latency):
     """Layouts for systems of up to ``rows`` rows, in order of preference.
 
-    A batch (throughput) wants one block of up to 256 threads a system, so that
-    several systems share an SM; one system (latency), and systems of more than
-    2,048 rows, take :func:`latency_shape` (:func:`choose_layout` takes the first that fits).
+    A batch (throughput) wants one block a system with as many rows a thread as
+    registers allow (MAX_ROWS), so that several systems share an SM and each thread
+    has independent rows' loads in flight (H200, 10,000 systems of 1,024 rows: blocks
+    of 128 threads, 8 rows a thread, 3 an SM, 15.4 ms; 256 threads, 4 rows, 19.8 ms;
+    MEASUREMENTS.md); one system (latency), and systems of more than 2,048 rows,
+    take :func:`latency_shape` (:func:`choose_layout` takes the first that fits).
     """
     shapes = []
     if not latency and rows <= 256 * MAX_ROWS:
-        block = min(256, max(32, -(-rows // 32) * 32))
+        block = max(32, -(-rows // (32 * MAX_ROWS)) * 32)
         shapes.append(Shape(block, -(-rows // block), 1))
     shape = latency_shape(rows)
     if shape.rows <= MAX_ROWS:
@@ -235,8 +244,9 @@ def candidate_shapes(rows, latency):
 def choose_layout(rowptr, start, itemsize, latency, variant="classic"):
     """The first candidate :class:`Layout` whose vectors and matrix fit in a block's shared memory
     (after what one system's threads hold in registers), else the first whose vectors do, the
-    rest of its matrix in a global workspace. A batch holds no entries in registers: several
-    blocks share an SM."""
+    rest of its matrix in a global workspace. A batch holds no entries in registers (several
+    blocks share an SM) but, in one block, classic PCG's z and previous direction (one shared
+    vector instead of three: more blocks an SM)."""
     rows = int(np.diff(np.asarray(start)).max())
     shapes = candidate_shapes(rows, latency)
     if not shapes:
@@ -246,12 +256,13 @@ def choose_layout(rowptr, start, itemsize, latency, variant="classic"):
     layouts = []
     for shape in shapes:
         held = held_entries(shape, variant, itemsize, longest) if latency else 0
-        layouts.append(Layout(shape, held, slice_capacity(rowptr, start, shape, held), 0))
+        zp_registers = not latency and variant == "classic" and shape.team == 1
+        layouts.append(Layout(shape, held, slice_capacity(rowptr, start, shape, held), 0, zp_registers))
     for layout in layouts:
-        if shared_bytes(layout.shape, layout.entries, itemsize, variant) + scratch_bytes(layout.shape) <= SHARED_LIMIT:
+        if layout_bytes(layout, layout.entries, itemsize, variant) <= SHARED_LIMIT:
             return dataclasses.replace(layout, in_shared=layout.entries)
     for layout in layouts:
-        room = SHARED_LIMIT - scratch_bytes(layout.shape) - shared_bytes(layout.shape, 0, itemsize, variant)
+        room = SHARED_LIMIT - layout_bytes(layout, 0, itemsize, variant)
         if room >= 0:  # whole warps' entries (32 at a time) in shared memory, the rest global
             return dataclasses.replace(layout, in_shared=min(layout.entries, room // (itemsize + 4) // 32 * 32))
     raise InputError(f"systems of {rows:,} rows need more shared memory than a block has "
@@ -265,6 +276,7 @@ def kernel_program(layout, variant, real, min_blocks):
     defines = (("ONCHIP_BLOCK", str(shape.block)), ("ONCHIP_ROWS", str(shape.rows)), ("ONCHIP_TEAM", str(shape.team)),
                ("ONCHIP_HELD", str(layout.held)), ("ONCHIP_SINGLE", str(int(variant != "classic"))),
                ("ONCHIP_GLOBAL", str(int(layout.in_shared < layout.entries))),
+               ("ONCHIP_ZP_REGISTERS", str(int(layout.zp_registers))),
                ("ONCHIP_MIN_BLOCKS", str(min_blocks)))
     return dict(name="onchip", real=real, defines=defines, before=("stopping",), structs=(STATE, PROGRESS, ONCHIP_RUN))
 
@@ -291,7 +303,8 @@ class OnChipKernel:
         self.variant = variant
         self.layout = choose_layout(rowptr, start, itemsize, latency, variant)
         self.shape = self.layout.shape
-        self.shared_bytes = shared_bytes(self.shape, self.layout.in_shared, itemsize, self.variant)
+        self.shared_bytes = shared_bytes(self.shape, self.layout.in_shared, itemsize, self.variant,
+                                         self.layout.zp_registers)
         self.systems = int(np.asarray(start).size - 1)
         # A batch wants as many blocks an SM as shared memory allows (registers are capped to match);
         # one system wants each block fast.
