@@ -69,9 +69,8 @@ def gather_sectors(indptr, indices, rows_per_warp=32, itemsize=8, samples=2048, 
     n = int(indptr.size) - 1
     if reordering is None:
         return window_sectors(indptr, indices, xp.arange(n), rows_per_warp, xp, samples, itemsize)
-    renumbered = reordering.like("inverse", indptr)[indices]
-    return window_sectors(indptr, renumbered, reordering.like("perm", indptr), rows_per_warp, xp, samples,
-                          itemsize)
+    return window_sectors(indptr, indices, reordering.like("perm", indptr), rows_per_warp, xp, samples, itemsize,
+                          renumber=reordering.like("inverse", indptr))
 
 
 class Reordering:

@@ -118,14 +118,15 @@ def entry_rows(indptr, xp):
     return xp.cumsum(starts[:nnz], dtype=xp.int32)
 
 
-def window_sectors(indptr, indices, rows, window, xp=np, samples=2048, itemsize=8):
+def window_sectors(indptr, indices, rows, window, xp=np, samples=2048, itemsize=8, renumber=None):
     """Distinct 32-byte sectors of the multiplied vector that windows of rows read, per nonzero.
 
     ``rows`` (an order of some or all rows of a CSR pattern) are taken ``window`` at
     a time, as the product kernels work on them together; ``samples`` windows, evenly
     spaced, are counted (all of them for smaller matrices). About 1 when each read is
     a memory transaction of its own (random numbering), well below 1 when the rows of
-    a window read columns close together or the same ones.
+    a window read columns close together or the same ones. With ``renumber``, column
+    j is read at ``renumber[j]`` (only the sampled entries are renumbered).
     """
     n = int(indptr.size) - 1
     groups = -(-int(rows.size) // window)
@@ -143,7 +144,8 @@ def window_sectors(indptr, indices, rows, window, xp=np, samples=2048, itemsize=
     of = entry_rows(offsets, xp)  # the picked row of every entry read
     entries = xp.arange(total) - offsets[of] + starts[of]
     sectors = -(-(n * itemsize) // 32)
-    keys = position[of] // window * sectors + indices[entries].astype(xp.int64) * itemsize // 32
+    columns = indices[entries] if renumber is None else renumber[indices[entries]]
+    keys = position[of] // window * sectors + columns.astype(xp.int64) * itemsize // 32
     return int(xp.unique(keys).size) / total
 
 
