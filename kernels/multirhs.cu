@@ -242,7 +242,7 @@ mr_update(const MultiRun a, unsigned long long handle) {
     if (!load_states(a, s, handle)) return;
     const int row = threadIdx.x / MR_TPR, c0 = (threadIdx.x % MR_TPR) * MR_CPT;
     double sums[2][MR_CPT] = {};  // r.z, r.r of the new r
-    bool on[MR_CPT], step[MR_CPT], any = false;
+    bool on[MR_CPT], step[MR_CPT], any = false, steps = false;  // steps: any of the thread's columns steps
     real_t alpha[MR_CPT];
 #pragma unroll
     for (int m = 0; m < MR_CPT; ++m) {
@@ -250,14 +250,12 @@ mr_update(const MultiRun a, unsigned long long handle) {
         step[m] = on[m] && s[c0 + m].iteration >= 0;  // else the set-up pass: sums only
         alpha[m] = (real_t)s[c0 + m].alpha;
         any = any || on[m];
+        steps = steps || step[m];
     }
     if (any) {
         const real_t* p = s[c0 + first_on(on)].parity ? a.p0 : a.p1;  // the direction pass's p_new
         for (int i = blockIdx.x * MR_ROWS + row; i < a.n; i += gridDim.x * MR_ROWS) {
             Cols ri = load_cols(a.r, i, c0);
-            bool steps = false;
-#pragma unroll
-            for (int m = 0; m < MR_CPT; ++m) steps = steps || step[m];
             if (steps) {
                 const Cols qi = row_product(a, i, [&](int j) { return load_cols(p, j, c0); });
                 const Cols pi = load_cols(p, i, c0);
