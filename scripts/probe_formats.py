@@ -93,18 +93,39 @@ def configs(A):
 def per_iteration(A, b, fmt, gather, variant, stream=None, lanes=None, block=None, rows="auto", solver=False):
     """Seconds an iteration (the fastest of three solves of ITERATIONS), the format conversion, the layout;
     with ``solver``, the set-up solver too."""
-    import cupy
     g = GPUPCG(A, "jacobi", np.float64, "while", 32, False, variant, fmt, gather, stream, lanes, block=block,
                sell_rows=rows)
+    out = (timed_solves(g, b)[0], g.format_time, g.describe())
+    return out + (g,) if solver else out
+
+
+def timed_solves(g, b):
+    """(seconds an iteration, iterations): the fastest of three solves of ITERATIONS by the set-up
+    solver ``g`` after a warm-up (the capture)."""
+    import cupy
     bd = g.check_vector(b, "b")
-    g.solve(bd, None, 0.0, ITERATIONS, None, False)  # warm-up: capture
+    g.solve(bd, None, 0.0, ITERATIONS, None, False)
     times = []
     for _ in range(3):
         cupy.cuda.Device().synchronize()
         iterations = g.solve(bd, None, 0.0, ITERATIONS, None, False)[2]
         times.append(g.last_loop_time / max(iterations, 1))  # a solve may stop early (breakdown at tiny r)
-    out = (min(times), g.format_time, g.describe())
-    return out + (g,) if solver else out
+    return min(times), iterations
+
+
+def results_log():
+    """``(gpu, stamp, lines, say)``: the GPU's name, the UTC time, and ``say(text)``, which prints a line
+    and keeps it in ``lines`` for the results file."""
+    import cupy
+    gpu = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["name"].decode()
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d_%H%M")
+    lines = []
+
+    def say(text=""):
+        print(text, flush=True)
+        lines.append(text)
+
+    return gpu, stamp, lines, say
 
 
 def peers(A, b):
@@ -275,13 +296,7 @@ def setup_probe(args):
     """``--setup``: the conversion's stages on the benchmark's matrices, the CuPy steps' costs, and SELL's two
     row orders per iteration on the smaller random geometric graphs; saves the results."""
     import cupy
-    gpu = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["name"].decode()
-    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d_%H%M")
-    lines = []
-
-    def say(text=""):
-        print(text, flush=True)
-        lines.append(text)
+    gpu, stamp, lines, say = results_log()
 
     def saved():
         text = (f"# Conversion probe, {stamp} UTC, {gpu}, commit {provenance.commit()}\n\n"
@@ -350,13 +365,7 @@ def product_time(g, reps=50):
 def sell_probe(args):
     """``--sell``: conversion stages and the per-iteration sweep on the irregular matrices; saves the results."""
     import cupy
-    gpu = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["name"].decode()
-    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d_%H%M")
-    lines = []
-
-    def say(text=""):
-        print(text, flush=True)
-        lines.append(text)
+    gpu, stamp, lines, say = results_log()
 
     cases = [("geometric 200k" if args.quick else "geometric 2M",
               lambda: random_geometric_laplacian(200_000 if args.quick else 2_000_000)),
@@ -372,8 +381,8 @@ def sell_probe(args):
         say()
         conversion = conversion_report(A, args.reps, say)
         spmv, cupyx_it = peers(A, b)
-        say(f"| layout | variant | us/it | our product us | x SpMV | cupyx / ours | conversion ms | conversion "
-            f"in iterations | described |")
+        say("| layout | variant | us/it | our product us | x SpMV | cupyx / ours | conversion ms | conversion "
+            "in iterations | described |")
         say("|---|---|---|---|---|---|---|---|---|")
         for label, rows, lanes, block, variants in sell_sweep(name):
             for variant in variants:

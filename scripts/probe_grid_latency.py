@@ -21,10 +21,10 @@ import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 import provenance  # noqa: E402
+from probe_formats import ITERATIONS, timed_solves  # noqa: E402
 import solvers.pcg.gpu as pcg_gpu  # noqa: E402
 from solvers.gallery import poisson, power_law_laplacian, random_geometric_laplacian, stencil27  # noqa: E402
 
-ITERATIONS = 200
 SMALL = (("geometric 50k", lambda: random_geometric_laplacian(50_000)),
          ("power-law 100k", lambda: power_law_laplacian(100_000)),
          ("Poisson 256^2", lambda: poisson((256, 256))))
@@ -34,20 +34,13 @@ LARGE = (("Poisson 160^3", lambda: poisson((160, 160, 160))), ("27-point 128^3",
 def per_iteration(A, b, variant, block, blocks):
     """Seconds an iteration (fastest of three solves of ITERATIONS), the grid used, the layout, the
     iterations; None when ``blocks`` is not below the solver's own grid."""
-    import cupy
     g = pcg_gpu.GPUPCG(A, "jacobi", np.float64, "while", 32, False, variant, block=block or None)
     if blocks:  # before the first launch: the slots hold the solver's own grid, enough for fewer
         if blocks >= g.grid:
             return None
         g.grid = blocks
-    bd = g.check_vector(b, "b")
-    g.solve(bd, None, 0.0, ITERATIONS, None, False)  # warm-up: capture
-    times = []
-    for _ in range(3):
-        cupy.cuda.Device().synchronize()
-        iterations = g.solve(bd, None, 0.0, ITERATIONS, None, False)[2]
-        times.append(g.last_loop_time / max(iterations, 1))
-    return min(times), g.grid, g.run_block, g.describe(), iterations
+    seconds, iterations = timed_solves(g, b)
+    return seconds, g.grid, g.run_block, g.describe(), iterations
 
 
 def main(argv=None):
