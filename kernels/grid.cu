@@ -53,10 +53,11 @@ __device__ __forceinline__ void add_release(unsigned int* p, unsigned int v) {
 // reduction `tag` (both wrap at 2^32 together). A reduction: each block writes its sums into its
 // slot, adds 1 to the arrival counter (release), and warp 0 waits (acquire) for the last arrival,
 // then reads every slot and adds them in a fixed order (lane l the slots l, l + 32, ..., then the
-// warp's tree), so all blocks hold the same totals and take the same decisions. The release/acquire pairs also order every block's earlier writes before every
-// block's later reads (and drop stale L1 lines). One word is polled a block and the slots are read
-// once (H200, us an iteration, against every block polling every block's tagged slot: Poisson 256^2
-// 6.63 -> 5.89, random geometric graph 50k rows 10.88 -> 10.23 at one block an SM;
+// warp's tree), so all blocks hold the same totals and take the same decisions. The release/acquire
+// pairs also order every block's earlier writes before every block's later reads (and drop stale L1
+// lines). One word is polled a block and the slots are read once (H200, us an iteration, against
+// every block polling every block's tagged slot: Poisson 256^2 6.63 -> 5.89, random geometric graph
+// 50k rows 10.88 -> 10.23 at one block an SM;
 // scripts/results/probe_grid_latency_2026-11-30_2050_NVIDIA_H200_a5b89d4.md). `slots` holds two
 // buffers of one Slot a block, which alternate from one tag to the next: a block that has gone ahead
 // never overwrites a slot a slower block still has to read.

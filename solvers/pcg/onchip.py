@@ -308,8 +308,8 @@ class OnChipKernel:
         self.systems = int(np.asarray(start).size - 1)
         # A batch wants as many blocks an SM as shared memory allows (registers are capped to match);
         # one system wants each block fast.
-        self.min_blocks = 1 if latency else max(1, min(2048 // self.shape.block,
-                                                       SM_SHARED // (self.shared_bytes + scratch_bytes(self.shape) + 1024)))
+        block_bytes = self.shared_bytes + scratch_bytes(self.shape) + 1024  # the driver reserves 1 KB a block
+        self.min_blocks = 1 if latency else max(1, min(2048 // self.shape.block, SM_SHARED // block_bytes))
         mod = kernels.module(**kernel_program(self.layout, self.variant, real, self.min_blocks))
         kernel = mod.get_function("onchip_pcg")
         kernel.max_dynamic_shared_size_bytes = self.shared_bytes
