@@ -2,8 +2,9 @@
 
 The systems' matrices are stacked into one block-diagonal CSR matrix; on the GPU
 one thread block (or one cluster, for systems of more than 2,048 rows) solves each
-system with classic Jacobi PCG, its vectors and, when they fit, its matrix in
-shared memory (``kernels/onchip.cu``): no system waits for another, and one that
+system with classic Jacobi PCG, its vectors in registers and shared memory and,
+when it fits, its matrix in shared memory (``kernels/onchip.cu``; three systems of
+1,024 rows share an SM): no system waits for another, and one that
 breaks down or turns NaN is reported alone. A solve is one launch: the norms of
 ``b``, the tolerances and the true residuals are computed there, and the results
 are read back once. The CPU path runs the same algorithm, system by system, with
