@@ -10,8 +10,11 @@ milliseconds for millions of rows), on the CPU SciPy's
 differ; both are deterministic.
 
 :func:`gather_sectors` measures how scattered a product's reads are; the PCG
-solver's ``reorder="auto"`` decides from it (see :func:`choose_reordering`).
+solver's ``reorder="auto"`` decides from it (see :func:`choose_reordering`),
+and defers the reordering until the solves have run long enough for it to pay
+(:class:`DeferredReordering`).
 """
+import math
 import time
 
 import numpy as np
@@ -51,8 +54,13 @@ SECTORS_AFTER_RCM = 0.16
 #: Vectors of n float64 entries an iteration streams besides gathering one (x, r, z, p, q, the
 #: inverse diagonal).
 ITERATION_VECTORS = 6
-#: Iterations the reordering must pay for itself within: the solve's own count is unknown at set-up.
-AUTO_ITERATIONS = 1000
+#: Breadth-first levels of our Cuthill-McKee per cube root of n on the random geometric graphs (104,
+#: 222 and 367 levels at 50k, 500k and 2M rows): the level count :class:`DeferredReordering` predicts
+#: before ordering. A graph with more levels (a 2-D mesh, a long chain) costs more than predicted;
+#: the ordering then stops at twice the predicted cost.
+LEVELS_PER_CUBE_ROOT = 2.9
+#: Passes predicted: the first breadth-first pass and one step of the search for a peripheral start.
+PASSES = 2
 
 
 def gather_sectors(indptr, indices, rows_per_warp=32, itemsize=8, samples=2048, reordering=None):
@@ -182,13 +190,13 @@ def choose_reordering(A, requested, device):
 
     ``rcm`` is reverse Cuthill-McKee: on the GPU for ``device="gpu"`` (a host
     matrix is uploaded first; :func:`solvers.cuthill_mckee.cuthill_mckee`), SciPy's
-    on the host otherwise. ``auto`` reorders on the GPU only, as
+    on the host otherwise. ``auto`` plans a reordering on the GPU only, as
     :func:`auto_reordering` decides.
 
     Returns
     -------
-    (Reordering or None, str)
-        The reordering, and a note for the report (why, or why not).
+    (Reordering, DeferredReordering or None, str)
+        The reordering (or, for ``auto``, the plan), and a note for the report (why, or why not).
     """
     if requested not in REORDERINGS:
         raise InputError(f"reorder must be one of {', '.join(REORDERINGS)}, not {requested!r}")
@@ -212,19 +220,18 @@ def choose_reordering(A, requested, device):
 
 
 def auto_reordering(A, cache_bytes):
-    """What ``reorder="auto"`` does with a canonical CSR matrix: ``(Reordering or None, note)``.
+    """What ``reorder="auto"`` plans for a canonical CSR matrix: ``(DeferredReordering or None, note)``.
 
-    Measured and ordered where ``A`` is (cupyx: on the GPU; SciPy: with the NumPy
-    reference, the same decisions), for a GPU with an L2 cache of ``cache_bytes``.
-    It reorders a matrix whose product reads are scattered (:func:`gather_sectors`
-    above :data:`SCATTERED`), with no row longer than :data:`AUTO_MAX_ROW_LENGTH`,
-    when the model above predicts that reverse Cuthill-McKee costs less than it
-    saves over :data:`AUTO_ITERATIONS` iterations: the ordering gives up once its
-    levels or passes would cost more, and is dropped when the reads it leaves
-    (counted on the reordered pattern) save too little to pay for permuting ``A``.
+    Measured where ``A`` is (cupyx: on the GPU; SciPy: with the NumPy reference,
+    the same decisions), for a GPU with an L2 cache of ``cache_bytes``. A matrix
+    whose product reads are scattered (:func:`gather_sectors` above
+    :data:`SCATTERED`), with no row longer than :data:`AUTO_MAX_ROW_LENGTH`, gets a
+    :class:`DeferredReordering`: the solver runs it as numbered until reverse
+    Cuthill-McKee would have paid for itself, then reorders. Nothing is ordered
+    here, since the iteration count that decides is not known at set-up.
     """
     xp = array_module(A.indptr)
-    n, nnz = A.shape[0], int(A.nnz)
+    n = A.shape[0]
     longest = int(xp.diff(A.indptr).max()) if n else 0
     scattered = gather_sectors(A.indptr, A.indices)
     if scattered <= SCATTERED:
@@ -233,25 +240,82 @@ def auto_reordering(A, cache_bytes):
         return None, f"none (scattered reads, but a row of {longest:,} entries stays scattered in any order)"
     from_memory = n * 8 * ITERATION_VECTORS > cache_bytes
     per_sector = SECONDS_PER_SECTOR_FROM_MEMORY if from_memory else SECONDS_PER_SECTOR_FROM_CACHE
-    saving = per_sector * max(scattered - SECTORS_AFTER_RCM, 0.0) * nnz  # an iteration
-    budget = saving * AUTO_ITERATIONS - GPU_SECONDS_PER_NONZERO * nnz - GPU_SECONDS_FIXED
-    max_levels, max_passes = int(budget / GPU_SECONDS_PER_LEVEL), int(budget / GPU_SECONDS_PER_PASS)
-    if max_levels < 1 or max_passes < 1:
-        return None, (f"none (scattered reads, {scattered:.2f} sectors a nonzero, but RCM would save about "
-                      f"{saving * 1e6:.1f} us an iteration, too little to pay for itself within "
-                      f"{AUTO_ITERATIONS:,} iterations)")
-    order = _cuthill_mckee_reversed(A, max_levels, max_passes)
-    if order is None:
-        return None, (f"none (scattered reads, {scattered:.2f} sectors a nonzero, but RCM would take more than "
-                      f"{max_levels:,} levels or {max_passes:,} passes, more than it saves in "
-                      f"{AUTO_ITERATIONS:,} iterations)")
-    t0 = time.perf_counter()
-    after = gather_sectors(A.indptr, A.indices, reordering=order)
-    order.seconds += time.perf_counter() - t0
-    if per_sector * (scattered - after) * AUTO_ITERATIONS <= GPU_SECONDS_PER_NONZERO:
-        return None, (f"none (RCM found little locality: {scattered:.2f} -> {after:.2f} sectors a nonzero, "
-                      f"too little to pay for permuting A within {AUTO_ITERATIONS:,} iterations)")
-    return order, f"rcm ({scattered:.2f} -> {after:.2f} sectors a nonzero)"
+    plan = DeferredReordering(A, scattered, per_sector)
+    return plan, plan.note
+
+
+class DeferredReordering:
+    """Reverse Cuthill-McKee held back until the solves have run long enough for it to pay.
+
+    The iterations a solve will take are unknown at set-up, so the decision is
+    made as they run, the way one decides to buy rather than rent: the solver
+    iterates as numbered until the time the reordering would have saved (the
+    model's saving an iteration, times the iterations run, over all solves) reaches
+    its predicted cost, :attr:`iterations` iterations, and reorders then. A solve
+    that stops sooner never pays for an ordering; one that runs on loses at most
+    the ordering's cost against knowing its count in advance.
+
+    Parameters
+    ----------
+    A : CSR matrix (SciPy or cupyx), canonical
+        The matrix to order, kept until then (where the solve runs).
+    scattered : float
+        Sectors a nonzero its product reads as numbered.
+    per_sector : float
+        Seconds an iteration spends a sector a nonzero (from memory or from the cache).
+
+    Attributes
+    ----------
+    saving, cost : float
+        Predicted seconds saved an iteration, and seconds the reordering costs.
+    iterations : int
+        The pay-off count: iterations as numbered after which it reorders.
+    left : int
+        Iterations still to run as numbered.
+    """
+
+    def __init__(self, A, scattered, per_sector):
+        n, nnz = A.shape[0], int(A.nnz)
+        self.A, self.scattered, self.per_sector = A, scattered, per_sector
+        self.saving = per_sector * max(scattered - SECTORS_AFTER_RCM, 0.0) * nnz
+        self._besides_ordering = GPU_SECONDS_FIXED + GPU_SECONDS_PER_NONZERO * nnz  # permuting A, counting sectors
+        levels = LEVELS_PER_CUBE_ROOT * n ** (1 / 3)
+        self.cost = self._besides_ordering + PASSES * GPU_SECONDS_PER_PASS + levels * GPU_SECONDS_PER_LEVEL
+        self.iterations = max(1, math.ceil(self.cost / self.saving))  # scattered > SCATTERED > SECTORS_AFTER_RCM
+        self.left = self.iterations
+
+    @property
+    def note(self):
+        """What is planned, for the report."""
+        return (f"rcm after {self.iterations:,} iterations as numbered ({self.scattered:.2f} sectors a nonzero; "
+                f"predicted to cost {self.cost * 1e3:.1f} ms and save {self.saving * 1e6:.1f} us an iteration)")
+
+    def ran(self, iterations):
+        """Count iterations run as numbered; True once the reordering is due."""
+        self.left = max(self.left - iterations, 0)
+        return self.left == 0
+
+    def order(self):
+        """Order now: ``(Reordering or None, note)``, None where the ordering or its locality disappoints.
+
+        The ordering stops past twice its predicted cost; after it, the sectors
+        counted on the reordered pattern must save more than permuting ``A`` costs
+        over another :attr:`iterations` iterations.
+        """
+        nnz = int(self.A.nnz)
+        budget = 2 * self.cost - self._besides_ordering
+        max_levels, max_passes = int(budget / GPU_SECONDS_PER_LEVEL), int(budget / GPU_SECONDS_PER_PASS)
+        order = _cuthill_mckee_reversed(self.A, max_levels, max_passes)
+        if order is None:
+            return None, (f"none (RCM would take more than {max_levels:,} levels or {max_passes:,} passes, "
+                          f"twice its predicted cost)")
+        t0 = time.perf_counter()
+        after = gather_sectors(self.A.indptr, self.A.indices, reordering=order)
+        order.seconds += time.perf_counter() - t0
+        if self.per_sector * (self.scattered - after) * nnz * self.iterations <= GPU_SECONDS_PER_NONZERO * nnz:
+            return None, (f"none (RCM found little locality: {self.scattered:.2f} -> {after:.2f} sectors a "
+                          f"nonzero, too little to pay for permuting A)")
+        return order, f"rcm after {self.iterations:,} iterations ({self.scattered:.2f} -> {after:.2f} sectors a nonzero)"
 
 
 def _scipy_rcm(A):

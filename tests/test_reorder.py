@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.sparse.csgraph import reverse_cuthill_mckee
 
+import solvers
 from solvers import reorder
 from solvers.cuthill_mckee import PERIPHERAL_SEARCHES, cuthill_mckee, degrees, segments
 from solvers.gallery import poisson, power_law_laplacian, random_geometric_laplacian, stencil27
@@ -211,39 +212,48 @@ def test_canonical_sums_duplicates_without_touching_the_given_matrix():
     assert canonical(B) is not None and canonical(B).nnz == 2
 
 
-def test_auto_takes_a_scattered_graph_and_says_why():
+def test_auto_plans_for_a_scattered_graph_and_says_why():
     """The decisions of auto, made on the host with the reference (the GPU makes the same ones)."""
     A = canonical(random_geometric_laplacian(200_000, seed=3))
-    order, note = auto_reordering(A, 2**20)  # an iteration's vectors (9.6 MB) gathered from memory
-    assert order is not None and note == "rcm (0.94 -> 0.16 sectors a nonzero)" and order.passes == 2
-    order, note = auto_reordering(A, 60 * 2**20)  # from the cache: less to save than RCM costs
-    assert order is None and note.startswith("none (scattered reads, 0.94 sectors a nonzero, but RCM would save "
-                                             "about 2.8 us an iteration, too little")
+    plan, note = auto_reordering(A, 2**20)  # an iteration's vectors (9.6 MB) gathered from memory
+    assert note == plan.note == ("rcm after 1,051 iterations as numbered (0.94 sectors a nonzero; predicted to "
+                                 "cost 7.2 ms and save 6.9 us an iteration)")
+    assert (plan.iterations - 1) * plan.saving < plan.cost <= plan.iterations * plan.saving
+    cached, _ = auto_reordering(A, 60 * 2**20)  # from the cache: a sector saved is worth less
+    assert cached.cost == plan.cost and cached.iterations > 2 * plan.iterations
+    order, note = plan.order()
+    assert note == "rcm after 1,051 iterations (0.94 -> 0.16 sectors a nonzero)" and order.passes == 2
+    np.testing.assert_array_equal(order.perm, cuthill_mckee(A.indptr, A.indices).order[::-1])
     assert auto_reordering(canonical(sp.csr_matrix(poisson((60, 60)))), 0)[1].startswith("none (local reads")
     hub, note = auto_reordering(canonical(power_law_laplacian(20000, seed=1)), 0)
     assert hub is None and "stays scattered in any order" in note
 
 
-def test_auto_gives_up_where_it_would_not_pay(monkeypatch):
+def test_a_plan_falls_due_after_its_iterations():
+    plan, _ = auto_reordering(canonical(random_geometric_laplacian(20000, seed=4)), 0)
+    assert not plan.ran(plan.iterations - 1) and plan.left == 1
+    assert plan.ran(5) and plan.left == 0 and plan.ran(0)
+
+
+def test_a_plan_gives_up_where_the_ordering_disappoints(monkeypatch):
     A = canonical(random_geometric_laplacian(20000, seed=4))  # 120 levels in 2 passes
-    for name in ("GPU_SECONDS_PER_LEVEL", "GPU_SECONDS_PER_PASS", "GPU_SECONDS_FIXED"):
+    plan, _ = auto_reordering(A, 0)
+    assert plan.order()[0] is not None
+    monkeypatch.setattr(reorder, "GPU_SECONDS_PER_LEVEL", 1e-3)  # 20 levels predicted, 40 allowed; it takes 78
+    monkeypatch.setattr(reorder, "LEVELS_PER_CUBE_ROOT", 20 / 20000 ** (1 / 3))
+    for name in ("GPU_SECONDS_PER_PASS", "GPU_SECONDS_FIXED", "GPU_SECONDS_PER_NONZERO"):
         monkeypatch.setattr(reorder, name, 1e-12)
-    assert auto_reordering(A, 0)[0] is not None
-    monkeypatch.setattr(reorder, "GPU_SECONDS_PER_LEVEL", 1e-5)  # a budget of about 60 levels
-    order, note = auto_reordering(A, 0)
-    assert order is None and "but RCM would take more than" in note
-    monkeypatch.setattr(reorder, "GPU_SECONDS_PER_LEVEL", 1e-12)
-    # permuting A as dear as most of what the locality saves: the ordering runs, then what it
-    # measures (0.91 -> 0.15 sectors a nonzero) must pay for the permutation
-    monkeypatch.setattr(reorder, "SECTORS_AFTER_RCM", 0.0)  # predicted: 0.91 sectors saved
-    saved = reorder.SECONDS_PER_SECTOR_FROM_MEMORY * reorder.AUTO_ITERATIONS
-    monkeypatch.setattr(reorder, "GPU_SECONDS_PER_NONZERO", 0.7 * saved)
-    assert auto_reordering(A, 0)[0] is not None
-    monkeypatch.setattr(reorder, "GPU_SECONDS_PER_NONZERO", 0.8 * saved)
-    order, note = auto_reordering(A, 0)
+    order, note = auto_reordering(A, 0)[0].order()
+    assert order is None and note.startswith("none (RCM would take more than") and "twice its predicted cost" in note
+    monkeypatch.undo()
+    # permuting A dearer than the sectors RCM saves (0.91 -> 0.15 a nonzero) over another pay-off count
+    plan, _ = auto_reordering(A, 0)
+    per_iteration = reorder.SECONDS_PER_SECTOR_FROM_MEMORY * plan.iterations
+    monkeypatch.setattr(reorder, "GPU_SECONDS_PER_NONZERO", 0.7 * per_iteration)
+    assert plan.order()[0] is not None
+    monkeypatch.setattr(reorder, "GPU_SECONDS_PER_NONZERO", 0.8 * per_iteration)
+    order, note = plan.order()
     assert order is None and note.startswith("none (RCM found little locality: 0.91 -> 0.15")
-    monkeypatch.setattr(reorder, "GPU_SECONDS_PER_NONZERO", saved)
-    assert "too little to pay for itself" in auto_reordering(A, 0)[1]
 
 
 def test_kernels_compile(tmp_path):
@@ -253,3 +263,55 @@ def test_kernels_compile(tmp_path):
     from solvers import kernels
     from solvers.cuthill_mckee import program
     compile_ok(kernels.program(**program()), tmp_path)
+
+
+def planned(A, iterations, **options):
+    """A CPU solver with auto's plan for ``A`` falling due after ``iterations`` (auto plans on the GPU only)."""
+    solver = solvers.PCG(A, device="cpu", reorder="none", **options)
+    plan, _ = auto_reordering(canonical(A), 0)
+    plan.iterations = plan.left = iterations
+    solver._plan, solver.reordering = plan, plan.note
+    return solver
+
+
+def test_a_plan_due_mid_solve_reorders_there_and_the_solve_goes_on():
+    A = random_geometric_laplacian(20000, seed=4)
+    b = np.random.default_rng(1).standard_normal(A.shape[0])
+    plain = solvers.PCG(A, device="cpu", rtol=1e-10, reorder="none", record_history=True).solve(b)
+    seen = []
+    solver = planned(A, 30, rtol=1e-10, record_history=True)
+    res = solver.solve(b, callback=lambda xk: seen.append(np.linalg.norm(b - A @ xk)))
+    assert solver.reordering == "rcm after 30 iterations (0.91 -> 0.15 sectors a nonzero)" and solver._plan is None
+    assert res.converged and res.true_residual_norm <= 1e-10 * np.linalg.norm(b)
+    np.testing.assert_allclose(res.x, plain.x, rtol=1e-7, atol=1e-9 * np.abs(plain.x).max())
+    # restarted at iteration 30: the count, history and callbacks run on across the restart
+    assert plain.iterations <= res.iterations <= plain.iterations + 10
+    assert len(res.history) == res.iterations + 1 and len(seen) == res.iterations
+    np.testing.assert_allclose(res.history[:31], plain.history[:31])
+    np.testing.assert_allclose(seen[-1], np.linalg.norm(b - A @ res.x))  # the caller's numbering throughout
+    again = solver.solve(b)  # reordered from the start now
+    assert again.iterations <= plain.iterations + 2 and solver.reorder_time > 0
+
+
+def test_a_plan_counts_iterations_over_solves():
+    A = random_geometric_laplacian(20000, seed=4)
+    b = np.random.default_rng(2).standard_normal(A.shape[0])
+    solver = planned(A, 100, rtol=1e-6)
+    first = solver.solve(b)
+    assert first.converged and solver._plan.left == 100 - first.iterations and solver._order is None
+    solver.solve(b, maxiter=100 - first.iterations)  # stops at its own limit, exactly when the plan falls due
+    assert solver._plan.left == 0 and solver._order is None
+    solver.update_values(2 * A)  # the plan reorders the new values
+    third = solver.solve(b)  # reordered before it starts
+    assert solver._order is not None and third.converged and abs(third.iterations - first.iterations) <= 1
+    np.testing.assert_allclose(third.x, first.x / 2, rtol=1e-4, atol=1e-6 * np.abs(first.x).max())
+
+
+def test_a_disappointing_plan_keeps_the_numbering_and_the_solve(monkeypatch):
+    A = random_geometric_laplacian(20000, seed=4)
+    b = np.random.default_rng(3).standard_normal(A.shape[0])
+    solver = planned(A, 20, rtol=1e-9)
+    monkeypatch.setattr(reorder, "GPU_SECONDS_PER_NONZERO", 1.0)  # permuting A never pays
+    res = solver.solve(b)
+    assert res.converged and solver._order is None and solver._plan is None
+    assert solver.reordering.startswith("none (RCM found little locality")

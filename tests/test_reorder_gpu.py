@@ -96,32 +96,52 @@ def expander(n, seed):
 def test_auto_decides_on_the_gpu_as_the_reference_does(cupy, make):
     import cupyx.scipy.sparse as csp
     A = canonical(make())
-    host_order, host_note = auto_reordering(A, 0)
-    device_order, device_note = auto_reordering(canonical(csp.csr_matrix(A)), 0)
+    host_plan, host_note = auto_reordering(A, 0)
+    device_plan, device_note = auto_reordering(canonical(csp.csr_matrix(A)), 0)
     assert device_note == host_note
-    assert (device_order is None) == (host_order is None)
-    if host_order is not None:
-        np.testing.assert_array_equal(device_order.perm.get(), host_order.perm)
+    assert (device_plan is None) == (host_plan is None)
+    if host_plan is not None:
+        (host_order, host_note), (device_order, device_note) = host_plan.order(), device_plan.order()
+        assert device_note == host_note and (device_order is None) == (host_order is None)
+        if host_order is not None:
+            np.testing.assert_array_equal(device_order.perm.get(), host_order.perm)
 
 
-def test_auto_reorders_a_large_scattered_matrix_out_of_sight(cupy):
+def test_auto_reorders_a_large_scattered_matrix_once_it_pays_out_of_sight(cupy):
     A = random_geometric_laplacian(1_500_000, seed=1)  # 22M nonzeros; an iteration's vectors 72 MB
     b = np.random.default_rng(4).standard_normal(A.shape[0])
     plain = solvers.PCG(A, device="gpu", rtol=1e-9, reorder="none").solve(b)
-    solver = solvers.PCG(A, device="gpu", rtol=1e-9)
-    assert solver.reordering == "rcm (0.95 -> 0.16 sectors a nonzero)" and solver.reorder_time > 0
-    res = solver.solve(b)
+    solver = solvers.PCG(A, device="gpu", rtol=1e-9, record_history=True)
+    plan = solver._plan
+    assert solver.reordering == plan.note and solver.reordering.startswith("rcm after ")
+    assert 100 < plan.iterations < 1000 and solver.reorder_time == 0  # about 50 us saved an iteration, ~10 ms
+    plan.left = 40  # due inside the first solve
+    seen = []
+    res = solver.solve(b, progress=lambda i, r: seen.append(i))
+    assert solver.reordering.startswith(f"rcm after {plan.iterations:,} iterations (0.95 -> 0.1")
+    assert solver._order is not None and solver.reorder_time > 0 and solver.format.startswith("sell")
     scale = float(np.abs(plain.x.get()).max())
-    assert res.converged and abs(res.iterations - plain.iterations) <= max(2, plain.iterations // 50)
+    assert res.converged and plain.iterations <= res.iterations <= plain.iterations + plain.iterations // 10
+    assert len(res.history) == res.iterations + 1 and all(i <= res.iterations for i in seen)
     np.testing.assert_allclose(res.x.get(), plain.x.get(), rtol=1e-6, atol=1e-8 * scale)
+    again = solver.solve(b)  # reordered from the start
+    assert abs(again.iterations - plain.iterations) <= max(2, plain.iterations // 50)
     solver.update_values(2 * A)  # the new values are reordered as the old ones were
     np.testing.assert_allclose(solver.solve(b).x.get(), res.x.get() / 2, rtol=1e-6, atol=1e-8 * scale)
 
 
-def test_auto_leaves_a_small_matrix(cupy):
-    note = solvers.PCG(random_geometric_laplacian(50_000, seed=1), device="gpu").reordering
-    assert note.startswith("none (scattered reads, 0.93 sectors a nonzero, but RCM would save about")
-    assert note.endswith("too little to pay for itself within 1,000 iterations)")
+def test_auto_plans_far_ahead_for_a_small_matrix_and_enqueue_gives_the_plan_up(cupy):
+    A = random_geometric_laplacian(50_000, seed=1)
+    solver = solvers.PCG(A, device="gpu")
+    assert solver.reordering.startswith("rcm after ") and solver._plan.iterations > 5000  # the matrix sits in L2
+    b = cupy.asarray(A @ np.ones(A.shape[0]))
+    out = cupy.empty_like(b)
+    solver.enqueue(b, out)
+    cupy.cuda.Device().synchronize()
+    assert solver._plan is None and solver.reordering.startswith("none (auto's deferred reordering given up")
+    assert solver.enqueued_result()[0].name == "CONVERGED"
+    amg = solvers.PCG(A, device="gpu", preconditioner="amg")
+    assert amg.reordering.startswith("none (auto reorders the grid path with Jacobi or no preconditioner")
 
 
 def test_reordered_solves_give_the_same_bits_in_every_mode(cupy):

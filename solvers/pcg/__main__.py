@@ -134,9 +134,10 @@ def build_parser():
                         "thread block or cluster (small systems); auto: on chip up to "
                         "16,384 rows unless most product reads cross blocks (the report says which ran)")
     p.add_argument("--reorder", choices=("auto", "none", "rcm"), default="auto",
-                   help="reverse Cuthill-McKee reordering at set-up (on the GPU for a GPU solve, SciPy's "
-                        "on the CPU), undone on the solution; auto: on the GPU for a matrix whose product "
-                        "reads are scattered and for which it pays off (the report says what was done and why)")
+                   help="reverse Cuthill-McKee reordering (on the GPU for a GPU solve, SciPy's on the CPU), "
+                        "undone on the solution; rcm: at set-up; auto: on the GPU for a matrix whose product "
+                        "reads are scattered, once the iterations run as numbered would have paid for it "
+                        "(the report says what was planned or done and why)")
     add_timeout_option(p)
     g = p.add_mutually_exclusive_group()
     g.add_argument("-q", "--quiet", action="store_true", help="print one summary line")

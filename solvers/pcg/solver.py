@@ -14,13 +14,13 @@ import scipy.sparse.linalg as spla
 
 from ..backend import is_cupy_sparse, is_device_array, require_cupy, resolve_device
 from ..errors import DeviceError, InputError
-from ..reorder import choose_reordering
+from ..reorder import DeferredReordering, canonical, choose_reordering
 from ..resources import require_device_memory, require_host_memory
 from . import scaling
 from .batched import BatchResult
 from .cpu import CPUPCG, resolve_variant
 from .preconditioners import Preconditioner, as_preconditioner, make_preconditioner, refuse_unsupported
-from .result import SolveResult, confirmed, confirmed_each
+from .result import Reason, SolveResult, confirmed, confirmed_each
 
 DTYPES = ("float64", "float32")
 # Vectors a solve holds besides the matrix: x, b, r, z, p, q and the true residual on the CPU;
@@ -167,12 +167,17 @@ class PCG:
         Storage of A on the GPU (:mod:`solvers.formats`): ``auto`` takes ELL for
         rows of nearly equal length (stencils), else SELL; ``format`` says which.
     reorder : {"auto", "none", "rcm"}
-        Symmetric reordering applied at set-up (reverse Cuthill-McKee: computed on
-        the GPU for a GPU solve, by SciPy for a CPU one), hidden from the caller:
-        ``b``, ``x0`` and ``x`` stay in the original numbering. ``auto`` reorders on
-        the GPU where the product's reads are scattered and the ordering pays for
-        itself within the solve (:func:`solvers.reorder.auto_reordering`);
-        ``reordering`` says what was done and why, ``reorder_time`` what it cost.
+        Symmetric reordering (reverse Cuthill-McKee: computed on the GPU for a GPU
+        solve, by SciPy for a CPU one), hidden from the caller: ``b``, ``x0`` and
+        ``x`` stay in the original numbering. ``rcm`` reorders at set-up. ``auto``
+        plans it on the GPU's grid path, with Jacobi or no preconditioner, where the
+        product's reads are scattered (:func:`solvers.reorder.auto_reordering`), and
+        reorders once the solves have run as many iterations as numbered as it takes
+        to pay for itself (:class:`solvers.reorder.DeferredReordering`; a solve due
+        then goes on from its iterate, CG restarted in the new numbering). Solves of
+        k right-hand sides and :meth:`enqueue` run in the numbering of the moment and
+        do not count; :meth:`enqueue` gives the plan up. ``reordering`` says what was
+        planned or done and why, ``reorder_time`` what it cost.
     path : {"auto", "grid", "on-chip"}
         GPU kernel: ``grid``, the persistent kernel over the whole GPU (grid-wide
         barriers), or ``on-chip``, the whole iteration inside one thread block or
@@ -207,6 +212,9 @@ class PCG:
         given_on_device = is_cupy_sparse(A) or is_device_array(A)
         A = self._uploaded(A)
         self._order, self.reordering = self._choose_reordering(A, reorder, given_on_device)
+        self._plan = None  # a DeferredReordering not yet due
+        if isinstance(self._order, DeferredReordering):
+            self._plan, self._order = self._order, None
         if self._order is not None:
             A = self._order.matrix(self._where_solved(A))
         self.reorder_time = self._order.seconds if self._order is not None else 0.0
@@ -229,6 +237,7 @@ class PCG:
             if M is None:
                 refuse_unsupported(spec, "cpu", variant, self.dtype)
                 precond = make_preconditioner(spec, A, self._order)
+                self._rebuild = lambda A, order: CPUPCG(A, make_preconditioner(spec, A, order), self.dtype, variant)
             else:
                 precond = _OperatorPreconditioner(M, self._a_shift)
             self._impl = CPUPCG(A, precond, self.dtype, variant)
@@ -244,8 +253,11 @@ class PCG:
             if impl is GPUPCG:  # any preconditioner that runs on the GPU
                 self._impl = GPUPCG(A, spec, self.dtype, mode, unroll, record_history, variant, matrix_format,
                                     reordering=self._order)
+                self._rebuild = lambda A, order: GPUPCG(A, spec, self.dtype, mode, unroll, record_history,
+                                                        self._impl.variant, matrix_format, reordering=order)
             else:  # the pointwise ones only (choose_path refuses the others there)
                 self._impl = OnChipPCG(A, spec.name, self.dtype, mode, unroll, record_history, variant, matrix_format)
+            self._keep_plan(impl is GPUPCG and not self._impl.split, n, nnz)
             self.shape = self._impl.shape
             variant = self._impl.variant
         if self.shape[0] != self.shape[1]:
@@ -272,6 +284,81 @@ class PCG:
         if reorder == "auto" and given_on_device:
             return None, "none (the matrix is on the GPU)"
         return choose_reordering(A, reorder, self.device)
+
+    def _keep_plan(self, fused_grid, n, nnz):
+        """Drop a deferred reordering the solver cannot carry out, saying why in ``reordering``.
+
+        Its cost model is the fused grid kernel's (the on-chip path and a preconditioner's own
+        launches gain differently), and it keeps ``A`` on the GPU until it is due.
+        """
+        if self._plan is None:
+            return
+        why = None
+        if not fused_grid:
+            why = "auto reorders the grid path with Jacobi or no preconditioner; reorder='rcm' asks for it"
+        else:
+            try:
+                require_device_memory(2 * device_bytes(n, nnz, self.dtype), "A kept for a later reordering")
+            except DeviceError:
+                why = "no room on the GPU to keep A for a later reordering"
+        if why is not None:
+            self._plan, self.reordering = None, f"none ({why})"
+
+    def _reorder_now(self, *vectors):
+        """Carry out the deferred reordering; ``vectors`` (device, as numbered) in the numbering that follows.
+
+        Where the ordering disappoints (:meth:`DeferredReordering.order`), or the
+        reordered solver does not fit beside the current one, the plan is dropped and
+        the numbering kept.
+        """
+        plan, self._plan = self._plan, None
+        order, self.reordering = plan.order()
+        if order is None:
+            return vectors
+        try:
+            self._impl = self._rebuild(scaling.scaled(order.matrix(plan.A), self._a_shift), order)
+        except MemoryError:  # CuPy's out-of-memory error is one; the solver as numbered is intact
+            self.reordering = "none (no room on the GPU for the reordered matrix when the reordering fell due)"
+            return vectors
+        self._order = order
+        self.reorder_time = order.seconds
+        self.format = self._impl.describe() if self.device == "gpu" else None
+        self._column_solvers.clear()
+        return tuple(None if v is None else order.forward(v) for v in vectors)
+
+    def _iterate(self, bv, x0, tol, maxiter, callback, progress):
+        """The implementation's solve, through a deferred reordering that falls due within ``maxiter``.
+
+        Returns ``(bv, (x, reason, iterations, rnorm, history), loop_time, capture_time)``
+        with ``bv`` and ``x`` in the numbering the solve ended in. A reordering due
+        mid-solve stops the iteration there; it goes on from its iterate in the new
+        numbering (CG restarted: its directions belong to the old one).
+        """
+        if self._plan is not None and self._plan.left == 0:
+            bv, x0 = self._reorder_now(bv, x0)
+        plan = self._plan
+        cap = maxiter if plan is None else min(maxiter, plan.left)
+        outcome = self._impl.solve(bv, x0, tol, cap, callback, self.record_history, progress)
+        loop, capture = self._impl.last_loop_time, getattr(self._impl, "last_capture_time", 0.0)
+        if plan is None:
+            return bv, outcome, loop, capture
+        x, reason, its, _, history = outcome
+        plan.ran(its)
+        if reason is not Reason.MAX_ITERATIONS or its == maxiter:
+            return bv, outcome, loop, capture
+        bv, x = self._reorder_now(bv, x)
+        if progress is not None:
+            given_progress = progress
+
+            def progress(iteration, rnorm):
+                given_progress(its + iteration, rnorm)
+        x, reason, more, rnorm, rest = self._impl.solve(bv, x, tol, maxiter - its, callback, self.record_history,
+                                                        progress)
+        if history is not None:
+            history = np.concatenate([history, rest[1:]])
+        loop += self._impl.last_loop_time
+        capture += getattr(self._impl, "last_capture_time", 0.0)
+        return bv, (x, reason, its + more, rnorm, history), loop, capture
 
     def _shift_for(self, A):
         """The power of two that brings ``A``'s entries into the working precision's safe band."""
@@ -353,6 +440,7 @@ class PCG:
         A = self._uploaded(A)
         if self._order is not None:  # the solver holds the reordered matrix
             A = self._order.matrix(self._where_solved(A))
+        given = A  # a deferred reordering permutes and scales it when due
         shift = self._shift_for(A)
         A = scaling.scaled(A, shift)
         if self.device == "cpu":
@@ -367,6 +455,11 @@ class PCG:
         else:
             self._impl.update_values(A)
             self._column_solvers.clear()  # they copied the old values
+        if self._plan is not None:
+            if sp.issparse(given) or is_cupy_sparse(given):
+                self._plan.A = canonical(self._where_solved(given))
+            else:
+                self._plan, self.reordering = None, "none (the new values came as a dense matrix)"
         self._a_shift = shift
 
     def solve(self, b, x0=None, *, rtol=None, atol=None, maxiter=None, callback=None, progress=None):
@@ -428,35 +521,34 @@ class PCG:
         x_shift = b_shift - self._a_shift  # the scaled system's solution is x * 2**x_shift
         if x0 is not None:
             x0 = self._impl.check_vector(scaling.scaled(_as_array(x0), x_shift) if x_shift else x0, "x0")
-        order = self._order
-        if order is not None:
-            bv = order.forward(bv)
-            x0 = None if x0 is None else order.forward(x0)
+        if self._order is not None:
+            bv = self._order.forward(bv)
+            x0 = None if x0 is None else self._order.forward(x0)
         tol = max(math.ldexp(atol, b_shift), rtol * b_norm)
-        if callback is not None and (order is not None or x_shift):
+        if callback is not None and (self._order is not None or self._plan is not None or x_shift):
             user_callback = callback
 
-            def callback(xk):  # the caller's numbering and scale
+            def callback(xk):  # the caller's numbering (which a deferred reordering may change) and scale
+                order = self._order
                 user_callback(scaling.scaled(xk if order is None else order.backward(xk), -x_shift))
         if b_shift and progress is not None:
             user_progress = progress
 
             def progress(iteration, rnorm):
                 user_progress(iteration, math.ldexp(rnorm, -b_shift))
-        x, reason, its, rnorm, history = self._impl.solve(bv, x0, tol, maxiter, callback, self.record_history,
-                                                          progress)
+        bv, (x, reason, its, rnorm, history), loop_time, capture_time = self._iterate(bv, x0, tol, maxiter, callback,
+                                                                                     progress)
         true_rnorm = self._impl.true_residual_norm(bv, x)
         reason = confirmed(reason, true_rnorm, tol)
-        if order is not None:
-            x = order.backward(x)
+        if self._order is not None:
+            x = self._order.backward(x)
         if b_shift or x_shift:
             history, (rnorm, true_rnorm, b_norm, tol) = scaling.restore(x, history, (rnorm, true_rnorm, b_norm, tol),
                                                                         b_shift, x_shift)
         return SolveResult(x=x, reason=reason, iterations=int(its), residual_norm=float(rnorm),
                            true_residual_norm=true_rnorm, b_norm=b_norm, tolerance=tol,
                            setup_time=self.setup_time, solve_time=time.perf_counter() - t0,
-                           loop_time=self._impl.last_loop_time,
-                           capture_time=getattr(self._impl, "last_capture_time", 0.0),
+                           loop_time=loop_time, capture_time=capture_time,
                            device=self.device, mode=self._impl.mode,
                            mode_note=self._impl.mode_note or self.device_note, history=history)
 
@@ -579,6 +671,8 @@ class PCG:
         maxiter = 10 * self.shape[0] if maxiter is None else maxiter
         if maxiter >= 2**31 - 1:
             raise InputError("maxiter must be below 2^31")
+        if self._plan is not None:  # a caller's graph may keep these buffers: they must stay the solver's
+            self._plan, self.reordering = None, "none (auto's deferred reordering given up: the solver was enqueued)"
         self._impl.enqueue(b, out, x0, rtol, atol, maxiter)
 
     def enqueued_result(self):
