@@ -12,6 +12,12 @@ cupyx ``cg`` as numbered; and what ``reorder="auto"`` does with the matrix in a
 solver's set-up, with its ``reorder_time``. These are the measurements of the
 cost model in ``solvers/reorder.py``. Prints a markdown table and saves it
 under ``--out`` (``scripts/results/``) with the date, the GPU and the commit.
+
+``--deferred`` instead takes ``reorder="auto"``'s deferred reordering apart on
+the large geometric graph: set-up as numbered and with the plan (alternating,
+best of three), what falling due costs (ordering and counting, permuting A,
+setting the solver up again, the first reordered solve's capture), and the
+iterations of a solve due at several points against one as numbered.
 """
 import argparse
 import datetime
@@ -91,12 +97,65 @@ def probe(name, A):
     return row, layouts
 
 
+def deferred(A, dues=(40, 100, 170)):
+    """Markdown lines: what the deferred reordering of ``A`` costs, part by part, and its restarts."""
+    import cupy
+    b = np.random.default_rng(4).standard_normal(A.shape[0])
+
+    def set_up(choice):
+        cupy.cuda.Device().synchronize()
+        t0 = time.perf_counter()
+        solver = solvers.PCG(A, device="gpu", rtol=1e-8, reorder=choice)
+        cupy.cuda.Device().synchronize()
+        return time.perf_counter() - t0, solver
+
+    setups = {"none": [], "auto": []}
+    for _ in range(REPEATS):
+        for choice in setups:
+            setups[choice].append(set_up(choice)[0])
+    _, solver = set_up("auto")
+    plan = solver._plan
+    lines = [f"plan: {plan.note}", "",
+             f"set-up ms, best of {REPEATS}: as numbered {min(setups['none']) * 1e3:.1f}, "
+             f"with the plan {min(setups['auto']) * 1e3:.1f}", ""]
+    parts = []
+
+    def timed(label, fn):
+        cupy.cuda.Device().synchronize()
+        t0 = time.perf_counter()
+        out = fn()
+        cupy.cuda.Device().synchronize()
+        parts.append(f"{label} {(time.perf_counter() - t0) * 1e3:.1f}")
+        return out
+
+    order, note = timed("ordering and counting", plan.order)
+    permuted = timed("permuting A", lambda: order.matrix(plan.A))
+    rebuilt = timed("setting the solver up again", lambda: solver._rebuild(permuted, order))
+    rebuilt.solve(order.forward(cupy.asarray(b)), None, 1e-8 * float(np.linalg.norm(b)), 10**6, None, False)
+    parts.append(f"first reordered solve's capture {rebuilt.last_capture_time * 1e3:.1f}")
+    lines += ["falling due, ms: " + ", ".join(parts) + f" ({note}; model: {plan.cost * 1e3:.1f} ms)", ""]
+    plain = solvers.PCG(A, device="gpu", rtol=1e-8, reorder="none").solve(b)
+    lines += ["| due after | iterations | as numbered | solve ms (set-up excluded) | as numbered ms |",
+              "|---|---|---|---|---|"]
+    for due in dues:
+        _, solver = set_up("auto")
+        solver._plan.left = due
+        res = solver.solve(b)
+        assert res.converged and solver._order is not None, solver.reordering
+        lines.append(f"| {due} | {res.iterations} | {plain.iterations} | {res.solve_time * 1e3:.1f} "
+                     f"| {plain.solve_time * 1e3:.1f} |")
+    return lines
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", nargs="*", help="matrix names to run (substring match)")
+    ap.add_argument("--deferred", action="store_true", help="auto's deferred reordering of the 2M-row geometric graph")
     ap.add_argument("--out", default=str(pathlib.Path(__file__).resolve().parent / "results"))
     args = ap.parse_args(argv)
     import cupy
+    if args.deferred:
+        return save_deferred(args.out, cupy)
     header = ("| matrix | n | nnz | longest row | GPU RCM ms | levels / passes | permute A ms | SciPy RCM ms "
               "| sectors a nonzero | PCG us/it as numbered | PCG us/it reordered | cuSPARSE SpMV us "
               "| cupyx cg us/it | ours / SpMV (numbered / reordered) | cupyx / ours (numbered / reordered) "
@@ -124,6 +183,19 @@ def main(argv=None):
             + "\n".join(rows) + "\n\nFormats: " + "; ".join(notes) + "\n")
     path = provenance.save(args.out, f"probe_reorder_{stamp}_{gpu.replace(' ', '_')}_{commit}.md", text)
     print("\n" + text)
+    print(f"saved {path}", file=sys.stderr)
+    return 0
+
+
+def save_deferred(out, cupy):
+    """Run :func:`deferred` on the 2M-row geometric graph; print and save its lines."""
+    lines = deferred(random_geometric_laplacian(2_000_000))
+    commit, gpu = provenance.commit(), gpu_name(cupy)
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d_%H%M")
+    text = (f"# Deferred reverse Cuthill-McKee, geometric 2M, {stamp} UTC, {gpu}, commit {commit}\n\n"
+            "While mode, Jacobi, float64, rtol 1e-8, automatic format and variant.\n\n" + "\n".join(lines) + "\n")
+    path = provenance.save(out, f"probe_reorder_deferred_{stamp}_{gpu.replace(' ', '_')}_{commit}.md", text)
+    print(text)
     print(f"saved {path}", file=sys.stderr)
     return 0
 
