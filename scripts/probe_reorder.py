@@ -97,7 +97,7 @@ def probe(name, A):
     return row, layouts
 
 
-def deferred(A, dues=(40, 100, 170)):
+def deferred(A, fractions=(0.2, 0.5, 0.8)):
     """Markdown lines: what the deferred reordering of ``A`` costs, part by part, and its restarts."""
     import cupy
     b = np.random.default_rng(4).standard_normal(A.shape[0])
@@ -137,7 +137,7 @@ def deferred(A, dues=(40, 100, 170)):
     plain = solvers.PCG(A, device="gpu", rtol=1e-8, reorder="none").solve(b)
     lines += ["| due after | iterations | as numbered | solve ms (set-up excluded) | as numbered ms |",
               "|---|---|---|---|---|"]
-    for due in dues:
+    for due in [int(f * plain.iterations) for f in fractions]:
         _, solver = set_up("auto")
         solver._plan.left = due
         res = solver.solve(b)
