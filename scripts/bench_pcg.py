@@ -60,7 +60,7 @@ def problems(quick, data_dir):
         yield ("Poisson 256x256x256", lambda: poisson((256, 256, 256)), {})
 
 
-def reorder_policies(A, b, solves=5):
+def reorder_policies(A, b, solves=20):
     """Set-up plus solves, ms, after the first and after ``solves`` solves, for each ``reorder`` choice.
 
     A fresh solver each (the kernels are compiled by then); returns ``{choice: (first, all, note)}``,
@@ -233,7 +233,7 @@ def save(rows, policies, folder, gpu):
                  "| problem | solves | as numbered | rcm at set-up | auto | auto's reordering at the end |\n"
                  "|---|---|---|---|---|---|\n")
         for name, out in policies:
-            for k, solves in ((0, 1), (1, 5)):
+            for k, solves in ((0, 1), (1, 20)):
                 text += (f"| {name} | {solves} | {out['none'][k]:.1f} | {out['rcm'][k]:.1f} | {out['auto'][k]:.1f} "
                          f"| {out['auto'][2] if solves > 1 else ''} |\n")
     return provenance.save(folder, f"pcg_{stamp}_{gpu.replace(' ', '_')}_{commit}.md", text)

@@ -43,11 +43,16 @@ AUTO_MAX_ROW_LENGTH = 1024
 # SECONDS_PER_SECTOR_FROM_MEMORY an iteration where an iteration's vectors do not fit in the L2 cache
 # together (2M rows: 283.5 us at 0.95 sectors a nonzero, 212.3 us at 0.16), and
 # SECONDS_PER_SECTOR_FROM_CACHE where they do (500k rows: 58.1 and 51.0 us; 50k rows: 12.6 and 11.7
-# us, 1.6 ps a sector).
+# us, 1.6 ps a sector). A reordering that falls due mid-way also sets the solver up again on the
+# reordered matrix (format, diagonal, kernels, the graph's capture): GPU_SECONDS_SET_UP_AGAIN and
+# GPU_SECONDS_SET_UP_AGAIN_PER_NONZERO (3.9 and 6.1 ms at 500k and 2M rows, warm;
+# scripts/results/probe_reorder_deferred_2026-11-30_2223_NVIDIA_H200_ffaa1b2.md).
 GPU_SECONDS_PER_LEVEL = 17e-6
 GPU_SECONDS_PER_PASS = 0.35e-3
 GPU_SECONDS_PER_NONZERO = 0.05e-9
 GPU_SECONDS_FIXED = 3.5e-3
+GPU_SECONDS_SET_UP_AGAIN = 3.2e-3
+GPU_SECONDS_SET_UP_AGAIN_PER_NONZERO = 0.1e-9
 SECONDS_PER_SECTOR_FROM_MEMORY = 3.0e-12
 SECONDS_PER_SECTOR_FROM_CACHE = 1.2e-12
 SECTORS_AFTER_RCM = 0.16
@@ -278,7 +283,9 @@ class DeferredReordering:
         n, nnz = A.shape[0], int(A.nnz)
         self.A, self.scattered, self.per_sector = A, scattered, per_sector
         self.saving = per_sector * max(scattered - SECTORS_AFTER_RCM, 0.0) * nnz
-        self._besides_ordering = GPU_SECONDS_FIXED + GPU_SECONDS_PER_NONZERO * nnz  # permuting A, counting sectors
+        # counting sectors, permuting A, the solver set up again
+        self._besides_ordering = (GPU_SECONDS_FIXED + GPU_SECONDS_SET_UP_AGAIN
+                                  + (GPU_SECONDS_PER_NONZERO + GPU_SECONDS_SET_UP_AGAIN_PER_NONZERO) * nnz)
         levels = LEVELS_PER_CUBE_ROOT * n ** (1 / 3)
         self.cost = self._besides_ordering + PASSES * GPU_SECONDS_PER_PASS + levels * GPU_SECONDS_PER_LEVEL
         self.iterations = max(1, math.ceil(self.cost / self.saving))  # scattered > SCATTERED > SECTORS_AFTER_RCM
