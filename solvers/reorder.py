@@ -258,7 +258,10 @@ class DeferredReordering:
     model's saving an iteration, times the iterations run, over all solves) reaches
     its predicted cost, :attr:`iterations` iterations, and reorders then. A solve
     that stops sooner never pays for an ordering; one that runs on loses at most
-    the ordering's cost against knowing its count in advance.
+    the ordering's cost against knowing its count in advance. A solve it falls
+    due in reorders there only if, at its rate so far, it has as many iterations
+    again to go (:meth:`pays_within`); otherwise the reordering waits for the start
+    of the solver's next solve.
 
     Parameters
     ----------
@@ -301,6 +304,17 @@ class DeferredReordering:
         """Count iterations run as numbered; True once the reordering is due."""
         self.left = max(self.left - iterations, 0)
         return self.left == 0
+
+    def pays_within(self, initial, current, iterations, tol):
+        """Whether a solve that has brought its residual norm from ``initial`` to ``current`` in
+        ``iterations`` is predicted to run :attr:`iterations` more to reach ``tol``, at the rate so far
+        (so that reordering now pays within it)."""
+        if current <= tol:
+            return False
+        if not (0 < current < initial) or iterations == 0:
+            return True  # no progress yet: a long way to go
+        rate = math.log(current / initial) / iterations  # log of the mean reduction an iteration, < 0
+        return math.log(tol / current) / rate >= self.iterations
 
     def order(self):
         """Order now: ``(Reordering or None, note)``, None where the ordering or its locality disappoints.

@@ -235,6 +235,16 @@ def test_a_plan_falls_due_after_its_iterations():
     assert plan.ran(5) and plan.left == 0 and plan.ran(0)
 
 
+def test_a_plan_pays_within_a_solve_with_as_many_iterations_again_to_go():
+    plan, _ = auto_reordering(canonical(random_geometric_laplacian(20000, seed=4)), 0)
+    plan.iterations = 50
+    # a tenth an iteration: 1e-2 -> 1e-6 is 40 more at the rate from 1 to 1e-2 in 20
+    assert not plan.pays_within(1.0, 1e-2, 20, 1e-6)
+    assert plan.pays_within(1.0, 1e-2, 20, 1e-8)  # 60 more
+    assert plan.pays_within(1.0, 1.0, 20, 1e-8) and plan.pays_within(1.0, 2.0, 20, 1e-8)  # no progress
+    assert not plan.pays_within(1.0, 1e-9, 20, 1e-8)  # converged
+
+
 def test_a_plan_gives_up_where_the_ordering_disappoints(monkeypatch):
     A = canonical(random_geometric_laplacian(20000, seed=4))  # 120 levels in 2 passes
     plan, _ = auto_reordering(A, 0)
@@ -315,3 +325,16 @@ def test_a_disappointing_plan_keeps_the_numbering_and_the_solve(monkeypatch):
     res = solver.solve(b)
     assert res.converged and solver._order is None and solver._plan is None
     assert solver.reordering.startswith("none (RCM found little locality")
+
+
+def test_a_plan_due_near_the_end_of_a_solve_waits_for_the_next():
+    A = random_geometric_laplacian(20000, seed=4)
+    b = np.random.default_rng(1).standard_normal(A.shape[0])
+    plain = solvers.PCG(A, device="cpu", rtol=1e-10, reorder="none").solve(b)
+    solver = planned(A, plain.iterations - 5, rtol=1e-10)
+    note = solver.reordering
+    res = solver.solve(b)  # due five iterations before the end: not worth reordering in this solve
+    assert res.converged and solver.reordering == note and solver._plan.left == 0 and solver._order is None
+    assert plain.iterations <= res.iterations <= plain.iterations + 5
+    again = solver.solve(b)
+    assert again.converged and solver._order is not None and solver.reordering.startswith("rcm after")

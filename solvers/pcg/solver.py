@@ -173,8 +173,10 @@ class PCG:
         plans it on the GPU's grid path, with Jacobi or no preconditioner, where the
         product's reads are scattered (:func:`solvers.reorder.auto_reordering`), and
         reorders once the solves have run as many iterations as numbered as it takes
-        to pay for itself (:class:`solvers.reorder.DeferredReordering`; a solve due
-        then goes on from its iterate, CG restarted in the new numbering). Solves of
+        to pay for itself (:class:`solvers.reorder.DeferredReordering`): in the solve
+        it falls due in, if that solve is predicted to run as long again (it goes on
+        from its iterate, CG restarted in the new numbering), else at the start of
+        the next solve. Solves of
         k right-hand sides and :meth:`enqueue` run in the numbering of the moment and
         do not count; :meth:`enqueue` gives the plan up. ``reordering`` says what was
         planned or done and why, ``reorder_time`` what it cost.
@@ -331,8 +333,10 @@ class PCG:
 
         Returns ``(bv, (x, reason, iterations, rnorm, history), loop_time, capture_time)``
         with ``bv`` and ``x`` in the numbering the solve ended in. A reordering due
-        mid-solve stops the iteration there; it goes on from its iterate in the new
-        numbering (CG restarted: its directions belong to the old one).
+        mid-solve stops the iteration there; it goes on from its iterate, in the new
+        numbering where the rest of the solve is predicted to pay for the reordering
+        (:meth:`DeferredReordering.pays_within`), else as numbered with the
+        reordering left due for the next solve; either way CG restarts.
         """
         if self._plan is not None and self._plan.left == 0:
             bv, x0 = self._reorder_now(bv, x0)
@@ -342,11 +346,13 @@ class PCG:
         loop, capture = self._impl.last_loop_time, getattr(self._impl, "last_capture_time", 0.0)
         if plan is None:
             return bv, outcome, loop, capture
-        x, reason, its, _, history = outcome
+        x, reason, its, rnorm, history = outcome
         plan.ran(its)
         if reason is not Reason.MAX_ITERATIONS or its == maxiter:
             return bv, outcome, loop, capture
-        bv, x = self._reorder_now(bv, x)
+        initial = self._impl.norm(bv) if x0 is None else self._impl.true_residual_norm(bv, x0)
+        if plan.pays_within(initial, rnorm, its, tol):
+            bv, x = self._reorder_now(bv, x)
         if progress is not None:
             given_progress = progress
 
