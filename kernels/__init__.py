@@ -115,7 +115,8 @@ def cooperative(kernel, block):
     Returns
     -------
     launch : callable
-        ``launch(grid, args, stream=None)``: a cooperative launch, for which the driver
+        ``launch(grid, args, stream=None, shared_mem=0)``: a cooperative launch (with
+        ``shared_mem`` bytes of dynamic shared memory a block), for which the driver
         guarantees (and checks) that all ``grid`` blocks are resident at once; it can be
         captured into a graph like any launch.
     max_blocks : int
@@ -123,7 +124,7 @@ def cooperative(kernel, block):
     """
     function = kernel.kernel
 
-    def launch(grid, args, stream=None):
-        function((grid,), (block,), args, stream=stream, enable_cooperative_groups=True)
+    def launch(grid, args, stream=None, shared_mem=0):
+        function((grid,), (block,), args, stream=stream, shared_mem=shared_mem, enable_cooperative_groups=True)
 
     return launch, resident_blocks(kernel, block)

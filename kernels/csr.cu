@@ -29,11 +29,15 @@ __device__ __forceinline__ void csr_row_pair(const Matrix& A, int a, bool has_a,
     }
 }
 
+// Nothing is staged on chip (matrix.cu).
+struct MatrixStage {};
+__device__ __forceinline__ MatrixStage stage_matrix(const Matrix&) { return {}; }
+
 // finish(i, (A v)_i, WHOLE_ROW) for every row i, from the row's first lane. Two rows per pass keep
 // two independent gather chains in flight; the loop bound is uniform across the block so every lane
 // reaches the shuffles.
 template <typename V, typename F>
-__device__ __forceinline__ void for_each_row_product(const Matrix& A, V v, F finish) {
+__device__ __forceinline__ void for_each_row_product(const Matrix& A, const MatrixStage&, V v, F finish) {
     const int rows_per_block = blockDim.x / ROW_LANES;
     const int stride = gridDim.x * rows_per_block;
     for (int base = blockIdx.x * rows_per_block; base < A.n; base += 2 * stride) {

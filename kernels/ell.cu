@@ -5,10 +5,14 @@
 //
 // struct Matrix { const int* col; const real_t* val; int n; } (generated, see solvers/formats).
 
+// Nothing is staged on chip (matrix.cu).
+struct MatrixStage {};
+__device__ __forceinline__ MatrixStage stage_matrix(const Matrix&) { return {}; }
+
 // finish(i, (A v)_i, WHOLE_ROW) for every row i; two rows a thread per pass keep two independent
 // gather chains in flight.
 template <typename V, typename F>
-__device__ __forceinline__ void for_each_row_product(const Matrix& A, V v, F finish) {
+__device__ __forceinline__ void for_each_row_product(const Matrix& A, const MatrixStage&, V v, F finish) {
     const int stride = gridDim.x * blockDim.x;
     for (int a = blockIdx.x * blockDim.x + threadIdx.x; a < A.n; a += 2 * stride) {
         const int b = a + stride;

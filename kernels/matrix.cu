@@ -2,8 +2,10 @@
 // solvers/formats/), compiled after grid.cu and before the format and the solver kernels:
 //
 //   struct Matrix { ...; int n; ... };                       // generated from the format's fields
+//   struct MatrixStage;                                      // what a block holds of A on chip
+//   __device__ MatrixStage stage_matrix(const Matrix& A);     // fills it (persistent kernels)
 //   template <typename V, typename F>
-//   __device__ void for_each_row_product(const Matrix& A, V v, F finish);
+//   __device__ void for_each_row_product(const Matrix& A, const MatrixStage& stage, V v, F finish);
 //
 // for_each_row_product spreads the rows over the whole grid (each thread calls it) and computes
 // (A v)_i = sum_k val_ik v(col_ik) for every row i, where v(j) gives the vector's entry j (a load, or
@@ -19,6 +21,11 @@
 // A caller's finish therefore does: what is linear in the value (inner products) when
 // adds_to_sums(part); the row's own updates when owns_row(part); stores of the value when
 // completes_row(part). A format without long rows only ever passes WHOLE_ROW.
+//
+// stage_matrix, called by every thread at the start of a persistent kernel, copies what of the
+// thread's part of A fits in the block's dynamic shared memory, for the products of that launch to
+// read from there (SELL; the other formats stage nothing). The results do not depend on what is
+// staged. Kernels that run one product pass no stage (the overload below).
 
 enum RowPart { WHOLE_ROW, FIRST_PIECE, LATER_PIECE, PIECES_TOTAL };
 
@@ -36,4 +43,12 @@ __device__ __forceinline__ T matrix_load(const T* p) {
 #else
     return __ldg(p);
 #endif
+}
+
+struct MatrixStage;
+
+// for_each_row_product with nothing staged (S is only there to defer the lookup to the format's).
+template <typename V, typename F, typename S = MatrixStage>
+__device__ __forceinline__ void for_each_row_product(const Matrix& A, V v, F finish) {
+    for_each_row_product(A, S{}, v, finish);
 }

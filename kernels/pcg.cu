@@ -66,10 +66,11 @@ __device__ __forceinline__ real_t precondition(const real_t* dinv, int i, real_t
 // p_prev is what p_new's buffer held. The classic solvers' updates leave the steps to every second
 // pass, which reads p_old anyway: x costs 12 bytes a row an iteration instead of 24.
 __device__ double direction_product(const Matrix& A, const real_t* z, const real_t* p_old, real_t* p_new, real_t* q,
-                                    real_t beta, real_t* x = nullptr, real_t alpha_prev = 0, real_t alpha = 0) {
+                                    real_t beta, real_t* x = nullptr, real_t alpha_prev = 0, real_t alpha = 0,
+                                    const MatrixStage& stage = MatrixStage{}) {
     auto direction = [&](int j) { return fma(beta, p_old[j], z[j]); };
     double pq = 0.0;
-    for_each_row_product(A, direction, [&](int i, real_t qi, int part) {
+    for_each_row_product(A, stage, direction, [&](int i, real_t qi, int part) {
         const real_t pn = direction(i);
         if (owns_row(part)) {
             if (x) x[i] = fma(alpha, p_old[i], fma(alpha_prev, p_new[i], x[i]));
@@ -82,9 +83,9 @@ __device__ double direction_product(const Matrix& A, const real_t* z, const real
 }
 
 // q = A p over this thread's rows, p stored; returns its share of p . q.
-__device__ double stored_product(const Matrix& A, const real_t* p, real_t* q) {
+__device__ double stored_product(const Matrix& A, const MatrixStage& stage, const real_t* p, real_t* q) {
     double pq = 0.0;
-    for_each_row_product(A, [&](int j) { return p[j]; }, [&](int i, real_t qi, int part) {
+    for_each_row_product(A, stage, [&](int j) { return p[j]; }, [&](int i, real_t qi, int part) {
         if (completes_row(part)) q[i] = qi;
         if (adds_to_sums(part)) pq += (double)p[i] * (double)qi;
     });
@@ -182,6 +183,7 @@ extern "C" __global__ void __launch_bounds__(RUN_BLOCK, RUN_MIN_BLOCKS)
 pcg_run(const ClassicRun a, unsigned long long handle, int count) {
     __shared__ State s;
     if (threadIdx.x == 0) s = *a.st;
+    const MatrixStage stage = stage_matrix(a.A);
     __syncthreads();
     unsigned int tag = *a.epoch;
     const int n = a.A.n;
@@ -202,10 +204,10 @@ pcg_run(const ClassicRun a, unsigned long long handle, int count) {
                     p_new[i] = fma(beta, po, a.z[i]);
                 }
                 grid_barrier(a.arrivals, tag);
-                pq[0] = stored_product(a.A, p_new, a.q);
+                pq[0] = stored_product(a.A, stage, p_new, a.q);
             } else {
                 pq[0] = direction_product(a.A, a.z, p_old, p_new, a.q, beta, steps ? a.x : nullptr, alpha_prev,
-                                          alpha);
+                                          alpha, stage);
             }
             grid_sums<RUN_BLOCK>(a.slots, a.arrivals, pq, tag);
             if (threadIdx.x == 0) {
@@ -254,7 +256,8 @@ pcg_run(const ClassicRun a, unsigned long long handle, int count) {
 // their owners' operations.
 __device__ void single_reduction_rows(const Matrix& A, const real_t* dinv, real_t* x, real_t* p, real_t* r0,
                                       real_t* r1, real_t* s0, real_t* s1, real_t* w0, real_t* w1,
-                                      const real_t* w_halo, const State& state, int h, double (&sums)[3]) {
+                                      const real_t* w_halo, const State& state, int h, double (&sums)[3],
+                                      const MatrixStage& stage = MatrixStage{}) {
     const int n = A.n, parity = state.parity;
     const real_t alpha = (real_t)state.alpha, beta = (real_t)state.beta;
     const real_t* r_old = parity ? r1 : r0;
@@ -266,7 +269,7 @@ __device__ void single_reduction_rows(const Matrix& A, const real_t* dinv, real_
     auto next_s = [&](int j) { return fma(beta, s_old[j], j < n ? w_old[j] : w_halo[j - n]); };
     auto next_r = [&](int j, real_t sj) { return fma(-alpha, sj, r_old[j]); };
     auto next_u = [&](int j) { return precondition(dinv, j, next_r(j, next_s(j))); };
-    for_each_row_product(A, next_u, [&](int i, real_t wi, int part) {
+    for_each_row_product(A, stage, next_u, [&](int i, real_t wi, int part) {
         const real_t si = next_s(i), ri = next_r(i, si), ui = precondition(dinv, i, ri);
         if (owns_row(part)) {
             const real_t pi = fma(beta, p[i], precondition(dinv, i, r_old[i]));
@@ -316,6 +319,7 @@ extern "C" __global__ void __launch_bounds__(RUN_BLOCK, RUN_MIN_BLOCKS)
 pcg1_run(const SingleReductionRun a, unsigned long long handle, int count) {
     __shared__ State s;
     if (threadIdx.x == 0) s = *a.st;
+    const MatrixStage stage = stage_matrix(a.A);
     __syncthreads();
     unsigned int tag = *a.epoch;
     for (int c = 0; c < count && !finished(s, handle); ++c) {
@@ -324,12 +328,13 @@ pcg1_run(const SingleReductionRun a, unsigned long long handle, int count) {
             single_reduction_pointwise(a, s, sums);
             grid_barrier(a.arrivals, tag);
             real_t* w_new = s.parity ? a.w0 : a.w1;
-            for_each_row_product(a.A, [&](int j) { return a.u[j]; }, [&](int i, real_t wi, int part) {
+            for_each_row_product(a.A, stage, [&](int j) { return a.u[j]; }, [&](int i, real_t wi, int part) {
                 if (completes_row(part)) w_new[i] = wi;
                 if (adds_to_sums(part)) sums[2] += (double)wi * (double)a.u[i];
             });
         } else {
-            single_reduction_rows(a.A, a.dinv, a.x, a.p, a.r0, a.r1, a.s0, a.s1, a.w0, a.w1, nullptr, s, 0, sums);
+            single_reduction_rows(a.A, a.dinv, a.x, a.p, a.r0, a.r1, a.s0, a.s1, a.w0, a.w1, nullptr, s, 0, sums,
+                                  stage);
         }
         grid_sums<RUN_BLOCK>(a.slots, a.arrivals, sums, tag);
         if (threadIdx.x == 0) {

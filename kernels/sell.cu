@@ -62,44 +62,123 @@ __device__ __forceinline__ void sell_piece(const Matrix& A, int pc, int lane, V 
     }
 }
 
+// The work items (pieces, then slices from the next multiple of 32) and the order in which warps
+// take them: warp w takes items w, w + warps, ... A window's slices are sorted longest first, and a
+// round of the grid-stride loop hands aligned groups of 32 slices to 32 consecutive warps: with small
+// windows the same warp would get the longest slice of its group every round. So in odd rounds each
+// group goes in reverse (when the warps are a multiple of 32, so that a group lies within one
+// round): a warp's slices over two rounds are about average. solvers/formats/sell.py (stage_steps)
+// follows the same order.
+struct WorkItems {
+    int warps, lead, items;
+    bool mirror;
+    __device__ explicit WorkItems(const Matrix& A)
+        : warps((gridDim.x * blockDim.x) >> 5), lead((A.pieces + 31) & ~31), items(lead + A.slices),
+          mirror(warps % 32 == 0) {}
+    // this warp's first item
+    __device__ int first() const { return (blockIdx.x * blockDim.x + threadIdx.x) >> 5; }
+    // this warp's first slice item (at or past lead)
+    __device__ int first_slice() const {
+        const int it = first();
+        return it < lead ? it + (lead - it + warps - 1) / warps * warps : it;
+    }
+    __device__ int slice(int it) const {
+        int s = it - lead;
+        if (mirror && ((it / warps) & 1) && (s | 31) < items - lead) s ^= 31;
+        return s;
+    }
+};
+
+// ---- The slices staged in shared memory (persistent kernels) ---------------------------------
+// A persistent kernel's warps take the same slices in every product, and every grid reduction's
+// acquire drops the SM's L1: read from global memory, each slice costs a round trip to L2 for its
+// rows and bounds and one for its entries before its gathers can start. stage_matrix copies, once a
+// launch, as many of the warp's slices (in the product's order) as fit in the warp's share of the
+// block's dynamic shared memory (none without it): for each, a header step (the lanes' rows in col,
+// the slice's steps in val, exact in any real_t) and its steps of 32 entries. The product reads the
+// staged slices from there, the same entries in the same order: the same bits.
+struct MatrixStage {
+    const int* col = nullptr;  // the warp's region
+    const real_t* val = nullptr;
+    int slices = 0;            // the warp's first `slices` slices are staged
+};
+
+__device__ __forceinline__ unsigned int dynamic_shared_bytes() {
+    unsigned int bytes;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(bytes));
+    return bytes;
+}
+
+__device__ MatrixStage stage_matrix(const Matrix& A) {
+    extern __shared__ __align__(16) unsigned char stage_memory[];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, block_warps = blockDim.x >> 5;
+    const int cap = dynamic_shared_bytes() / (block_warps * 32 * (sizeof(real_t) + sizeof(int)));  // steps a warp
+    MatrixStage st;
+    if (cap == 0) return st;
+    real_t* val = (real_t*)stage_memory + (size_t)warp * cap * 32;
+    int* col = (int*)((real_t*)stage_memory + (size_t)block_warps * cap * 32) + (size_t)warp * cap * 32;
+    st.col = col;
+    st.val = val;
+    const WorkItems w(A);
+    int used = 0;
+    for (int it = w.first_slice(); it < w.items; it += w.warps) {
+        const int s = w.slice(it);
+        const int begin = A.slice_ptr[s], steps = (A.slice_ptr[s + 1] - begin) >> 5;
+        if (used + 1 + steps > cap) break;
+        col[32 * used + lane] = A.slice_rows[32 * s + lane];
+        val[32 * used + lane] = (real_t)steps;
+#pragma unroll 4
+        for (int t = 0; t < steps; ++t) {
+            col[32 * (used + 1 + t) + lane] = matrix_load(&A.col[begin + 32 * t + lane]);
+            val[32 * (used + 1 + t) + lane] = matrix_load(&A.val[begin + 32 * t + lane]);
+        }
+        used += 1 + steps;
+        ++st.slices;
+    }
+    __syncwarp();
+    return st;
+}
+
 // finish(i, (A v)_i, WHOLE_ROW) for every row of the slices, finish(i, piece sum, FIRST_PIECE or
 // LATER_PIECE) for every piece of a long row and finish(i, (A v)_i, PIECES_TOTAL) once its pieces are
-// all done (see pcg.cu's RowPart). Work items (pieces, then slices from the next multiple of 32) go to
-// warps in a fixed order, so every partial sum lands in the same thread whatever the scheduling.
-//
-// A window's slices are sorted longest first, and a round of the grid-stride loop hands aligned groups
-// of 32 slices to 32 consecutive warps: with small windows the same warp would get the longest slice
-// of its group every round. So in odd rounds each group goes in reverse (when the warps are a multiple
-// of 32, so that a group lies within one round): a warp's slices over two rounds are about average.
+// all done (see pcg.cu's RowPart). Work items go to warps in a fixed order (WorkItems), so every
+// partial sum lands in the same thread whatever the scheduling; the warp's staged slices (`stage`)
+// come first, from shared memory.
 //
 // A slice's loads wait for its row and bounds, so those of the warp's next slice are loaded while it
 // multiplies this one (H200, PCG on a power-law graph of 1M rows: 96.3 -> 92.7 us an iteration).
 template <typename V, typename F>
-__device__ __forceinline__ void for_each_row_product(const Matrix& A, V v, F finish) {
+__device__ __forceinline__ void for_each_row_product(const Matrix& A, const MatrixStage& stage, V v, F finish) {
     const int lane = threadIdx.x & 31;
-    const int warps = (gridDim.x * blockDim.x) >> 5;
-    const int lead = (A.pieces + 31) & ~31;
-    const int items = lead + A.slices;
-    const bool mirror = warps % 32 == 0;
-    int item = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-    for (; item < lead; item += warps)  // a warp's pieces come before its slices
+    const WorkItems w(A);
+    int item = w.first();
+    for (; item < w.lead; item += w.warps)  // a warp's pieces come before its slices
         if (item < A.pieces) sell_piece(A, item, lane, v, finish);
-    auto slice_of = [&](int it) {
-        int s = it - lead;
-        if (mirror && ((it / warps) & 1) && (s | 31) < A.slices) s ^= 31;
-        return s;
-    };
+    const int* stage_col = stage.col;
+    const real_t* stage_val = stage.val;
+    for (int k = 0; k < stage.slices; ++k, item += w.warps) {
+        const int r = stage_col[lane];
+        const int steps = (int)stage_val[0];
+        real_t sum = 0;
+#pragma unroll 4
+        for (int t = 1; t <= steps; ++t) sum += stage_val[32 * t + lane] * v(stage_col[32 * t + lane]);
+        stage_col += 32 * (steps + 1);
+        stage_val += 32 * (steps + 1);
+#pragma unroll
+        for (int o = SELL_LANES / 2; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+        if (r >= 0 && lane % SELL_LANES == 0) finish(r, sum, WHOLE_ROW);
+    }
     int row = -1, begin = 0, end = 0;
-    if (item < items) {
-        const int s = slice_of(item);
+    if (item < w.items) {
+        const int s = w.slice(item);
         row = A.slice_rows[32 * s + lane];
         begin = A.slice_ptr[s];
         end = A.slice_ptr[s + 1];
     }
-    for (; item < items; item += warps) {
+    for (; item < w.items; item += w.warps) {
         const int r = row, first = begin, last = end;
-        if (item + warps < items) {
-            const int s = slice_of(item + warps);
+        if (item + w.warps < w.items) {
+            const int s = w.slice(item + w.warps);
             row = A.slice_rows[32 * s + lane];
             begin = A.slice_ptr[s];
             end = A.slice_ptr[s + 1];

@@ -210,6 +210,30 @@ def test_sell_cuts_long_rows_into_pieces():
     assert "1 rows over 64 entries in 4 pieces" in layout.describe()
 
 
+@pytest.mark.parametrize("warps", [40, 64, 96])
+def test_sell_stage_steps_deal_the_slices_as_the_kernel_does(warps):
+    """The most steps (a header and the entry steps of each slice) one warp stages, with the slices dealt
+    to warps as ``WorkItems`` in kernels/sell.cu deals them: pieces first, odd rounds mirrored."""
+    layout = SELL(*arrays(one_long_row(n=3000)), np, lanes=2)
+    assert layout.pieces > 0 and layout.slices > 2 * warps
+    steps = np.diff(layout.slice_ptr) // 32 + 1
+    lead = -(-layout.pieces // 32) * 32
+    need, dealt = np.zeros(warps, dtype=int), []
+    for warp in range(warps):
+        item = warp
+        while item < lead:
+            item += warps
+        for item in range(item, lead + layout.slices, warps):
+            s = item - lead
+            if warps % 32 == 0 and (item // warps) % 2 == 1 and (s | 31) < layout.slices:
+                s ^= 31
+            need[warp] += steps[s]
+            dealt.append(s)
+    assert sorted(dealt) == list(range(layout.slices))
+    assert layout.stage_steps(warps) == need.max()
+    assert ELL(*arrays(poisson((10, 10))), np).stage_steps(warps) is None
+
+
 def test_csr_lanes_follow_mean_row_length():
     assert row_lanes(7 * 100, 100) == 8 and row_lanes(3 * 100, 100) == 4 and row_lanes(100, 100) == 2
     assert row_lanes(1000 * 10, 10) == 32

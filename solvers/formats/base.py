@@ -102,6 +102,12 @@ class MatrixFormat:
         """Threads a product kernel can keep busy (a grid of more has idle blocks)."""
         raise NotImplementedError
 
+    def stage_steps(self, warps):
+        """Steps of 32 (value, column) pairs that the warp with the most needs in shared memory to hold
+        all of its part of the matrix, with ``warps`` warps in the grid (``stage_matrix`` in the
+        format's kernel file); None when the format stages nothing."""
+        return None
+
     def describe(self):
         """One line for reports: the format and what its set-up found."""
         return self.name

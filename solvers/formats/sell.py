@@ -382,6 +382,19 @@ class SELL(MatrixFormat):
     def threads(self):
         return SLICE * (self.slices + -(-self.pieces // SLICE) * SLICE)  # slices start at a multiple of 32
 
+    def stage_steps(self, warps):
+        """Each warp stages its slices, a header step and the slice's steps each; the slices are dealt to
+        warps as ``WorkItems`` in ``kernels/sell.cu`` deals them (the pieces are not staged)."""
+        xp, slices = self.xp, self.slices
+        if slices == 0:
+            return 0
+        steps = (xp.diff(self.slice_ptr) // SLICE + 1).astype(xp.int64)
+        item = -(-self.pieces // SLICE) * SLICE + xp.arange(slices)
+        s = xp.arange(slices)
+        if warps % SLICE == 0:  # odd rounds take each aligned group of 32 slices in reverse
+            s = xp.where(((item // warps) % 2 == 1) & ((s | 31) < slices), s ^ 31, s)
+        return int(xp.bincount(item % warps, weights=steps[s], minlength=warps).max())
+
     def describe(self):
         text = f"sell (C={SLICE // self.lanes}, {self.lanes} lanes a row, rows by {self.row_order}"
         if self.sectors:

@@ -40,6 +40,27 @@ BLOCK = 256  # threads per block of the plain kernels (kernels/pcg.cu)
 # (scripts/results/probe_formats_sweep_2026-11-30_NVIDIA_H200_af63447.md).
 SM_THREADS = 512
 GATHERS = ("auto", "formed", "stored")
+STAGE_RESERVED = 1024  # shared memory the driver keeps back for each block (compute capability 8.0 and later)
+
+
+def stage_bytes(matrix_format, kernel, grid, block, blocks_per_sm, itemsize):
+    """Dynamic shared memory a block of the persistent kernel stages its part of the matrix in: all
+    of it where it fits beside the blocks an SM holds, else none (``stage_matrix`` in the format's
+    kernel file; formats that stage nothing get none).
+
+    A staged product reads no matrix entry from L2, where every grid reduction's acquire would
+    otherwise send it again (the SM's L1 is dropped).
+    """
+    steps = matrix_format.stage_steps(grid * block // 32)
+    if not steps:
+        return 0
+    import cupy
+
+    attributes = cupy.cuda.Device().attributes
+    per_sm = int(attributes["MaxSharedMemoryPerMultiprocessor"]) // blocks_per_sm
+    limit = min(int(attributes["MaxSharedMemoryPerBlockOptin"]), per_sm - STAGE_RESERVED) - kernel.shared_size_bytes
+    needed = steps * (block // 32) * 32 * (itemsize + 4)
+    return needed if needed <= limit else 0
 
 
 def run_block(n):
@@ -273,7 +294,8 @@ class GPUPCG:
             split_capacity = min(kernels.resident_blocks(k, BLOCK) for k in self._split_kernels)
         variant = VARIANTS[self.variant]
         self._variant = variant
-        self._run, capacity = kernels.cooperative(mod.get_function(variant.kernel), self.run_block)
+        run_kernel = mod.get_function(variant.kernel)
+        self._run, capacity = kernels.cooperative(run_kernel, self.run_block)
         self._run_struct = variant.struct(self.format.struct)
 
         sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
@@ -286,6 +308,9 @@ class GPUPCG:
         self.grid_split = int(max(1, min(-(-threads // BLOCK), split_capacity))) if self.split else 0
         per_sm = max(1, SM_THREADS // self.run_block)
         self.grid = int(max(1, min(-(-threads // self.run_block), capacity, sms * per_sm)))
+        self.stage_bytes = 0 if self.split else stage_bytes(self.format, run_kernel, self.grid, self.run_block,
+                                                             -(-self.grid // sms), self.dtype.itemsize)
+        run_kernel.max_dynamic_shared_size_bytes = self.stage_bytes
 
         self.vectors = {}
         for name in variant.vectors:
@@ -362,8 +387,9 @@ class GPUPCG:
         return self.engine.instantiations
 
     def describe(self):
-        """What the set-up chose, for reports: format, gather, the matrix loads' cache hint."""
-        return f"{self.format.describe()}, gather {self.gather}" + (", streamed" if self.stream_matrix else "")
+        """What the set-up chose, for reports: format, gather, the matrix loads' cache hint, staging."""
+        staged = f", staged ({self.stage_bytes // 1024} KiB a block)" if self.stage_bytes else ""
+        return f"{self.format.describe()}, gather {self.gather}" + (", streamed" if self.stream_matrix else "") + staged
 
     def update_values(self, A):
         """New values in place (same pattern: the graph is kept), else a fresh set-up."""
@@ -440,7 +466,8 @@ class GPUPCG:
 
     def launch_run(self, count, handle, stream=None):
         """Enqueue one launch of the persistent kernel: up to ``count`` iterations (or the set-up pass)."""
-        self._run(self.grid, (self._run_args, np.uint64(handle), np.int32(count)), stream=stream)
+        self._run(self.grid, (self._run_args, np.uint64(handle), np.int32(count)), stream=stream,
+                  shared_mem=self.stage_bytes)
 
     def _start(self, tol, maxiter):
         """Reset the device state and run the set-up pass (r holds b - A x0; zero first directions)."""
