@@ -38,12 +38,6 @@ __device__ __forceinline__ unsigned long long load_acquire(const unsigned long l
     return v;
 }
 
-__device__ __forceinline__ unsigned int load_relaxed(const unsigned int* p) {
-    unsigned int v;
-    asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
-
 __device__ __forceinline__ void add_release(unsigned long long* p, unsigned long long v) {
     asm volatile("red.release.gpu.global.add.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
@@ -73,12 +67,7 @@ __device__ __forceinline__ void add_release(unsigned int* p, unsigned int v) {
 __device__ __forceinline__ void arrive_and_wait(unsigned int* arrivals, unsigned int tag, bool arrive) {
     if (arrive) add_release(arrivals, 1u);
     const unsigned int target = tag * gridDim.x;
-#if GRID_POLL_RELAXED
-    while ((int)(load_relaxed(arrivals) - target) < 0) {}
-    asm volatile("fence.acq_rel.gpu;" ::: "memory");
-#else
     while ((int)(load_acquire(arrivals) - target) < 0) {}
-#endif
 }
 
 // Sums of K <= 3 values over the grid, in thread 0 of every block.

@@ -168,6 +168,47 @@ __device__ __forceinline__ void for_each_row_product(const Matrix& A, const Matr
         for (int o = SELL_LANES / 2; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
         if (r >= 0 && lane % SELL_LANES == 0) finish(r, sum, WHOLE_ROW);
     }
+#if SELL_PAIRS
+    // two slices at a time (items item and item + warps), their loads in flight together; the bounds
+    // of the next two loaded while these are multiplied
+    auto bounds = [&](int it, int& r, int& b, int& e) {
+        r = -1, b = e = 0;
+        if (it < w.items) {
+            const int s = w.slice(it);
+            r = A.slice_rows[32 * s + lane];
+            b = A.slice_ptr[s];
+            e = A.slice_ptr[s + 1];
+        }
+    };
+    int ra, ba, ea, rb, bb, eb;
+    bounds(item, ra, ba, ea);
+    bounds(item + w.warps, rb, bb, eb);
+    for (; item < w.items; item += 2 * w.warps) {
+        const int r0 = ra, e0 = ea, r1 = rb, e1 = eb;
+        int k0 = ba + lane, k1 = bb + lane;
+        bounds(item + 2 * w.warps, ra, ba, ea);
+        bounds(item + 3 * w.warps, rb, bb, eb);
+        real_t s0 = 0, s1 = 0;
+#pragma unroll 2
+        for (; k0 < e0 && k1 < e1; k0 += 32, k1 += 32) {
+            s0 += matrix_load(&A.val[k0]) * v(matrix_load(&A.col[k0]));
+            s1 += matrix_load(&A.val[k1]) * v(matrix_load(&A.col[k1]));
+        }
+#pragma unroll 4
+        for (; k0 < e0; k0 += 32) s0 += matrix_load(&A.val[k0]) * v(matrix_load(&A.col[k0]));
+#pragma unroll 4
+        for (; k1 < e1; k1 += 32) s1 += matrix_load(&A.val[k1]) * v(matrix_load(&A.col[k1]));
+#pragma unroll
+        for (int o = SELL_LANES / 2; o > 0; o >>= 1) {
+            s0 += __shfl_xor_sync(0xffffffffu, s0, o);
+            s1 += __shfl_xor_sync(0xffffffffu, s1, o);
+        }
+        if (lane % SELL_LANES == 0) {
+            if (r0 >= 0) finish(r0, s0, WHOLE_ROW);
+            if (r1 >= 0) finish(r1, s1, WHOLE_ROW);
+        }
+    }
+#else
     int row = -1, begin = 0, end = 0;
     if (item < w.items) {
         const int s = w.slice(item);
@@ -190,4 +231,5 @@ __device__ __forceinline__ void for_each_row_product(const Matrix& A, const Matr
         for (int o = SELL_LANES / 2; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
         if (r >= 0 && lane % SELL_LANES == 0) finish(r, sum, WHOLE_ROW);
     }
+#endif
 }

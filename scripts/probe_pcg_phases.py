@@ -2,8 +2,9 @@
 
 Run on a GPU machine: ``python scripts/probe_pcg_phases.py [--only NAME ...] [--out DIR]``.
 For each matrix (random geometric graph 50k rows, power-law graph 100k and 1M rows)
-and each kernel variant (the matrix staged in shared memory or not, the grid's
-arrival counter polled with acquire loads or relaxed ones and one fence), one
+and each kernel variant (the matrix staged in shared memory or not, the
+pointwise passes' rows taken one, two or four at a time: ``ROW_GROUP``; SELL's slices
+one or two at a time: ``SELL_PAIRS``), one
 iteration's time of ``auto``'s PCG variant (while mode, Jacobi, float64, 32
 iterations a launch, fastest of three solves of ITERATIONS). Then, with clock
 marks compiled into a copy of the kernel (``PHASES``), the iteration's phases:
@@ -32,9 +33,11 @@ from solvers.gallery import power_law_laplacian, random_geometric_laplacian  # n
 MATRICES = (("geometric 50k", lambda: random_geometric_laplacian(50_000)),
             ("power-law 100k", lambda: power_law_laplacian(100_000)),
             ("power-law 1000k", lambda: power_law_laplacian(1_000_000)))
-# name: (matrix staged where it fits, relaxed polling)
-VARIANTS = {"as loaded": (False, False), "staged": (True, False), "relaxed poll": (False, True),
-            "staged, relaxed poll": (True, True)}
+# name: (matrix staged where it fits, extra defines of the PCG kernels)
+VARIANTS = {"as loaded": (False, ()), "staged": (True, ()), "staged, rows in pairs": (True, (("ROW_GROUP", "2"),)),
+            "staged, rows in fours": (True, (("ROW_GROUP", "4"),)),
+            "staged, slices in pairs": (True, (("SELL_PAIRS", "1"),)),
+            "staged, rows and slices in pairs": (True, (("ROW_GROUP", "2"), ("SELL_PAIRS", "1")))}
 
 # Clock marks (text of kernels/pcg.cu, its occurrence, the mark's phase, the mark before or after it).
 # Classic with a stored gather: 0 direction pass, 1 barrier, 2 product, 3 reduction, 4 decision,
@@ -84,8 +87,8 @@ def marked(text):
 class Variant:
     """Compile-time and launch-time switches of the solver for one variant, undone on exit."""
 
-    def __init__(self, staged, relaxed, phases=False):
-        self.staged, self.relaxed, self.phases = staged, relaxed, phases
+    def __init__(self, staged, defines, phases=False):
+        self.staged, self.defines, self.phases = staged, defines, phases
         self.module = None
 
     def __enter__(self):
@@ -93,12 +96,12 @@ class Variant:
         stage, program, source, module = self._saved
         if not self.staged:
             pcg_gpu.stage_bytes = lambda *args: 0
-        if self.relaxed:
-            def with_relaxed(*args, **kw):
+        if self.defines:
+            def with_defines(*args, **kw):
                 out = program(*args, **kw)
-                out["defines"] = tuple(out["defines"]) + (("GRID_POLL_RELAXED", "1"),)
+                out["defines"] = tuple(out["defines"]) + tuple(self.defines)
                 return out
-            pcg_gpu.kernel_program = with_relaxed
+            pcg_gpu.kernel_program = with_defines
         if self.phases:
             kernels.source = lambda name: marked(source(name)) if name == "pcg" else source(name)
 
@@ -119,11 +122,11 @@ def solver(A):
 def phases(A, b, staged, say):
     """The phases of ``auto``'s variant: cycles a warp an iteration, mean over warps."""
     import cupy
-    with Variant(staged, False, phases=True) as v:
+    with Variant(staged, (), phases=True) as v:
         g = solver(A)
     bd = g.check_vector(b, "b")
     g.solve(bd, None, 0.0, ITERATIONS, None, False)
-    counter = v.module.get_global("phase_cycles")
+    counter = cupy.ndarray((8,), cupy.uint64, memptr=v.module.get_global("phase_cycles"))
     counter[...] = 0
     iterations = g.solve(bd, None, 0.0, ITERATIONS, None, False)[2]
     if staged and not g.stage_bytes:
