@@ -100,53 +100,23 @@ __device__ void direction_decision(State* st, double pq) {
     else st->alpha = st->rz / pq;
 }
 
-// The pointwise passes over a thread's rows i, i + stride, ... (stride: the grid's threads), ROW_GROUP
-// rows at a time: use(i, load(i)), with the loads of a group's rows all issued before its first use.
-// A row's stores might alias the next row's loads for all the compiler knows, so a plain loop waits a
-// memory round trip a row. The rows are used in the plain loop's order: the same sums, the same bits.
-#ifndef ROW_GROUP
-#define ROW_GROUP 1
-#endif
-template <typename Load, typename Use>
-__device__ __forceinline__ void for_each_own_row(int n, Load load, Use use) {
-    const int stride = gridDim.x * blockDim.x;
-    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += ROW_GROUP * stride) {
-        decltype(load(i)) v[ROW_GROUP];
-#pragma unroll
-        for (int k = 0; k < ROW_GROUP; ++k)
-            if (k * stride < n - i) v[k] = load(i + k * stride);
-#pragma unroll
-        for (int k = 0; k < ROW_GROUP; ++k)
-            if (k * stride < n - i) use(i + k * stride, v[k]);
-    }
-}
-
 // x += alpha p (unless x is null), r_out = r - alpha q (unless start), z = M^-1 r_out over the rows
 // [0, n) (r_out may be r); accumulates r.z, r.r of the new r.
 __device__ __forceinline__ void update_rows(bool start, real_t* x, const real_t* r, real_t* r_out, const real_t* q,
                                             const real_t* p, const real_t* dinv, real_t* z, real_t alpha, int n,
                                             double& rz, double& rr) {
-    struct Row { real_t r, q, d, x, p; };
-    for_each_own_row(n, [&](int i) {
-        Row v{r[i], 0, 1, 0, 0};
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+        real_t ri = r[i];
         if (!start) {
-            v.q = q[i];
-            if (x) v.x = x[i], v.p = p[i];
-        }
-        if (dinv) v.d = __ldg(&dinv[i]);
-        return v;
-    }, [&](int i, const Row& v) {
-        real_t ri = v.r;
-        if (!start) {
-            if (x) x[i] = fma(alpha, v.p, v.x);
-            ri = fma(-alpha, v.q, ri);
+            if (x) x[i] = fma(alpha, p[i], x[i]);
+            ri = fma(-alpha, q[i], ri);
             r_out[i] = ri;
         }
-        const real_t zi = dinv ? v.d * ri : ri;  // precondition()
+        const real_t zi = precondition(dinv, i, ri);
         z[i] = zi;
         rz += (double)ri * (double)zi;
         rr += (double)ri * (double)ri;
-    });
+    }
 }
 
 // Classic decision after the update's r.z and ||r|| at iteration `it`: the stop reason, and while
@@ -228,15 +198,11 @@ pcg_run(const ClassicRun a, unsigned long long handle, int count) {
             const real_t alpha_prev = (real_t)s.alpha_prev, alpha = (real_t)s.alpha;
             double pq[1];
             if (GATHER_STORED) {
-                struct Row { real_t po, z, pn, x; };
-                for_each_own_row(n, [&](int i) {
-                    Row v{p_old[i], a.z[i], 0, 0};
-                    if (steps) v.pn = p_new[i], v.x = a.x[i];
-                    return v;
-                }, [&](int i, const Row& v) {
-                    if (steps) a.x[i] = fma(alpha, v.po, fma(alpha_prev, v.pn, v.x));
-                    p_new[i] = fma(beta, v.po, v.z);
-                });
+                for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+                    const real_t po = p_old[i];
+                    if (steps) a.x[i] = fma(alpha, po, fma(alpha_prev, p_new[i], a.x[i]));
+                    p_new[i] = fma(beta, po, a.z[i]);
+                }
                 grid_barrier(a.arrivals, tag);
                 pq[0] = stored_product(a.A, stage, p_new, a.q);
             } else {
@@ -334,22 +300,19 @@ __device__ void single_reduction_pointwise(const SingleReductionRun& a, const St
     const real_t* w_old = parity ? a.w1 : a.w0;
     real_t* r_new = parity ? a.r0 : a.r1;
     real_t* s_new = parity ? a.s0 : a.s1;
-    struct Row { real_t s, w, r, d, p, x; };
-    for_each_own_row(n, [&](int i) {
-        return Row{s_old[i], w_old[i], r_old[i], a.dinv ? __ldg(&a.dinv[i]) : real_t(1), a.p[i], a.x[i]};
-    }, [&](int i, const Row& v) {
-        const real_t si = fma(beta, v.s, v.w);
-        const real_t ri = fma(-alpha, si, v.r);
-        const real_t ui = a.dinv ? v.d * ri : ri;  // precondition()
-        const real_t pi = fma(beta, v.p, a.dinv ? v.d * v.r : v.r);
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+        const real_t si = fma(beta, s_old[i], w_old[i]);
+        const real_t ri = fma(-alpha, si, r_old[i]);
+        const real_t ui = precondition(a.dinv, i, ri);
+        const real_t pi = fma(beta, a.p[i], precondition(a.dinv, i, r_old[i]));
         a.p[i] = pi;
-        a.x[i] = fma(alpha, pi, v.x);
+        a.x[i] = fma(alpha, pi, a.x[i]);
         s_new[i] = si;
         r_new[i] = ri;
         a.u[i] = ui;
         sums[0] += (double)ri * (double)ri;
         sums[1] += (double)ri * (double)ui;
-    });
+    }
 }
 
 extern "C" __global__ void __launch_bounds__(RUN_BLOCK, RUN_MIN_BLOCKS)

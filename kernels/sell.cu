@@ -13,8 +13,9 @@
 //
 // struct Matrix (generated): n; slices, slice_ptr, slice_rows (row of each lane, -1 for none), col,
 // val; pieces, piece_ptr (offsets into col/val), piece_row (index into long_rows), long_rows,
-// row_pieces (first piece of each long row, and one past the last), piece_sums, tickets (per long row,
-// zero between products).
+// row_pieces (first piece of each long row, and one past the last), piece_sums and tickets (scratch:
+// the pieces' sums, the long rows' tickets, then those of the groups of 32 pieces of the longest rows;
+// the tickets zero between products; see sell_piece).
 
 // Sum of v over the warp, the same in every lane (a fixed butterfly order: deterministic).
 __device__ __forceinline__ real_t warp_allsum(real_t v) {
@@ -23,8 +24,37 @@ __device__ __forceinline__ real_t warp_allsum(real_t v) {
     return v;
 }
 
+// Lane 0 publishes `value` at `slot` and takes a ticket of `ticket`: true in every lane of the warp
+// that takes the last of `count` tickets, which then sees every value published before its own (and
+// has reset the ticket for the next product).
+__device__ __forceinline__ bool publish_and_count(real_t* slot, real_t value, unsigned int* ticket, int count,
+                                                  int lane) {
+    bool last = false;
+    if (lane == 0) {
+        *slot = value;
+        __threadfence();
+        last = atomicAdd(ticket, 1u) == (unsigned int)count - 1;
+        if (last) {
+            *ticket = 0;
+            __threadfence();
+        }
+    }
+    last = __shfl_sync(0xffffffffu, last, 0);
+    if (last) __syncwarp();  // orders the other lanes' reads after lane 0 saw every value published
+    return last;
+}
+
 // One piece of a long row (the whole warp): finish with its sum, and, from the piece that completes
 // the row, with the row's total.
+//
+// The piece that completes a row of up to 32 pieces adds their sums. A longer row (a hub) is summed
+// in groups of 32 pieces: the piece that completes a group adds the group's sums, and the group that
+// completes the row adds the groups' sums, so the closing warp waits one round of loads, not one for
+// each 32 pieces of the row in turn (H200, power-law graph of 1M rows, a hub of 6,154 pieces). Every
+// sum is added in a fixed order, whichever warps finish last. The groups' sums and tickets follow
+// the pieces' in piece_sums and tickets: a row's groups at pieces + (first >> 5) + li + g, which no
+// two rows share, since a row's first piece lies at least its number of groups, less one, past the
+// previous row's.
 template <typename V, typename F>
 __device__ __forceinline__ void sell_piece(const Matrix& A, int pc, int lane, V v, F finish) {
     const int li = A.piece_row[pc];
@@ -40,26 +70,24 @@ __device__ __forceinline__ void sell_piece(const Matrix& A, int pc, int lane, V 
         if (lane == 0) finish(row, sum, WHOLE_ROW);
         return;
     }
-    bool closing = false;
-    if (lane == 0) {
-        finish(row, sum, pc == first ? FIRST_PIECE : LATER_PIECE);
-        A.piece_sums[pc] = sum;
-        __threadfence();
-        closing = atomicAdd(&A.tickets[li], 1u) == (unsigned int)count - 1;
-        if (closing) __threadfence();
+    if (lane == 0) finish(row, sum, pc == first ? FIRST_PIECE : LATER_PIECE);
+    int slot = pc, slots = count, first_slot = first;  // this sum's place; the sums that make the row
+    if (count > 32) {
+        const int group = (pc - first) >> 5, groups = (count + 31) >> 5;
+        const int group_first = first + 32 * group, group_count = min(32, count - 32 * group);
+        first_slot = A.pieces + (first >> 5) + li;
+        if (!publish_and_count(&A.piece_sums[pc], sum, &A.tickets[first_slot + group], group_count, lane)) return;
+        sum = warp_allsum(lane < group_count ? __ldcg(&A.piece_sums[group_first + lane]) : real_t(0));
+        slot = first_slot + group;
+        slots = groups;
     }
-    closing = __shfl_sync(0xffffffffu, closing, 0);
-    if (!closing) return;
-    __syncwarp();  // orders the other lanes' reads after lane 0 saw every piece's sum published
+    if (!publish_and_count(&A.piece_sums[slot], sum, &A.tickets[li], slots, lane)) return;
     real_t total = 0;
-    // the pieces' sums in flight together (a hub row has over a thousand); added in order all the same
+    // in flight together (up to 32 sums a lane); added in order all the same
 #pragma unroll 8
-    for (int k = first + lane; k < first + count; k += 32) total += __ldcg(&A.piece_sums[k]);
+    for (int k = lane; k < slots; k += 32) total += __ldcg(&A.piece_sums[first_slot + k]);
     total = warp_allsum(total);
-    if (lane == 0) {
-        A.tickets[li] = 0;
-        finish(row, total, PIECES_TOTAL);
-    }
+    if (lane == 0) finish(row, total, PIECES_TOTAL);
 }
 
 // The work items (pieces, then slices from the next multiple of 32) and the order in which warps
@@ -168,47 +196,6 @@ __device__ __forceinline__ void for_each_row_product(const Matrix& A, const Matr
         for (int o = SELL_LANES / 2; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
         if (r >= 0 && lane % SELL_LANES == 0) finish(r, sum, WHOLE_ROW);
     }
-#if SELL_PAIRS
-    // two slices at a time (items item and item + warps), their loads in flight together; the bounds
-    // of the next two loaded while these are multiplied
-    auto bounds = [&](int it, int& r, int& b, int& e) {
-        r = -1, b = e = 0;
-        if (it < w.items) {
-            const int s = w.slice(it);
-            r = A.slice_rows[32 * s + lane];
-            b = A.slice_ptr[s];
-            e = A.slice_ptr[s + 1];
-        }
-    };
-    int ra, ba, ea, rb, bb, eb;
-    bounds(item, ra, ba, ea);
-    bounds(item + w.warps, rb, bb, eb);
-    for (; item < w.items; item += 2 * w.warps) {
-        const int r0 = ra, e0 = ea, r1 = rb, e1 = eb;
-        int k0 = ba + lane, k1 = bb + lane;
-        bounds(item + 2 * w.warps, ra, ba, ea);
-        bounds(item + 3 * w.warps, rb, bb, eb);
-        real_t s0 = 0, s1 = 0;
-#pragma unroll 2
-        for (; k0 < e0 && k1 < e1; k0 += 32, k1 += 32) {
-            s0 += matrix_load(&A.val[k0]) * v(matrix_load(&A.col[k0]));
-            s1 += matrix_load(&A.val[k1]) * v(matrix_load(&A.col[k1]));
-        }
-#pragma unroll 4
-        for (; k0 < e0; k0 += 32) s0 += matrix_load(&A.val[k0]) * v(matrix_load(&A.col[k0]));
-#pragma unroll 4
-        for (; k1 < e1; k1 += 32) s1 += matrix_load(&A.val[k1]) * v(matrix_load(&A.col[k1]));
-#pragma unroll
-        for (int o = SELL_LANES / 2; o > 0; o >>= 1) {
-            s0 += __shfl_xor_sync(0xffffffffu, s0, o);
-            s1 += __shfl_xor_sync(0xffffffffu, s1, o);
-        }
-        if (lane % SELL_LANES == 0) {
-            if (r0 >= 0) finish(r0, s0, WHOLE_ROW);
-            if (r1 >= 0) finish(r1, s1, WHOLE_ROW);
-        }
-    }
-#else
     int row = -1, begin = 0, end = 0;
     if (item < w.items) {
         const int s = w.slice(item);
@@ -231,5 +218,4 @@ __device__ __forceinline__ void for_each_row_product(const Matrix& A, const Matr
         for (int o = SELL_LANES / 2; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
         if (r >= 0 && lane % SELL_LANES == 0) finish(r, sum, WHOLE_ROW);
     }
-#endif
 }

@@ -2,9 +2,8 @@
 
 Run on a GPU machine: ``python scripts/probe_pcg_phases.py [--only NAME ...] [--out DIR]``.
 For each matrix (random geometric graph 50k rows, power-law graph 100k and 1M rows)
-and each kernel variant (the matrix staged in shared memory or not, the
-pointwise passes' rows taken one, two or four at a time: ``ROW_GROUP``; SELL's slices
-one or two at a time: ``SELL_PAIRS``), one
+and each staging rule (the matrix not staged in shared memory, staged only where
+all of it fits, or as the solver does it: also in part, ``STAGE_SHARE``), one
 iteration's time of ``auto``'s PCG variant (while mode, Jacobi, float64, 32
 iterations a launch, fastest of three solves of ITERATIONS). Then, with clock
 marks compiled into a copy of the kernel (``PHASES``), the iteration's phases:
@@ -33,11 +32,9 @@ from solvers.gallery import power_law_laplacian, random_geometric_laplacian  # n
 MATRICES = (("geometric 50k", lambda: random_geometric_laplacian(50_000)),
             ("power-law 100k", lambda: power_law_laplacian(100_000)),
             ("power-law 1000k", lambda: power_law_laplacian(1_000_000)))
-# name: (matrix staged where it fits, extra defines of the PCG kernels)
-VARIANTS = {"as loaded": (False, ()), "staged": (True, ()), "staged, rows in pairs": (True, (("ROW_GROUP", "2"),)),
-            "staged, rows in fours": (True, (("ROW_GROUP", "4"),)),
-            "staged, slices in pairs": (True, (("SELL_PAIRS", "1"),)),
-            "staged, rows and slices in pairs": (True, (("ROW_GROUP", "2"), ("SELL_PAIRS", "1")))}
+# name: the least share of the matrix staged partly (solvers.pcg.gpu.STAGE_SHARE; above 1: only whole
+# matrices; None: nothing staged)
+VARIANTS = {"as loaded": None, "staged whole only": 2.0, "staged": pcg_gpu.STAGE_SHARE, "staged in part, any share": 0.0}
 
 # Clock marks (text of kernels/pcg.cu, its occurrence, the mark's phase, the mark before or after it).
 # Classic with a stored gather: 0 direction pass, 1 barrier, 2 product, 3 reduction, 4 decision,
@@ -85,23 +82,19 @@ def marked(text):
 
 
 class Variant:
-    """Compile-time and launch-time switches of the solver for one variant, undone on exit."""
+    """The solver's staging rule for one variant and, with ``phases``, the clock marks; undone on exit."""
 
-    def __init__(self, staged, defines, phases=False):
-        self.staged, self.defines, self.phases = staged, defines, phases
+    def __init__(self, share, phases=False):
+        self.share, self.phases = share, phases
         self.module = None
 
     def __enter__(self):
-        self._saved = (pcg_gpu.stage_bytes, pcg_gpu.kernel_program, kernels.source, kernels.module)
-        stage, program, source, module = self._saved
-        if not self.staged:
+        self._saved = (pcg_gpu.stage_bytes, pcg_gpu.STAGE_SHARE, kernels.source, kernels.module)
+        stage, _, source, module = self._saved
+        if self.share is None:
             pcg_gpu.stage_bytes = lambda *args: 0
-        if self.defines:
-            def with_defines(*args, **kw):
-                out = program(*args, **kw)
-                out["defines"] = tuple(out["defines"]) + tuple(self.defines)
-                return out
-            pcg_gpu.kernel_program = with_defines
+        else:
+            pcg_gpu.STAGE_SHARE = self.share
         if self.phases:
             kernels.source = lambda name: marked(source(name)) if name == "pcg" else source(name)
 
@@ -112,7 +105,7 @@ class Variant:
         return self
 
     def __exit__(self, *exc):
-        pcg_gpu.stage_bytes, pcg_gpu.kernel_program, kernels.source, kernels.module = self._saved
+        pcg_gpu.stage_bytes, pcg_gpu.STAGE_SHARE, kernels.source, kernels.module = self._saved
 
 
 def solver(A):
@@ -122,7 +115,7 @@ def solver(A):
 def phases(A, b, staged, say):
     """The phases of ``auto``'s variant: cycles a warp an iteration, mean over warps."""
     import cupy
-    with Variant(staged, (), phases=True) as v:
+    with Variant(pcg_gpu.STAGE_SHARE if staged else None, phases=True) as v:
         g = solver(A)
     bd = g.check_vector(b, "b")
     g.solve(bd, None, 0.0, ITERATIONS, None, False)
@@ -170,7 +163,7 @@ def main(argv=None):
         say("| variant | PCG | us/it | iterations | grid | layout |")
         say("|---|---|---|---|---|---|")
         for name in args.variants:
-            with Variant(*VARIANTS[name]):
+            with Variant(VARIANTS[name]):
                 g = solver(A)
             t, its = timed_solves(g, b)
             say(f"| {name} | {g.variant} | {t * 1e6:.2f} | {its} | {g.grid} x {g.run_block} | {g.describe()} |")
