@@ -13,9 +13,8 @@
 //
 // struct Matrix (generated): n; slices, slice_ptr, slice_rows (row of each lane, -1 for none), col,
 // val; pieces, piece_ptr (offsets into col/val), piece_row (index into long_rows), long_rows,
-// row_pieces (first piece of each long row, and one past the last), piece_sums and tickets (scratch:
-// the pieces' sums, the long rows' tickets, then those of the groups of 32 pieces of the longest rows;
-// the tickets zero between products; see sell_piece).
+// row_pieces (first piece of each long row, and one past the last), piece_sums, tickets (per long row,
+// zero between products).
 
 // Sum of v over the warp, the same in every lane (a fixed butterfly order: deterministic).
 __device__ __forceinline__ real_t warp_allsum(real_t v) {
@@ -24,37 +23,8 @@ __device__ __forceinline__ real_t warp_allsum(real_t v) {
     return v;
 }
 
-// Lane 0 publishes `value` at `slot` and takes a ticket of `ticket`: true in every lane of the warp
-// that takes the last of `count` tickets, which then sees every value published before its own (and
-// has reset the ticket for the next product).
-__device__ __forceinline__ bool publish_and_count(real_t* slot, real_t value, unsigned int* ticket, int count,
-                                                  int lane) {
-    bool last = false;
-    if (lane == 0) {
-        *slot = value;
-        __threadfence();
-        last = atomicAdd(ticket, 1u) == (unsigned int)count - 1;
-        if (last) {
-            *ticket = 0;
-            __threadfence();
-        }
-    }
-    last = __shfl_sync(0xffffffffu, last, 0);
-    if (last) __syncwarp();  // orders the other lanes' reads after lane 0 saw every value published
-    return last;
-}
-
 // One piece of a long row (the whole warp): finish with its sum, and, from the piece that completes
 // the row, with the row's total.
-//
-// The piece that completes a row of up to 32 pieces adds their sums. A longer row (a hub) is summed
-// in groups of 32 pieces: the piece that completes a group adds the group's sums, and the group that
-// completes the row adds the groups' sums, so the closing warp waits one round of loads, not one for
-// each 32 pieces of the row in turn (H200, power-law graph of 1M rows, a hub of 6,154 pieces). Every
-// sum is added in a fixed order, whichever warps finish last. The groups' sums and tickets follow
-// the pieces' in piece_sums and tickets: a row's groups at pieces + (first >> 5) + li + g, which no
-// two rows share, since a row's first piece lies at least its number of groups, less one, past the
-// previous row's.
 template <typename V, typename F>
 __device__ __forceinline__ void sell_piece(const Matrix& A, int pc, int lane, V v, F finish) {
     const int li = A.piece_row[pc];
@@ -70,24 +40,26 @@ __device__ __forceinline__ void sell_piece(const Matrix& A, int pc, int lane, V 
         if (lane == 0) finish(row, sum, WHOLE_ROW);
         return;
     }
-    if (lane == 0) finish(row, sum, pc == first ? FIRST_PIECE : LATER_PIECE);
-    int slot = pc, slots = count, first_slot = first;  // this sum's place; the sums that make the row
-    if (count > 32) {
-        const int group = (pc - first) >> 5, groups = (count + 31) >> 5;
-        const int group_first = first + 32 * group, group_count = min(32, count - 32 * group);
-        first_slot = A.pieces + (first >> 5) + li;
-        if (!publish_and_count(&A.piece_sums[pc], sum, &A.tickets[first_slot + group], group_count, lane)) return;
-        sum = warp_allsum(lane < group_count ? __ldcg(&A.piece_sums[group_first + lane]) : real_t(0));
-        slot = first_slot + group;
-        slots = groups;
+    bool closing = false;
+    if (lane == 0) {
+        finish(row, sum, pc == first ? FIRST_PIECE : LATER_PIECE);
+        A.piece_sums[pc] = sum;
+        __threadfence();
+        closing = atomicAdd(&A.tickets[li], 1u) == (unsigned int)count - 1;
+        if (closing) __threadfence();
     }
-    if (!publish_and_count(&A.piece_sums[slot], sum, &A.tickets[li], slots, lane)) return;
+    closing = __shfl_sync(0xffffffffu, closing, 0);
+    if (!closing) return;
+    __syncwarp();  // orders the other lanes' reads after lane 0 saw every piece's sum published
     real_t total = 0;
-    // in flight together (up to 32 sums a lane); added in order all the same
+    // the pieces' sums in flight together (a hub row has over a thousand); added in order all the same
 #pragma unroll 8
-    for (int k = lane; k < slots; k += 32) total += __ldcg(&A.piece_sums[first_slot + k]);
+    for (int k = first + lane; k < first + count; k += 32) total += __ldcg(&A.piece_sums[k]);
     total = warp_allsum(total);
-    if (lane == 0) finish(row, total, PIECES_TOTAL);
+    if (lane == 0) {
+        A.tickets[li] = 0;
+        finish(row, total, PIECES_TOTAL);
+    }
 }
 
 // The work items (pieces, then slices from the next multiple of 32) and the order in which warps

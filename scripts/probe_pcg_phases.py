@@ -1,14 +1,15 @@
-"""Where the persistent PCG kernel's iteration goes, and what its variants change.
+"""Where the persistent PCG kernel's iteration goes, and what staging the matrix changes.
 
 Run on a GPU machine: ``python scripts/probe_pcg_phases.py [--only NAME ...] [--out DIR]``.
-For each matrix (random geometric graph 50k rows, power-law graph 100k and 1M rows)
-and each staging rule (the matrix not staged in shared memory, staged only where
-all of it fits, or as the solver does it: also in part, ``STAGE_SHARE``), one
-iteration's time of ``auto``'s PCG variant (while mode, Jacobi, float64, 32
-iterations a launch, fastest of three solves of ITERATIONS). Then, with clock
-marks compiled into a copy of the kernel (``PHASES``), the iteration's phases:
-cycles a warp spends in each, the mean over the grid's warps. The marks cost a
-little time of their own; the timings come from the unmarked kernels.
+For each matrix (random geometric graph 50k rows, power-law graph 100k and 1M rows),
+with the matrix staged in shared memory (as the solver does it, where all of it
+fits) and without, one iteration's time of ``auto``'s PCG variant (while mode,
+Jacobi, float64, 32 iterations a launch, fastest of three solves of ITERATIONS).
+Then, with clock marks compiled into a copy of the kernel (``MARKS``), the
+iteration's phases: cycles a warp spends in each, the mean over the grid's warps.
+The marks cost a little time of their own (the timings come from the unmarked
+kernels), and a warp that leaves a grid reduction early (every warp but the first
+of its block) waits for the totals in the next phase, at the block barrier there.
 
 ``--ncu``: no timings; one eager solve of the named matrix (the ``auto`` choices),
 for ``ncu -k regex:pcg`` to profile a launch of the persistent kernel.
@@ -32,9 +33,8 @@ from solvers.gallery import power_law_laplacian, random_geometric_laplacian  # n
 MATRICES = (("geometric 50k", lambda: random_geometric_laplacian(50_000)),
             ("power-law 100k", lambda: power_law_laplacian(100_000)),
             ("power-law 1000k", lambda: power_law_laplacian(1_000_000)))
-# name: the least share of the matrix staged partly (solvers.pcg.gpu.STAGE_SHARE; above 1: only whole
-# matrices; None: nothing staged)
-VARIANTS = {"as loaded": None, "staged whole only": 2.0, "staged": pcg_gpu.STAGE_SHARE, "staged in part, any share": 0.0}
+# name: the matrix staged in shared memory (as the solver does it: where all of it fits), or not
+VARIANTS = {"as loaded": False, "staged": True}
 
 # Clock marks (text of kernels/pcg.cu, its occurrence, the mark's phase, the mark before or after it).
 # Classic with a stored gather: 0 direction pass, 1 barrier, 2 product, 3 reduction, 4 decision,
@@ -82,19 +82,17 @@ def marked(text):
 
 
 class Variant:
-    """The solver's staging rule for one variant and, with ``phases``, the clock marks; undone on exit."""
+    """The solver without staging (unless ``staged``) and, with ``phases``, the clock marks; undone on exit."""
 
-    def __init__(self, share, phases=False):
-        self.share, self.phases = share, phases
+    def __init__(self, staged, phases=False):
+        self.staged, self.phases = staged, phases
         self.module = None
 
     def __enter__(self):
-        self._saved = (pcg_gpu.stage_bytes, pcg_gpu.STAGE_SHARE, kernels.source, kernels.module)
-        stage, _, source, module = self._saved
-        if self.share is None:
+        self._saved = (pcg_gpu.stage_bytes, kernels.source, kernels.module)
+        _, source, module = self._saved
+        if not self.staged:
             pcg_gpu.stage_bytes = lambda *args: 0
-        else:
-            pcg_gpu.STAGE_SHARE = self.share
         if self.phases:
             kernels.source = lambda name: marked(source(name)) if name == "pcg" else source(name)
 
@@ -105,7 +103,7 @@ class Variant:
         return self
 
     def __exit__(self, *exc):
-        pcg_gpu.stage_bytes, pcg_gpu.STAGE_SHARE, kernels.source, kernels.module = self._saved
+        pcg_gpu.stage_bytes, kernels.source, kernels.module = self._saved
 
 
 def solver(A):
@@ -115,7 +113,7 @@ def solver(A):
 def phases(A, b, staged, say):
     """The phases of ``auto``'s variant: cycles a warp an iteration, mean over warps."""
     import cupy
-    with Variant(pcg_gpu.STAGE_SHARE if staged else None, phases=True) as v:
+    with Variant(staged, phases=True) as v:
         g = solver(A)
     bd = g.check_vector(b, "b")
     g.solve(bd, None, 0.0, ITERATIONS, None, False)

@@ -288,7 +288,6 @@ IRREGULAR = {
     "geometric": lambda: random_geometric_laplacian(6000, seed=1),
     "power_law": lambda: power_law_laplacian(8000, seed=2),  # long rows: pieces on several warps
     "long_row": lambda: with_long_row(poisson((40, 40))),
-    "hub": lambda: with_long_row(poisson((131, 131)), length=17000),  # 34 pieces: summed in groups of 32
 }
 
 

@@ -277,7 +277,7 @@ class SELL(MatrixFormat):
         self.slice_ptr, self.long_rows, self.row_pieces = slice_ptr, order[ns:], row_pieces
         self.piece_ptr, self.piece_row = self._cut_pieces(long_start, row_pieces, sliced)
         self._pos, self.col, self.slice_rows = self._place_entries(indptr, indices, order, long_start, sliced)
-        self.tickets = xp.zeros(self._scratch_size(), dtype=xp.uint32)
+        self.tickets = xp.zeros(max(n - ns, 1), dtype=xp.uint32)
         self._piece_sums = {}
 
     def _offsets(self, indptr, order):
@@ -368,11 +368,6 @@ class SELL(MatrixFormat):
         col[pos] = indices
         return pos, col, slice_rows
 
-    def _scratch_size(self):
-        """Entries of ``piece_sums`` and ``tickets``: the pieces' (tickets: the long rows'), then the groups of 32
-        pieces of rows cut into more than 32, at pieces + first // 32 + long row + group (``sell_piece``)."""
-        return 2 * self.pieces + self.pieces // 32 + 1
-
     @property
     def piece_sums(self):
         """Scratch for the pieces' sums, of the values' type (set by :meth:`pack`)."""
@@ -381,7 +376,7 @@ class SELL(MatrixFormat):
     def pack(self, val):
         self._dtype = np.dtype(val.dtype)
         if self._dtype not in self._piece_sums:
-            self._piece_sums[self._dtype] = self.xp.zeros(self._scratch_size(), dtype=self._dtype)
+            self._piece_sums[self._dtype] = self.xp.zeros(max(self.pieces, 1), dtype=self._dtype)
         return super().pack(val)
 
     def threads(self):

@@ -41,18 +41,19 @@ BLOCK = 256  # threads per block of the plain kernels (kernels/pcg.cu)
 SM_THREADS = 512
 GATHERS = ("auto", "formed", "stored")
 STAGE_RESERVED = 1024  # shared memory the driver keeps back for each block (compute capability 8.0 and later)
-STAGE_SHARE = 0.25  # the least share of the matrix a partial stage holds
 
 
 def stage_bytes(matrix_format, kernel, grid, block, blocks_per_sm, itemsize):
-    """Dynamic shared memory a block of the persistent kernel stages its part of the matrix in
-    (``stage_matrix`` in the format's kernel file; formats that stage nothing get none): all of it
-    where it fits beside the blocks an SM holds; else as much as fits where that is at least
-    :data:`STAGE_SHARE` of what each warp needs (the warps stage their first slices), none below.
+    """Dynamic shared memory a block of the persistent kernel stages its part of the matrix in: all
+    of it where it fits beside the blocks an SM holds, else none (``stage_matrix`` in the format's
+    kernel file; formats that stage nothing get none).
 
-    A staged slice costs its product no load of the matrix: with the matrix in L2, where every grid
-    reduction's acquire sends it again (the SM's L1 is dropped), a round trip to L2 a slice; with a
-    matrix streamed from memory, a memory round trip.
+    A staged product reads no matrix entry from L2, where every grid reduction's acquire would
+    otherwise send it again (the SM's L1 is dropped). H200, us an iteration without and with:
+    random geometric graph 50k rows 9.89 / 8.83 (single-reduction). Staging part of a matrix
+    (each warp its first slices, the shared memory full) was slower: power-law graph 100k rows
+    15.42 / 21.64, 1M rows 94.56 / 135.54 (classic); ``scripts/probe_pcg_phases.py``,
+    MEASUREMENTS.md.
     """
     steps = matrix_format.stage_steps(grid * block // 32)
     if not steps:
@@ -62,11 +63,8 @@ def stage_bytes(matrix_format, kernel, grid, block, blocks_per_sm, itemsize):
     attributes = cupy.cuda.Device().attributes
     per_sm = int(attributes["MaxSharedMemoryPerMultiprocessor"]) // blocks_per_sm
     limit = min(int(attributes["MaxSharedMemoryPerBlockOptin"]), per_sm - STAGE_RESERVED) - kernel.shared_size_bytes
-    step = (block // 32) * 32 * (itemsize + 4)  # a step of every warp of the block
-    needed = steps * step
-    if needed <= limit:
-        return needed
-    return limit // step * step if limit >= STAGE_SHARE * needed else 0
+    needed = steps * (block // 32) * 32 * (itemsize + 4)
+    return needed if needed <= limit else 0
 
 
 def run_block(n):
