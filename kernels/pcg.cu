@@ -138,6 +138,9 @@ __device__ int update_decision(State* st, bool start, int it, double rz_new, dou
 // replaces `count` kernel boundaries by grid reductions, and the three drivers (eager, graph, while)
 // run the same kernel, so they produce the same bits. The set-up pass is an iteration taken while
 // st->iteration is -1.
+//
+// A launch first stages the block's part of the matrix in the dynamic shared memory the loader gives
+// it (stage_matrix, matrix.cu; none where the matrix does not fit), for all of its products.
 
 // Threads per block of the persistent kernels (the loader may set it), and the threads each SM must
 // hold at once (caps the registers; set by the loader, which sizes the grid by it).
