@@ -339,6 +339,19 @@ def test_sell_slices_staged_in_shared_memory_give_the_same_bits(cupy, variant, g
         assert all(cupy.array_equal(x, xs[0]) for x in xs[1:]), name
 
 
+def test_a_staged_solver_keeps_its_shared_memory_beside_an_unstaged_one_of_the_same_program(cupy):
+    """The kernel object is shared by the solvers of one program: a later solver that stages nothing
+    must not lower the shared memory an earlier one launches with."""
+    small, large = random_geometric_laplacian(50_000, seed=1), random_geometric_laplacian(100_000, seed=1)
+    staged = solvers.PCG(small, device="gpu", path="grid", reorder="none", rtol=1e-8)
+    unstaged = solvers.PCG(large, device="gpu", path="grid", reorder="none", rtol=1e-8)
+    assert "staged" in staged.format and "staged" not in unstaged.format
+    assert staged.format.split(", staged")[0].split("(")[0] == unstaged.format.split("(")[0]  # same format
+    for solver, A in ((staged, small), (unstaged, large), (staged, small)):
+        res = solver.solve(A @ np.ones(A.shape[0]))
+        assert res.converged and np.abs(res.x.get() - 1).max() < 1e-5
+
+
 def test_auto_format_gather_and_reordering_are_reported(cupy):
     A = random_geometric_laplacian(20000, seed=4)
     solver = solvers.PCG(A, device="gpu", rtol=1e-8)

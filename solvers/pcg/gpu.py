@@ -314,7 +314,8 @@ class GPUPCG:
         self.grid = int(max(1, min(-(-threads // self.run_block), capacity, sms * per_sm)))
         self.stage_bytes = 0 if self.split else stage_bytes(self.format, run_kernel, self.grid, self.run_block,
                                                              -(-self.grid // sms), self.dtype.itemsize)
-        run_kernel.max_dynamic_shared_size_bytes = self.stage_bytes
+        # the kernel object is shared by every solver compiled from the same program: raise its limit only
+        run_kernel.max_dynamic_shared_size_bytes = max(run_kernel.max_dynamic_shared_size_bytes, self.stage_bytes)
 
         self.vectors = {}
         for name in variant.vectors:
