@@ -176,15 +176,21 @@ def main(argv=None):
         notes.append(layouts)
         print(row, flush=True)
         cupy.get_default_memory_pool().free_all_blocks()
+    return save(args.out, cupy, "probe_reorder", "Reverse Cuthill-McKee on the GPU",
+                f"PCG: while mode, Jacobi, float64, {ITERATIONS} iterations that do not stop, the faster variant, "
+                f"automatic format; the GPU ordering and the permutation of A the best of {REPEATS} after a "
+                f"warm-up; 'iterations to pay' = (ordering + permutation) / (us saved an iteration); auto's "
+                f"decision and reorder time from a solver's set-up (PCG(A, device='gpu')).\n\n"
+                + "\n".join(rows) + "\n\nFormats: " + "; ".join(notes))
+
+
+def save(out, cupy, prefix, title, body):
+    """Print ``body`` under a heading (``title``, time, GPU, commit); save it as
+    ``<prefix>_<stamp>_<gpu>_<commit>.md`` under ``out``."""
     commit, gpu = provenance.commit(), gpu_name(cupy)
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d_%H%M")
-    text = (f"# Reverse Cuthill-McKee on the GPU, {stamp} UTC, {gpu}, commit {commit}\n\n"
-            f"PCG: while mode, Jacobi, float64, {ITERATIONS} iterations that do not stop, the faster variant, "
-            f"automatic format; the GPU ordering and the permutation of A the best of {REPEATS} after a warm-up; "
-            f"'iterations to pay' = (ordering + permutation) / (us saved an iteration); auto's decision and "
-            f"reorder time from a solver's set-up (PCG(A, device='gpu')).\n\n"
-            + "\n".join(rows) + "\n\nFormats: " + "; ".join(notes) + "\n")
-    path = provenance.save(args.out, f"probe_reorder_{stamp}_{gpu.replace(' ', '_')}_{commit}.md", text)
+    text = f"# {title}, {stamp} UTC, {gpu}, commit {commit}\n\n{body}\n"
+    path = provenance.save(out, f"{prefix}_{stamp}_{gpu.replace(' ', '_')}_{commit}.md", text)
     print("\n" + text)
     print(f"saved {path}", file=sys.stderr)
     return 0
@@ -195,14 +201,8 @@ def save_deferred(out, cupy):
     lines = []
     for n in (500_000, 2_000_000):
         lines += [f"## geometric {n // 1000}k", ""] + deferred(random_geometric_laplacian(n)) + [""]
-    commit, gpu = provenance.commit(), gpu_name(cupy)
-    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d_%H%M")
-    text = (f"# Deferred reverse Cuthill-McKee, random geometric graphs, {stamp} UTC, {gpu}, commit {commit}\n\n"
-            "While mode, Jacobi, float64, rtol 1e-8, automatic format and variant.\n\n" + "\n".join(lines) + "\n")
-    path = provenance.save(out, f"probe_reorder_deferred_{stamp}_{gpu.replace(' ', '_')}_{commit}.md", text)
-    print(text)
-    print(f"saved {path}", file=sys.stderr)
-    return 0
+    return save(out, cupy, "probe_reorder_deferred", "Deferred reverse Cuthill-McKee, random geometric graphs",
+                "While mode, Jacobi, float64, rtol 1e-8, automatic format and variant.\n\n" + "\n".join(lines))
 
 
 if __name__ == "__main__":
