@@ -336,7 +336,8 @@ class DeferredReordering:
         if self.per_sector * (self.scattered - after) * nnz * self.iterations <= GPU_SECONDS_PER_NONZERO * nnz:
             return None, (f"none (RCM found little locality: {self.scattered:.2f} -> {after:.2f} sectors a "
                           f"nonzero, too little to pay for permuting A)")
-        return order, f"rcm after {self.iterations:,} iterations ({self.scattered:.2f} -> {after:.2f} sectors a nonzero)"
+        return order, (f"rcm after {self.iterations:,} iterations ({self.scattered:.2f} -> {after:.2f} sectors "
+                       "a nonzero)")
 
 
 def _scipy_rcm(A):
