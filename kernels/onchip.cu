@@ -9,12 +9,6 @@
 // form it) live in the block's shared memory, where the team's other blocks read them through
 // distributed shared memory.
 //
-// Thread slots: slot i of a system (i = c * CHUNK + t + k * ONCHIP_BLOCK above) holds the system's row
-// a.order[lo + i] (both counted from the system's first row lo), or row i where a.order is null; a.slot
-// is the inverse. The kernel works in slots throughout (its matrix columns are slots, its shared
-// vectors indexed by slot) and reads b, x0 and the inverse diagonal and writes x at the given rows:
-// the order is invisible outside. solvers/pcg/onchip.py's balanced_order sets it for one block.
-//
 // The matrix: the first ONCHIP_HELD entries of a thread's rows sit in its registers (the warp's rows
 // padded to the warp's longest, with zeros on the row's own column). The rest of a block's rows are
 // laid out as slices of 32 rows (a warp's rows for one k), each slice as many columns wide as its
@@ -237,9 +231,6 @@ __device__ __forceinline__ real_t precondition(const real_t* dinv, int i, real_t
     return dinv ? __ldg(&dinv[i]) * r : r;
 }
 
-// The system's row (counted from its first row lo) in slot i.
-__device__ __forceinline__ int given_row(const OnchipRun& a, int lo, int i) { return a.order ? a.order[lo + i] : i; }
-
 // This thread's rows of a system's matrix. Entry w < held[k] of its k-th row is held_val[k][w] (column
 // held_col[k][w]); entry held[k] + w, w < width[k], is entry e = at[k] + 32 w of the block's slices:
 // val_s[e] below `split` (shared memory), else val_g[e] (global; the pointers are offset by -split),
@@ -293,13 +284,11 @@ __device__ __forceinline__ void lay_out_rows(const OnchipRun& a, int lo, int n, 
                                              bool build_global, TeamScratch& sc, ThreadRows& m) {
     const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
     int begin[ONCHIP_ROWS], length[ONCHIP_ROWS];
-    auto slot_of = [&](int column) { return a.slot ? a.slot[column] : column - lo; };
 #pragma unroll
     for (int k = 0; k < ONCHIP_ROWS; ++k) {
         const int i = first + t + k * ONCHIP_BLOCK;
-        const int row = i < n ? lo + given_row(a, lo, i) : 0;
-        begin[k] = i < n ? a.rowptr[row] : 0;
-        length[k] = i < n ? a.rowptr[row + 1] - begin[k] : 0;
+        begin[k] = i < n ? a.rowptr[lo + i] : 0;
+        length[k] = i < n ? a.rowptr[lo + i + 1] - begin[k] : 0;
         const int longest = __reduce_max_sync(FULL_WARP, length[k]);
         m.held[k] = min(longest, ONCHIP_HELD);
         m.width[k] = longest - m.held[k];
@@ -307,7 +296,7 @@ __device__ __forceinline__ void lay_out_rows(const OnchipRun& a, int lo, int n, 
 #pragma unroll
         for (int w = 0; w < ONCHIP_HELD; ++w) {
             m.held_val[k][w] = w < length[k] ? a.val[begin[k] + w] : real_t(0);
-            m.held_col[k][w] = w < length[k] ? slot_of(a.col[begin[k] + w]) : (i < n ? i : 0);
+            m.held_col[k][w] = w < length[k] ? a.col[begin[k] + w] - lo : (i < n ? i : 0);
         }
     }
     __syncthreads();
@@ -329,7 +318,7 @@ __device__ __forceinline__ void lay_out_rows(const OnchipRun& a, int lo, int n, 
             const int e = m.at[k] + 32 * w, entry = m.held[k] + w;
             if (e >= m.split && !build_global) break;
             const real_t v = entry < length[k] ? a.val[begin[k] + entry] : real_t(0);
-            const int j = entry < length[k] ? slot_of(a.col[begin[k] + entry]) : (i < n ? i : 0);
+            const int j = entry < length[k] ? a.col[begin[k] + entry] - lo : (i < n ? i : 0);
             if (e < m.split) {
                 m.val_s[e] = v, m.col_s[e] = j;
             } else {
@@ -355,8 +344,7 @@ struct SystemRun {
     double b_norm;
     __device__ bool owns(int k) const { return first + t + k * ONCHIP_BLOCK < n; }
     __device__ int own(int k) const { return t + k * ONCHIP_BLOCK; }
-    __device__ int row(int k) const { return lo + given_row(a, lo, first + t + k * ONCHIP_BLOCK); }
-    __device__ int given(int j) const { return lo + given_row(a, lo, j); }  // the row in slot j
+    __device__ int row(int k) const { return lo + first + t + k * ONCHIP_BLOCK; }
     // The stopping rule and iteration limit of a starting system, from its ||b||.
     __device__ void take_rule(double bb, double& tol, int& maxiter) {
         b_norm = sqrt(bb);
@@ -385,14 +373,15 @@ __device__ __forceinline__ int iterate(SystemRun& sr, real_t (&x)[ONCHIP_ROWS]) 
         dv[k] = sr.owns(k) && a.dinv ? a.dinv[sr.row(k)] : real_t(1);
     }
     if (sr.start) {  // r = b - A x0
+        const real_t* x0 = a.x + sr.lo;
         real_t ax[ONCHIP_ROWS];
-        rows_product(sr.m, [&](int j) { return a.x[sr.given(j)]; }, ax);
+        rows_product(sr.m, [&](int j) { return x0[j]; }, ax);
         double bb[1] = {0.0};
 #pragma unroll
         for (int k = 0; k < ONCHIP_ROWS; ++k) {
             if (!sr.owns(k)) continue;
             const real_t bi = a.b[sr.row(k)];
-            x[k] = a.x[sr.row(k)];
+            x[k] = x0[sr.first + sr.own(k)];
             r[k] = bi - ax[k];
             bb[0] += (double)bi * (double)bi;
             if (ONCHIP_TEAM > 1) r_b[CHUNK + sr.own(k)] = r[k], s_b[CHUNK + sr.own(k)] = 0, w_b[CHUNK + sr.own(k)] = 0;
@@ -445,7 +434,7 @@ __device__ __forceinline__ int iterate(SystemRun& sr, real_t (&x)[ONCHIP_ROWS]) 
             const int at = j - (int)owner * CHUNK;
             if (owner == sr.rank) return u_s[at];
             const real_t sj = fma(beta, *team_peer(s_b + theirs + at, owner), *team_peer(w_b + theirs + at, owner));
-            return precondition(a.dinv, sr.given(j), fma(-alpha, sj, *team_peer(r_b + theirs + at, owner)));
+            return precondition(a.dinv, sr.lo + j, fma(-alpha, sj, *team_peer(r_b + theirs + at, owner)));
 #else
             return u_s[j];
 #endif
@@ -511,14 +500,15 @@ __device__ __forceinline__ int iterate(SystemRun& sr, real_t (&x)[ONCHIP_ROWS]) 
         dv[k] = sr.owns(k) && a.dinv ? a.dinv[sr.row(k)] : real_t(1);
     }
     if (sr.start) {  // r = b - A x0, z = M^-1 r, p_old = 0: the set-up pass
+        const real_t* x0 = a.x + sr.lo;
         real_t ax[ONCHIP_ROWS];
-        rows_product(sr.m, [&](int j) { return a.x[sr.given(j)]; }, ax);
+        rows_product(sr.m, [&](int j) { return x0[j]; }, ax);
         double sums[3] = {0.0, 0.0, 0.0};  // b.b, r.z, r.r
 #pragma unroll
         for (int k = 0; k < ONCHIP_ROWS; ++k) {
             if (!sr.owns(k)) continue;
             const real_t bi = a.b[sr.row(k)];
-            x[k] = a.x[sr.row(k)];
+            x[k] = x0[sr.first + sr.own(k)];
             r[k] = bi - ax[k];
             zr(k) = dv[k] * r[k];
             pr(k) = 0;

@@ -202,30 +202,6 @@ def test_slice_capacity_counts_each_block_s_slices_at_their_longest_row():
     assert slice_capacity(rowptr, [0, 74], Shape(64, 1, 2), held=5) == 0
 
 
-def test_one_block_spreads_rows_over_its_warps_by_length_where_that_cuts_the_padding():
-    from solvers.mmio import read_matrix
-    from solvers.pcg.onchip import balanced_order, choose_layout, latency_shape, slice_capacity, slice_widths
-    A = read_matrix(str(__import__("pathlib").Path(__file__).resolve().parent / "data" / "matrices" / "1138_bus.mtx"))
-    lengths, n = np.diff(A.indptr), A.shape[0]
-    shape = latency_shape(n)  # 384 threads, 3 rows a thread: 14 slots hold no row
-    order = balanced_order(lengths, shape)
-    assert np.array_equal(np.sort(order), np.arange(n))
-    given, spread = slice_widths(lengths, shape), slice_widths(lengths[order], shape)
-    assert spread.sum() < 0.5 * given.sum()  # the entries the product walks, padding included
-    assert spread.sum(axis=0).max() < given.sum(axis=0).max()  # the busiest warp's
-    last = np.arange(n) >= 2 * shape.block + (n - 2 * shape.block) // 32 * 32  # the slice of the last slots
-    assert lengths[order[last]].max() <= lengths[order[~last]].min()
-    chosen = choose_layout(A.indptr, [0, n], 8, True)
-    assert np.array_equal(chosen.order, order) and "rows spread over the warps by length" in chosen.describe()
-    assert chosen.entries == slice_capacity(np.r_[0, np.cumsum(lengths[order])], [0, n], shape, chosen.held)
-    assert chosen.entries < slice_capacity(A.indptr, [0, n], shape, chosen.held)
-    # rows about as long as each other, a batch, a cluster: the given order
-    assert balanced_order(np.r_[np.full(880, 9), np.full(20, 6)], latency_shape(900)) is None
-    two = sp.block_diag([A] * 2, format="csr")
-    assert choose_layout(two.indptr, [0, n, 2 * n], 8, False).order is None
-    assert choose_layout(poisson((64, 64)).indptr, [0, 4096], 8, True).order is None
-
-
 def test_auto_kernel_path_follows_size_variant_and_preconditioner():
     from solvers.pcg.onchip import ONCHIP_MAX_ROWS, choose_path
     assert choose_path("auto", ONCHIP_MAX_ROWS)[0] == "on-chip"

@@ -19,7 +19,6 @@ ONCHIP_RUN = Struct("OnchipRun", [
     ("start", "const int*"), ("b", "const real_t*"), ("x", "real_t*"), ("r", "real_t*"), ("z", "real_t*"),
     ("p", "real_t*"), ("s", "real_t*"), ("w", "real_t*"), ("st", "State*"), ("norms", "double*"),
     ("history", "double*"), ("progress", "Progress*"), ("sell_val", "real_t*"), ("sell_col", "int*"),
-    ("order", "const int*"), ("slot", "const int*"),
     ("rtol", "double"), ("atol", "double"), ("maxiter", "int"), ("systems", "int"), ("count", "int"),
     ("fresh", "int"), ("matrix_capacity", "int"), ("matrix_shared", "int")])
 
@@ -54,11 +53,6 @@ ONCHIP_MAX_ROWS = 16384
 # RCM order (19%; there with most of its matrix in global memory).
 ONCHIP_MAX_REMOTE = 0.1
 
-
-# A one-block system's rows are put in order of length over its warps (balanced_order) only where that
-# cuts the entries its product walks (each slice padded to its longest row) by at least this fraction:
-# a smaller cut is within the run-to-run spread, and the given order keeps its gathers' bank pattern.
-BALANCE_MIN_CUT = 0.1
 
 ONCHIP_PRECONDITIONERS = ("jacobi", "none")  # what the kernel applies (an inverse diagonal or nothing)
 
@@ -126,7 +120,6 @@ class Layout:
     entries: int
     in_shared: int
     zp_registers: bool = False
-    order: np.ndarray = dataclasses.field(default=None, compare=False, repr=False)  # balanced_order's, or None
 
     def describe(self):
         if self.entries == 0:
@@ -139,8 +132,7 @@ class Layout:
             where = "in global memory"
         if self.held and self.entries:
             where = f"{self.held} entries a row in registers, the rest {where}"
-        order = ", rows spread over the warps by length" if self.order is not None else ""
-        return f"{self.shape.describe()}{order}, matrix {where}"
+        return f"{self.shape.describe()}, matrix {where}"
 
 
 def row_lengths(rowptr, start):
@@ -174,48 +166,6 @@ def slice_capacity(rowptr, start, shape, held=0):
         shape.chunk // 32)
     block_sums = np.add.reduceat(widths, np.flatnonzero(np.r_[True, np.diff(block_of_slice) != 0]))
     return 32 * int(block_sums.max())
-
-
-def slice_widths(lengths, shape):
-    """The longest row of each slice ``(k, warp)`` of a one-block system whose thread slots (slot
-    ``t + k * block`` of thread ``t``) hold rows of ``lengths`` in turn: the steps of the warp's
-    product loop for that slice, padding included."""
-    padded = np.zeros(shape.chunk, dtype=np.int64)
-    padded[:lengths.size] = lengths
-    return padded.reshape(shape.rows, shape.block // 32, 32).max(axis=2)
-
-
-def balanced_order(lengths, shape):
-    """A one-block system's rows in thread slots so that its product walks fewer padded entries, or None.
-
-    Rows sorted by length fill the slices 32 at a time, so each slice is about as wide as its rows
-    (1138_bus: 314 steps of 32 entries become 139); the shortest fill the slice that holds the last
-    slots (slots at and above ``n`` hold no row), and the others go, widest first, to the warp with
-    the least work so far. Returns ``order`` (the row in each slot) where it cuts the total width by
-    BALANCE_MIN_CUT, else None (the rows stay as given).
-    """
-    lengths = np.asarray(lengths, dtype=np.int64)
-    n, warps = lengths.size, shape.block // 32
-    if shape.team != 1 or n > shape.chunk or n < 64:
-        return None
-    slots = np.arange(n)
-    slice_of = (slots // shape.block) * warps + (slots % shape.block) // 32  # k * warps + warp
-    filled = np.bincount(slice_of, minlength=shape.rows * warps)
-    by_length = np.argsort(-lengths, kind="stable")
-    order = np.empty(n, dtype=np.int64)
-    work = np.zeros(warps, dtype=np.int64)
-    full = [list(np.flatnonzero((filled == 32) & (np.arange(filled.size) % warps == w))) for w in range(warps)]
-    full_rows = 32 * sum(map(len, full))
-    for s in np.flatnonzero((filled > 0) & (filled < 32)):  # at most one slice: the last slots
-        order[slice_of == s] = by_length[full_rows:]
-        work[s % warps] += lengths[by_length[full_rows:]].max()
-    for g in range(full_rows // 32):
-        group = by_length[32 * g:32 * g + 32]
-        warp = min((w for w in range(warps) if full[w]), key=lambda w: (work[w], w))
-        order[slice_of == full[warp].pop(0)] = group
-        work[warp] += lengths[group[0]]
-    given, balanced = slice_widths(lengths, shape).sum(), slice_widths(lengths[order], shape).sum()
-    return order if balanced <= (1 - BALANCE_MIN_CUT) * given else None
 
 
 def shared_vectors(variant, team, zp_registers=False):
@@ -302,16 +252,12 @@ def choose_layout(rowptr, start, itemsize, latency, variant="classic"):
     if not shapes:
         raise InputError(f"a system of {rows:,} rows is too large to solve on chip "
                          f"(at most {MAX_TEAM * 1024 * MAX_ROWS:,})")
-    lengths = row_lengths(rowptr, start)
-    longest = int(lengths.max(initial=0))
+    longest = int(row_lengths(rowptr, start).max(initial=0))
     layouts = []
     for shape in shapes:
         held = held_entries(shape, variant, itemsize, longest) if latency else 0
         zp_registers = not latency and variant == "classic" and shape.team == 1
-        order = balanced_order(lengths, shape) if latency and len(start) == 2 else None
-        entries = (slice_capacity(rowptr, start, shape, held) if order is None else
-                   slice_capacity(np.concatenate(([0], np.cumsum(lengths[order]))), [0, lengths.size], shape, held))
-        layouts.append(Layout(shape, held, entries, 0, zp_registers, order))
+        layouts.append(Layout(shape, held, slice_capacity(rowptr, start, shape, held), 0, zp_registers))
     for layout in layouts:
         if layout_bytes(layout, layout.entries, itemsize, variant) <= SHARED_LIMIT:
             return dataclasses.replace(layout, in_shared=layout.entries)
@@ -377,11 +323,6 @@ class OnChipKernel:
         teams = max(1, min(self.systems, int(per_sm) * sms // self.shape.team))
         self.grid = teams * self.shape.team
         self.workspace = None  # the entries of each block that shared memory cannot hold
-        self.order = None  # the layout's rows in the threads' slots, and each row's slot (the kernel's order, slot)
-        if self.layout.order is not None:
-            slot = np.empty_like(self.layout.order)
-            slot[self.layout.order] = np.arange(slot.size)
-            self.order = tuple(cupy.asarray(v, dtype=np.int32) for v in (self.layout.order, slot))
         if self.layout.in_shared < self.layout.entries:
             entries = self.systems * self.shape.team * (self.layout.entries - self.layout.in_shared)
             self.workspace = (cupy.empty(entries, dtype=np.float64 if real == "double" else np.float32),
@@ -393,9 +334,8 @@ class OnChipKernel:
     def pack(self, **fields):
         """The argument struct (``ONCHIP_RUN``'s fields; the matrix layout is filled in)."""
         val, col = self.workspace or (None, None)
-        order, slot = self.order or (None, None)
         return ONCHIP_RUN.pack(matrix_capacity=self.layout.entries, matrix_shared=self.layout.in_shared,
-                               sell_val=val, sell_col=col, order=order, slot=slot, **fields)
+                               sell_val=val, sell_col=col, **fields)
 
     def launch(self, args, handle=0, stream=None):
         self._function((self.grid,), (self.shape.block,), (args, np.uint64(handle)), shared_mem=self.shared_bytes,
