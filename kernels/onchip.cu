@@ -27,8 +27,9 @@
 // * single-reduction (1), pcg_ref.pcg1_step (Chronopoulos-Gear), one reduction an iteration. u = M^-1 r
 //   is stored for the block's own rows behind a block barrier; at rows of other blocks the product
 //   forms it from their r, s and w of the previous iteration (double-buffered by iteration parity)
-//   with the owners' operations, so it is exactly their u. Shared memory: u, and in a team r, s, w
-//   twice.
+//   and their inverse diagonal, all read through distributed shared memory, with the owners'
+//   operations, so it is exactly their u. Shared memory: u, and in a team r, s, w twice and the
+//   inverse diagonal (a global load there instead cost 0.1-0.3 us an iteration, MEASUREMENTS.md).
 //
 // A reduction adds lanes by a butterfly (every lane ends with the same bits), then the warps' totals
 // the same way: in one block every warp adds them itself, behind one block barrier (gr_900 0.64 us an
@@ -66,7 +67,7 @@
 #define HELD_SIZE (ONCHIP_HELD > 0 ? ONCHIP_HELD : 1)
 // Vectors of CHUNK entries in a block's shared memory, ahead of its matrix slices.
 #if ONCHIP_SINGLE
-#define SHARED_VECTORS (ONCHIP_TEAM > 1 ? 7 : 1)
+#define SHARED_VECTORS (ONCHIP_TEAM > 1 ? 8 : 1)
 #else
 #define SHARED_VECTORS (ONCHIP_ZP_REGISTERS ? 1 : 3)
 #endif
@@ -224,13 +225,6 @@ __device__ __forceinline__ void team_sums(double (&v)[K], TeamScratch& sc, int& 
 #endif
 }
 
-// z = M^-1 r at row i of the stacked systems (Jacobi when dinv is set, else the identity), for rows
-// of other blocks; a thread's own rows keep their inverse diagonal in registers (1 without Jacobi,
-// which gives the same bits).
-__device__ __forceinline__ real_t precondition(const real_t* dinv, int i, real_t r) {
-    return dinv ? __ldg(&dinv[i]) * r : r;
-}
-
 // This thread's rows of a system's matrix. Entry w < held[k] of its k-th row is held_val[k][w] (column
 // held_col[k][w]); entry held[k] + w, w < width[k], is entry e = at[k] + 32 w of the block's slices:
 // val_s[e] below `split` (shared memory), else val_g[e] (global; the pointers are offset by -split),
@@ -363,6 +357,8 @@ __device__ __forceinline__ int iterate(SystemRun& sr, real_t (&x)[ONCHIP_ROWS]) 
     real_t* r_b = sr.vec + CHUNK;  // r, s, w of iteration parity q at [q * CHUNK] (a team only)
     real_t* s_b = sr.vec + 3 * CHUNK;
     real_t* w_b = sr.vec + 5 * CHUNK;
+    // The inverse diagonal of the block's rows (a team only; 1 without Jacobi, which gives the same bits).
+    real_t* d_s = sr.vec + 7 * CHUNK;
     real_t p[ONCHIP_ROWS], r[ONCHIP_ROWS], s[ONCHIP_ROWS], w[ONCHIP_ROWS], dv[ONCHIP_ROWS];
     State ls = {};  // the decisions' state: tol, maxiter, rz, alpha, beta, pq
     int it, status = RUNNING;
@@ -371,6 +367,7 @@ __device__ __forceinline__ int iterate(SystemRun& sr, real_t (&x)[ONCHIP_ROWS]) 
     for (int k = 0; k < ONCHIP_ROWS; ++k) {
         x[k] = p[k] = r[k] = s[k] = w[k] = 0;
         dv[k] = sr.owns(k) && a.dinv ? a.dinv[sr.row(k)] : real_t(1);
+        if (ONCHIP_TEAM > 1 && sr.owns(k)) d_s[sr.own(k)] = dv[k];  // the others read it after the next team barrier
     }
     if (sr.start) {  // r = b - A x0
         const real_t* x0 = a.x + sr.lo;
@@ -434,7 +431,7 @@ __device__ __forceinline__ int iterate(SystemRun& sr, real_t (&x)[ONCHIP_ROWS]) 
             const int at = j - (int)owner * CHUNK;
             if (owner == sr.rank) return u_s[at];
             const real_t sj = fma(beta, *team_peer(s_b + theirs + at, owner), *team_peer(w_b + theirs + at, owner));
-            return precondition(a.dinv, sr.lo + j, fma(-alpha, sj, *team_peer(r_b + theirs + at, owner)));
+            return *team_peer(d_s + at, owner) * fma(-alpha, sj, *team_peer(r_b + theirs + at, owner));
 #else
             return u_s[j];
 #endif

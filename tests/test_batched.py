@@ -188,6 +188,23 @@ def test_one_system_holds_its_first_entries_in_registers_a_batch_none():
     assert held_entries(shape, "classic", 8, 2) == 2  # never more than the longest row
 
 
+def test_auto_runs_classic_on_chip_only_in_one_block_holding_whole_rows_in_registers():
+    from solvers.mmio import read_matrix
+    from solvers.pcg.onchip import auto_variant
+    data = __import__("pathlib").Path(__file__).resolve().parent / "data" / "matrices"
+
+    def auto(A, itemsize=8):
+        return auto_variant(A.indptr, [0, A.shape[0]], itemsize)
+
+    assert auto(read_matrix(str(data / "gr_900_900_crg.mtx"))) == "classic"  # one block, 9 entries a row held
+    assert auto(poisson((32, 32))) == "classic"
+    assert auto(read_matrix(str(data / "1138_bus.mtx"))) == "single-reduction"  # rows of up to 18, 8 held
+    assert auto(poisson((64, 64))) == auto(poisson((128, 128))) == "single-reduction"  # clusters
+    # single-reduction's vectors would push the matrix out to global memory, or do not fit at all
+    assert auto(poisson((200, 200))) == "classic" and auto(poisson((200, 200)), itemsize=4) == "single-reduction"
+    assert auto(poisson((256, 256))) == "classic"
+
+
 def test_slice_capacity_counts_each_block_s_slices_at_their_longest_row():
     from solvers.pcg.onchip import Shape, slice_capacity
     lengths = np.r_[np.full(31, 2), 5, np.full(32, 3), np.full(10, 1)]  # 74 rows: slices of 32, 32, 10

@@ -25,7 +25,9 @@ def test_auto_takes_the_on_chip_path_for_small_systems_and_says_so(cupy):
     from solvers.pcg.onchip import ONCHIP_MAX_ROWS
     small = solvers.PCG(poisson((32, 32)), device="gpu")
     assert small.path == "on-chip" and "on chip" in small.format and "rows <=" in small.path_note
-    assert small.variant == "classic"  # auto on chip (single-reduction on the grid path)
+    assert small.variant == "classic"  # one block, whole rows in registers (auto_variant)
+    cluster = solvers.PCG(poisson((64, 64)), device="gpu")
+    assert cluster.variant == "single-reduction" and "cluster of 8" in cluster.format
     side = int(np.sqrt(ONCHIP_MAX_ROWS)) + 1
     assert solvers.PCG(poisson((side, side)), device="gpu").path == "grid"
     single = solvers.PCG(poisson((32, 32)), device="gpu", variant="single-reduction")

@@ -171,10 +171,10 @@ def slice_capacity(rowptr, start, shape, held=0):
 def shared_vectors(variant, team, zp_registers=False):
     """Vectors of a block's rows in its shared memory: classic z and two directions (only the new
     direction with z and the previous one in registers); single-reduction u, and in a cluster r, s
-    and w of two iterations (what the other blocks form u from)."""
+    and w of two iterations and the inverse diagonal (what the other blocks form u from)."""
     if variant == "classic":
         return 1 if zp_registers else 3
-    return 7 if team > 1 else 1
+    return 8 if team > 1 else 1
 
 
 def shared_bytes(shape, entries, itemsize, variant="classic", zp_registers=False):
@@ -269,6 +269,28 @@ def choose_layout(rowptr, start, itemsize, latency, variant="classic"):
                      f"({variant} PCG on chip)")
 
 
+def auto_variant(rowptr, start, itemsize):
+    """``auto``'s PCG variant for one system on chip: classic in one block whose rows classic holds
+    whole in registers, else single-reduction where its layout keeps the matrix on chip.
+
+    In a cluster single-reduction's one reduction saves more than its extra work costs (other
+    blocks' u formed from four vectors read in their shared memory); in one block classic's second
+    reduction is cheap and its fewer vectors leave registers for whole rows, but where rows spill
+    into shared memory anyway single-reduction was faster. H200, float64, Jacobi, us per iteration,
+    classic / single-reduction: Poisson 64^2 (cluster of 8) 2.52 / 2.24, lap2D_5pt_n100 (10) 2.98 /
+    2.95, Poisson 128^2 (16) 2.90 / 2.81; one block: gr_900_900_crg (whole rows in registers) 1.72 /
+    2.30, 1138_bus (8 of up to 18 entries in registers) 2.67 / 2.44 (MEASUREMENTS.md).
+    """
+    classic = choose_layout(rowptr, start, itemsize, True, "classic")
+    if classic.shape.team == 1 and classic.entries == 0:
+        return "classic"
+    try:
+        single = choose_layout(rowptr, start, itemsize, True, "single-reduction")
+    except InputError:
+        return "classic"
+    return "single-reduction" if single.in_shared == single.entries else "classic"
+
+
 def kernel_program(layout, variant, real, min_blocks):
     """Arguments of :func:`kernels.module` for the on-chip kernel of ``layout`` (a :class:`Layout`)
     running ``variant`` in ``real`` ("double" or "float"), ``min_blocks`` blocks an SM."""
@@ -348,19 +370,18 @@ class OnChipPCG(GPUPCG):
 
     The engine, buffers, input checks and true residual are GPUPCG's; a launch runs
     up to ``unroll`` iterations (by default the whole solve), and a solve's first
-    launch does the set-up pass itself. ``auto`` runs classic PCG: with a cluster's
-    totals pushed onto mbarriers its second reduction costs less than single-reduction's
-    extra work (three vectors read at other blocks' rows, fewer matrix entries in
-    registers), and it measured as fast or faster on four of five small matrices
-    (MEASUREMENTS.md).
+    launch does the set-up pass itself. ``auto`` runs :func:`auto_variant`'s choice.
     """
 
     default_unroll = 2**31 - 1
 
     def _choose_variant(self, M):
-        variant = "classic" if self.requested_variant == "auto" else super()._choose_variant(M)
-        self.onchip = OnChipKernel(M.indptr.get(), np.array([0, M.shape[0]]), kernels.ctype(self.dtype),
-                                   latency=True, variant=variant)
+        rowptr, start, real = M.indptr.get(), np.array([0, M.shape[0]]), kernels.ctype(self.dtype)
+        if self.requested_variant == "auto":
+            variant = auto_variant(rowptr, start, 8 if real == "double" else 4)
+        else:
+            variant = super()._choose_variant(M)
+        self.onchip = OnChipKernel(rowptr, start, real, latency=True, variant=variant)
         return variant
 
     def _setup(self, A):
