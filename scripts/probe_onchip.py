@@ -41,6 +41,7 @@ DATA = pathlib.Path(__file__).resolve().parent.parent / "tests" / "data" / "matr
 LAYOUTS = {  # (block threads, rows a thread, blocks a cluster)
     "gr_900_900_crg": [(480, 2, 1), (256, 4, 1), (320, 3, 1), (128, 8, 1)],
     "1138_bus": [(384, 3, 1), (256, 5, 1), (288, 4, 1), (192, 6, 1)],
+    "2D Poisson 48^2": [(160, 1, 15), (512, 1, 5)],
     "2D Poisson 64^2": [(512, 1, 8), (256, 2, 8), (256, 1, 16), (128, 4, 8)],
     "lap2D_5pt_n100": [(512, 2, 10), (256, 4, 10), (256, 3, 14), (320, 2, 16), (640, 1, 16)],
     "2D Poisson 128^2": [(512, 2, 16), (256, 4, 16), (1024, 1, 16)],
@@ -155,7 +156,7 @@ def layouts(iterations, names):
             continue
         A = matrix(name)
         for shape, variant in itertools.product(shapes, onchip.VARIANTS):
-            onchip.latency_shape = lambda rows, s=shape: onchip.Shape(*s)
+            onchip.latency_shape = lambda rows, pattern=None, s=shape: onchip.Shape(*s)
             try:
                 layout, us = per_iteration(A, iterations, variant=variant)
                 print(f"| {name} | {shape} | {layout} | {us:.2f} |", flush=True)

@@ -160,8 +160,8 @@ def test_on_chip_layouts_follow_size_and_shared_memory():
 
     assert layout(read_matrix(str(data / "gr_900_900_crg.mtx"))) == (480, 2, 1, True)
     assert layout(read_matrix(str(data / "1138_bus.mtx"))) == (384, 3, 1, True)
-    assert layout(poisson((64, 64))) == (512, 1, 8, True)
-    assert layout(poisson((100, 100))) == (512, 2, 10, True)
+    assert layout(poisson((64, 64))) == (256, 1, 16, True)  # a row a thread on 16 blocks
+    assert layout(poisson((100, 100))) == (640, 1, 16, True)
     assert layout(poisson((128, 128))) == (512, 2, 16, True)
     assert layout(poisson((256, 256))) == (1024, 4, 16, False)   # part of the matrix in global memory
     assert layout(variable_diffusion(np.ones((32, 32))), latency=False, count=3) == (128, 8, 1, True)
@@ -186,6 +186,25 @@ def test_one_system_holds_its_first_entries_in_registers_a_batch_none():
     assert held_entries(shape, "single-reduction", 8, 9) < held_entries(shape, "single-reduction", 4, 9)
     assert held_entries(latency_shape(60_000), "classic", 8, 5) == 0  # 1,024 threads: 64 registers each
     assert held_entries(shape, "classic", 8, 2) == 2  # never more than the longest row
+
+
+def test_one_row_a_thread_on_16_blocks_unless_that_reads_too_much_from_other_blocks():
+    from solvers.pcg.onchip import ONCHIP_MAX_REMOTE, Shape, choose_path, latency_shape, remote_fraction
+
+    def pattern(A):
+        return A.indptr, A.indices
+
+    five = poisson((64, 64))  # 256 rows a block: 4 grid lines, the outer two read a line of a neighbour
+    assert latency_shape(4096, pattern(five)) == latency_shape(4096) == Shape(256, 1, 16)
+    assert 0.09 < remote_fraction(*pattern(five), Shape(256, 1, 16)) <= ONCHIP_MAX_REMOTE
+    # a 9-point stencil reads three entries of a neighbour's line: 512 rows a block instead
+    nine = (sp.kron(sp.eye(64), poisson((64,))) + sp.kron(poisson((64,)), sp.eye(64))
+            + sp.kron(sp.diags([1, 1], [-1, 1], (64, 64)), sp.diags([1, 1], [-1, 1], (64, 64)))).tocsr()
+    assert nine.nnz == (3 * 64 - 2) ** 2
+    assert remote_fraction(*pattern(nine), Shape(256, 1, 16)) > ONCHIP_MAX_REMOTE
+    assert latency_shape(4096, pattern(nine)) == Shape(512, 1, 8)
+    assert choose_path("auto", 4096, A=nine)[0] == "on-chip"
+    assert latency_shape(10_000) == Shape(640, 1, 16) and latency_shape(10_241) == Shape(512, 2, 11)
 
 
 def test_auto_runs_classic_on_chip_only_in_one_block_holding_whole_rows_in_registers():
@@ -222,7 +241,7 @@ def test_slice_capacity_counts_each_block_s_slices_at_their_longest_row():
 def test_auto_kernel_path_follows_size_variant_and_preconditioner():
     from solvers.pcg.onchip import ONCHIP_MAX_ROWS, choose_path
     assert choose_path("auto", ONCHIP_MAX_ROWS)[0] == "on-chip"
-    stencil = poisson((100, 100))  # a cluster of 10 blocks: 4% of the entries in another block
+    stencil = poisson((100, 100))  # a cluster of 16 blocks: 6% of the entries in another block
     assert choose_path("auto", 10_000, A=stencil)[0] == "on-chip"
     shuffled = np.random.default_rng(0).permutation(10_000)
     path, note = choose_path("auto", 10_000, A=stencil[shuffled][:, shuffled].tocsr())

@@ -27,7 +27,7 @@ def test_auto_takes_the_on_chip_path_for_small_systems_and_says_so(cupy):
     assert small.path == "on-chip" and "on chip" in small.format and "rows <=" in small.path_note
     assert small.variant == "classic"  # one block, whole rows in registers (auto_variant)
     cluster = solvers.PCG(poisson((64, 64)), device="gpu")
-    assert cluster.variant == "single-reduction" and "cluster of 8" in cluster.format
+    assert cluster.variant == "single-reduction" and "cluster of 16 blocks of 256 threads" in cluster.format
     side = int(np.sqrt(ONCHIP_MAX_ROWS)) + 1
     assert solvers.PCG(poisson((side, side)), device="gpu").path == "grid"
     single = solvers.PCG(poisson((32, 32)), device="gpu", variant="single-reduction")
@@ -81,7 +81,7 @@ def test_on_chip_iterations_follow_the_numpy_reference(cupy, matrices_dir, varia
 def test_other_on_chip_layouts_follow_the_numpy_reference(cupy, monkeypatch, shape):
     from solvers.kernels.onchip_ref import solve_system
     from solvers.pcg import onchip
-    monkeypatch.setattr(onchip, "latency_shape", lambda rows: onchip.Shape(*shape))
+    monkeypatch.setattr(onchip, "latency_shape", lambda rows, pattern=None: onchip.Shape(*shape))
     block, rows, team = shape
     n = block * rows * team - 37  # the last block's last rows absent
     A = variable_diffusion(np.exp(np.random.default_rng(8).normal(size=(n // 50, 50))))

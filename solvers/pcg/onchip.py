@@ -25,6 +25,7 @@ ONCHIP_RUN = Struct("OnchipRun", [
 MAX_TEAM = 16          # blocks a system: the largest cluster (above 8 a non-portable size)
 PORTABLE_TEAM = 8
 MAX_ROWS = 8           # rows a thread keeps in registers
+ONE_ROW_BLOCK = 640    # the largest block of latency_shape's one row a thread (registers then hold whole 5-point rows)
 # Shared memory a block may use (H200: 227 KiB), less a margin for alignment.
 SHARED_LIMIT = 227 * 1024 - 256
 SM_SHARED = 228 * 1024  # shared memory of an SM
@@ -47,31 +48,35 @@ PATHS = ("auto", "grid", "on-chip")
 # 6.61, 1138_bus 2.97 / 6.45, Poisson 64^2 2.50 / 5.59, lap2D_5pt_n100 2.98 / 5.70, Poisson 128^2 2.91 /
 # 5.77; above, Poisson 256^2 11.1 / 6.69.
 ONCHIP_MAX_ROWS = 16384
-# ... and only while nearly all of a cluster's product reads stay in the reading block: Poisson 128^2
-# (5% of its entries read from another block of the cluster) runs 2x faster on chip than on the grid;
-# the 3-D geometric graph of 50,000 rows was 18x slower numbered at random (86%) and 4.7x slower in
-# RCM order (19%; there with most of its matrix in global memory).
-ONCHIP_MAX_REMOTE = 0.1
+# ... and only while nearly all of a cluster's product reads stay in the reading block: Poisson 64^2
+# (10% of its entries read from another block of the cluster) and 128^2 (5%) run 2x faster on chip than
+# on the grid; the 3-D geometric graph of 50,000 rows was 18x slower numbered at random (86%) and 4.7x
+# slower in RCM order (19%; there with most of its matrix in global memory).
+ONCHIP_MAX_REMOTE = 0.15
 
 
 ONCHIP_PRECONDITIONERS = ("jacobi", "none")  # what the kernel applies (an inverse diagonal or nothing)
 
 
-def remote_fraction(A):
-    """The fraction of ``A``'s entries (CSR, host or device) whose column another block of the cluster
-    holds, in :func:`latency_shape`'s layout (0 for one block)."""
-    n = A.shape[0]
-    chunk = latency_shape(n).chunk
-    if n <= chunk or not A.nnz:
+def remote_fraction(indptr, indices, shape):
+    """The fraction of a CSR pattern's entries (host arrays) whose column another block of ``shape``'s
+    cluster holds (0 for one block)."""
+    n = indptr.size - 1
+    if n <= shape.chunk or not indices.size:
         return 0.0
-    indptr, indices = (np.asarray(v.get() if hasattr(v, "get") else v) for v in (A.indptr, A.indices))
     rows = np.repeat(np.arange(n), np.diff(indptr))
-    return float(np.mean(rows // chunk != indices // chunk))
+    return float(np.mean(rows // shape.chunk != indices // shape.chunk))
+
+
+def host_pattern(A):
+    """``(indptr, indices)`` of a CSR matrix (host or device) as host arrays."""
+    return tuple(np.asarray(v.get() if hasattr(v, "get") else v) for v in (A.indptr, A.indices))
 
 
 def choose_path(path, n, variant="auto", preconditioner="jacobi", A=None):
     """``(path, note)``: the GPU kernel for ``n`` rows, ``grid`` or ``on-chip`` (``path`` "auto" or one of
-    them); with the matrix ``A`` (CSR), auto also weighs where its product reads fall (:func:`remote_fraction`).
+    them); with the matrix ``A`` (CSR), auto also weighs where its product reads fall (:func:`remote_fraction`
+    in :func:`latency_shape`'s layout).
     Both PCG variants run on either path; ``variant`` is the one asked for."""
     if path not in PATHS:
         raise InputError(f"path must be one of {', '.join(PATHS)}, not {path!r}")
@@ -83,7 +88,10 @@ def choose_path(path, n, variant="auto", preconditioner="jacobi", A=None):
         return "grid", f"auto: the on-chip path applies Jacobi or no preconditioner, not {preconditioner!r}"
     if n > ONCHIP_MAX_ROWS:
         return "grid", f"auto: {n:,} rows > {ONCHIP_MAX_ROWS:,}, the whole GPU"
-    remote = remote_fraction(A) if A is not None and hasattr(A, "indptr") else 0.0
+    remote = 0.0
+    if A is not None and hasattr(A, "indptr"):
+        pattern = host_pattern(A)
+        remote = remote_fraction(*pattern, latency_shape(n, pattern))
     if remote > ONCHIP_MAX_REMOTE:
         return "grid", (f"auto: {remote:.0%} of the entries would be read from another block of a cluster "
                         f"(> {ONCHIP_MAX_REMOTE:.0%}), the whole GPU")
@@ -200,16 +208,24 @@ def held_entries(shape, variant, itemsize, longest):
     return int(max(0, min(longest, room // ((words + 1) * shape.rows))))
 
 
-def latency_shape(rows):
+def latency_shape(rows, pattern=None):
     """The layout that solves one system of ``rows`` rows fastest (measured on the H200, see
-    MEASUREMENTS.md): one block of up to 512 threads up to 2,048 rows; above, a cluster of blocks
-    of 512 threads (1,024 above 16,384 rows), as many as give each thread one row, up to 16, and
-    then the fewest blocks for the rows a thread must hold. (Blocks of 256 threads were faster at
-    4,096 rows, 2.36 against 2.50 us, but double the entries read from other blocks that
-    :func:`choose_path` weighs.)"""
+    MEASUREMENTS.md): one block of up to 512 threads up to 2,048 rows; above, a cluster of 16 blocks
+    of one row a thread while that takes at most ONE_ROW_BLOCK threads a block; else, or where its
+    smaller blocks would read more than ONCHIP_MAX_REMOTE of the entries of the system's CSR
+    ``pattern`` (host ``(indptr, indices)``, where given) from other blocks, blocks of 512 threads
+    (1,024 above 16,384 rows), as many as give each thread one row, up to 16, and then the fewest
+    blocks for the rows a thread must hold. (Poisson 64^2, us an iteration, classic /
+    single-reduction: 16 blocks of 256 threads 2.23 / 2.05, 8 of 512 2.39 / 2.16; lap2D_5pt_n100:
+    16 of 640 2.75 / 2.24, 10 of 512 with 2 rows a thread 2.89 / 2.86; Poisson 128^2: 16 of 512 with
+    2 rows 2.80 / 2.74, 16 of 1,024 3.29 / 3.06.)"""
     if rows <= 2048:
         per_thread = -(-rows // 512)
         return Shape(max(32, -(-rows // (32 * per_thread)) * 32), per_thread, 1)
+    block = -(-rows // (32 * MAX_TEAM)) * 32
+    one_row = Shape(block, 1, -(-rows // block))
+    if block <= ONE_ROW_BLOCK and (pattern is None or remote_fraction(*pattern, one_row) <= ONCHIP_MAX_REMOTE):
+        return one_row
     block = 512 if rows <= 2 * 512 * MAX_TEAM else 1024
     team = min(MAX_TEAM, -(-rows // block))
     per_thread = -(-rows // (team * block))
@@ -221,7 +237,7 @@ def layout_bytes(layout, entries, itemsize, variant):
     return shared_bytes(layout.shape, entries, itemsize, variant, layout.zp_registers) + scratch_bytes(layout.shape)
 
 
-def candidate_shapes(rows, latency):
+def candidate_shapes(rows, latency, pattern=None):
     """Layouts for systems of up to ``rows`` rows, in order of preference.
 
     A batch (throughput) wants one block a system with as many rows a thread as
@@ -235,20 +251,22 @@ def candidate_shapes(rows, latency):
     if not latency and rows <= 256 * MAX_ROWS:
         block = max(32, -(-rows // (32 * MAX_ROWS)) * 32)
         shapes.append(Shape(block, -(-rows // block), 1))
-    shape = latency_shape(rows)
+    shape = latency_shape(rows, pattern)
     if shape.rows <= MAX_ROWS:
         shapes.append(shape)
     return shapes
 
 
-def choose_layout(rowptr, start, itemsize, latency, variant="classic"):
+def choose_layout(rowptr, start, itemsize, latency, variant="classic", indices=None):
     """The first candidate :class:`Layout` whose vectors and matrix fit in a block's shared memory
     (after what one system's threads hold in registers), else the first whose vectors do, the
     rest of its matrix in a global workspace. A batch holds no entries in registers (several
     blocks share an SM) but, in one block, classic PCG's z and previous direction (one shared
-    vector instead of three: more blocks an SM)."""
+    vector instead of three: more blocks an SM). ``indices``: one system's CSR columns, which
+    :func:`latency_shape` weighs."""
     rows = int(np.diff(np.asarray(start)).max())
-    shapes = candidate_shapes(rows, latency)
+    pattern = (np.asarray(rowptr), np.asarray(indices)) if indices is not None else None
+    shapes = candidate_shapes(rows, latency, pattern)
     if not shapes:
         raise InputError(f"a system of {rows:,} rows is too large to solve on chip "
                          f"(at most {MAX_TEAM * 1024 * MAX_ROWS:,})")
@@ -269,7 +287,7 @@ def choose_layout(rowptr, start, itemsize, latency, variant="classic"):
                      f"({variant} PCG on chip)")
 
 
-def auto_variant(rowptr, start, itemsize):
+def auto_variant(rowptr, start, itemsize, indices=None):
     """``auto``'s PCG variant for one system on chip: classic in one block whose rows classic holds
     whole in registers, else single-reduction where its layout keeps the matrix on chip.
 
@@ -281,11 +299,11 @@ def auto_variant(rowptr, start, itemsize):
     2.95, Poisson 128^2 (16) 2.90 / 2.81; one block: gr_900_900_crg (whole rows in registers) 1.72 /
     2.30, 1138_bus (8 of up to 18 entries in registers) 2.67 / 2.44 (MEASUREMENTS.md).
     """
-    classic = choose_layout(rowptr, start, itemsize, True, "classic")
+    classic = choose_layout(rowptr, start, itemsize, True, "classic", indices)
     if classic.shape.team == 1 and classic.entries == 0:
         return "classic"
     try:
-        single = choose_layout(rowptr, start, itemsize, True, "single-reduction")
+        single = choose_layout(rowptr, start, itemsize, True, "single-reduction", indices)
     except InputError:
         return "classic"
     return "single-reduction" if single.in_shared == single.entries else "classic"
@@ -317,13 +335,15 @@ class OnChipKernel:
         not fit there in a global workspace this object holds.
     variant : {"classic", "single-reduction"}
         The PCG iteration the kernel runs.
+    indices : host int array, optional
+        One system's CSR columns (:func:`latency_shape` weighs its reads from other blocks).
     """
 
-    def __init__(self, rowptr, start, real="double", latency=False, variant="classic"):
+    def __init__(self, rowptr, start, real="double", latency=False, variant="classic", indices=None):
         import cupy
         itemsize = 8 if real == "double" else 4
         self.variant = variant
-        self.layout = choose_layout(rowptr, start, itemsize, latency, variant)
+        self.layout = choose_layout(rowptr, start, itemsize, latency, variant, indices)
         self.shape = self.layout.shape
         self.shared_bytes = shared_bytes(self.shape, self.layout.in_shared, itemsize, self.variant,
                                          self.layout.zp_registers)
@@ -376,12 +396,12 @@ class OnChipPCG(GPUPCG):
     default_unroll = 2**31 - 1
 
     def _choose_variant(self, M):
-        rowptr, start, real = M.indptr.get(), np.array([0, M.shape[0]]), kernels.ctype(self.dtype)
+        (rowptr, indices), start, real = host_pattern(M), np.array([0, M.shape[0]]), kernels.ctype(self.dtype)
         if self.requested_variant == "auto":
-            variant = auto_variant(rowptr, start, 8 if real == "double" else 4)
+            variant = auto_variant(rowptr, start, 8 if real == "double" else 4, indices)
         else:
             variant = super()._choose_variant(M)
-        self.onchip = OnChipKernel(rowptr, start, real, latency=True, variant=variant)
+        self.onchip = OnChipKernel(rowptr, start, real, latency=True, variant=variant, indices=indices)
         return variant
 
     def _setup(self, A):
