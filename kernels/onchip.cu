@@ -29,7 +29,7 @@
 //   forms it from their r, s and w of the previous iteration (double-buffered by iteration parity)
 //   and their inverse diagonal, all read through distributed shared memory, with the owners'
 //   operations, so it is exactly their u. Shared memory: u, and in a team r, s, w twice and the
-//   inverse diagonal (a global load there instead cost 0.1-0.3 us an iteration, MEASUREMENTS.md).
+//   inverse diagonal (a global load there instead cost 0.2-0.3 us an iteration, MEASUREMENTS.md).
 //
 // A reduction adds lanes by a butterfly (every lane ends with the same bits), then the warps' totals
 // the same way: in one block every warp adds them itself, behind one block barrier (gr_900 0.64 us an

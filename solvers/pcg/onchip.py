@@ -43,10 +43,10 @@ VARIANTS = ("classic", "single-reduction")
 
 
 PATHS = ("auto", "grid", "on-chip")
-# auto takes the on-chip path up to this many rows. H200, float64, Jacobi, classic, us per iteration on
-# chip / on the grid (scripts/results/small_2026-11-30_1956_*, layouts of latency_shape): gr_900 1.86 /
-# 6.61, 1138_bus 2.97 / 6.45, Poisson 64^2 2.50 / 5.59, lap2D_5pt_n100 2.98 / 5.70, Poisson 128^2 2.91 /
-# 5.77; above, Poisson 256^2 11.1 / 6.69.
+# auto takes the on-chip path up to this many rows. H200, float64, Jacobi, auto's variant, us per
+# iteration on chip / on the grid (scripts/results/small_2026-12-01_0001_*, layouts of latency_shape):
+# gr_900 1.86 / 6.37, 1138_bus 2.38 / 5.29, Poisson 64^2 1.97 / 5.10, lap2D_5pt_n100 2.16 / 5.30,
+# Poisson 128^2 2.65 / 5.11; above, Poisson 256^2 10.8 / 5.85.
 ONCHIP_MAX_ROWS = 16384
 # ... and only while nearly all of a cluster's product reads stay in the reading block: Poisson 64^2
 # (10% of its entries read from another block of the cluster) and 128^2 (5%) run 2x faster on chip than
