@@ -25,7 +25,7 @@ ONCHIP_RUN = Struct("OnchipRun", [
 MAX_TEAM = 16          # blocks a system: the largest cluster (above 8 a non-portable size)
 PORTABLE_TEAM = 8
 MAX_ROWS = 8           # rows a thread keeps in registers
-ONE_ROW_BLOCK = 640    # the largest block of latency_shape's one row a thread (registers then hold whole 5-point rows)
+ONE_ROW_BLOCK = 640    # the largest block of latency_shape's one row a thread (the largest measured: lap2D_5pt_n100)
 # Shared memory a block may use (H200: 227 KiB), less a margin for alignment.
 SHARED_LIMIT = 227 * 1024 - 256
 SM_SHARED = 228 * 1024  # shared memory of an SM
@@ -295,9 +295,10 @@ def auto_variant(rowptr, start, itemsize, indices=None):
     blocks' u formed from four vectors read in their shared memory); in one block classic's second
     reduction is cheap and its fewer vectors leave registers for whole rows, but where rows spill
     into shared memory anyway single-reduction was faster. H200, float64, Jacobi, us per iteration,
-    classic / single-reduction: Poisson 64^2 (cluster of 8) 2.52 / 2.24, lap2D_5pt_n100 (10) 2.98 /
-    2.95, Poisson 128^2 (16) 2.90 / 2.81; one block: gr_900_900_crg (whole rows in registers) 1.72 /
-    2.30, 1138_bus (8 of up to 18 entries in registers) 2.67 / 2.44 (MEASUREMENTS.md).
+    classic / single-reduction, layouts of :func:`latency_shape`: Poisson 64^2 (16 blocks) 2.23 /
+    2.05, lap2D_5pt_n100 (16) 2.75 / 2.24, Poisson 128^2 (16) 2.80 / 2.74; one block: 1138_bus (8 of
+    up to 18 entries in registers) 2.81 / 2.49, gr_900_900_crg (whole rows in registers) 1.72 / 2.30
+    (MEASUREMENTS.md).
     """
     classic = choose_layout(rowptr, start, itemsize, True, "classic", indices)
     if classic.shape.team == 1 and classic.entries == 0:
