@@ -161,6 +161,7 @@ def test_on_chip_layouts_follow_size_and_shared_memory():
     assert layout(read_matrix(str(data / "gr_900_900_crg.mtx"))) == (480, 2, 1, True)
     assert layout(read_matrix(str(data / "1138_bus.mtx"))) == (384, 3, 1, True)
     assert layout(poisson((64, 64))) == (256, 1, 16, True)  # a row a thread on 16 blocks
+    assert layout(poisson((64, 64)), latency=False, count=2) == (512, 1, 8, True)  # a batch: cluster_shape
     assert layout(poisson((100, 100))) == (640, 1, 16, True)
     assert layout(poisson((128, 128))) == (512, 2, 16, True)
     assert layout(poisson((256, 256))) == (1024, 4, 16, False)   # part of the matrix in global memory

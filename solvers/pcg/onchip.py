@@ -213,12 +213,10 @@ def latency_shape(rows, pattern=None):
     MEASUREMENTS.md): one block of up to 512 threads up to 2,048 rows; above, a cluster of 16 blocks
     of one row a thread while that takes at most ONE_ROW_BLOCK threads a block; else, or where its
     smaller blocks would read more than ONCHIP_MAX_REMOTE of the entries of the system's CSR
-    ``pattern`` (host ``(indptr, indices)``, where given) from other blocks, blocks of 512 threads
-    (1,024 above 16,384 rows), as many as give each thread one row, up to 16, and then the fewest
-    blocks for the rows a thread must hold. (Poisson 64^2, us an iteration, classic /
-    single-reduction: 16 blocks of 256 threads 2.23 / 2.05, 8 of 512 2.39 / 2.16; lap2D_5pt_n100:
-    16 of 640 2.75 / 2.24, 10 of 512 with 2 rows a thread 2.89 / 2.86; Poisson 128^2: 16 of 512 with
-    2 rows 2.80 / 2.74, 16 of 1,024 3.29 / 3.06.)"""
+    ``pattern`` (host ``(indptr, indices)``, where given) from other blocks, :func:`cluster_shape`.
+    (Poisson 64^2, us an iteration, classic / single-reduction: 16 blocks of 256 threads 2.23 / 2.05,
+    8 of 512 2.39 / 2.16; lap2D_5pt_n100: 16 of 640 2.75 / 2.24, 10 of 512 with 2 rows a thread 2.89 /
+    2.86; Poisson 128^2: 16 of 512 with 2 rows 2.80 / 2.74, 16 of 1,024 3.29 / 3.06.)"""
     if rows <= 2048:
         per_thread = -(-rows // 512)
         return Shape(max(32, -(-rows // (32 * per_thread)) * 32), per_thread, 1)
@@ -226,6 +224,14 @@ def latency_shape(rows, pattern=None):
     one_row = Shape(block, 1, -(-rows // block))
     if block <= ONE_ROW_BLOCK and (pattern is None or remote_fraction(*pattern, one_row) <= ONCHIP_MAX_REMOTE):
         return one_row
+    return cluster_shape(rows)
+
+
+def cluster_shape(rows):
+    """A cluster of blocks of 512 threads (1,024 above 16,384 rows) for a system of more than 2,048
+    rows: as many blocks as give each thread one row, up to 16, and then the fewest blocks for the rows
+    a thread must hold (batches of such systems take it; one such system where latency_shape's
+    smaller blocks do not suit)."""
     block = 512 if rows <= 2 * 512 * MAX_TEAM else 1024
     team = min(MAX_TEAM, -(-rows // block))
     per_thread = -(-rows // (team * block))
@@ -244,14 +250,14 @@ def candidate_shapes(rows, latency, pattern=None):
     registers allow (MAX_ROWS), so that several systems share an SM and each thread
     has independent rows' loads in flight (H200, 10,000 systems of 1,024 rows: blocks
     of 128 threads, 8 rows a thread, 3 an SM, 15.4 ms; 256 threads, 4 rows, 19.8 ms;
-    MEASUREMENTS.md); one system (latency), and systems of more than 2,048 rows,
-    take :func:`latency_shape` (:func:`choose_layout` takes the first that fits).
+    MEASUREMENTS.md); one system (latency) takes :func:`latency_shape`, and a batch of systems
+    of more than 2,048 rows :func:`cluster_shape` (:func:`choose_layout` takes the first that fits).
     """
     shapes = []
     if not latency and rows <= 256 * MAX_ROWS:
         block = max(32, -(-rows // (32 * MAX_ROWS)) * 32)
         shapes.append(Shape(block, -(-rows // block), 1))
-    shape = latency_shape(rows, pattern)
+    shape = latency_shape(rows, pattern) if latency or rows <= 2048 else cluster_shape(rows)
     if shape.rows <= MAX_ROWS:
         shapes.append(shape)
     return shapes
