@@ -30,6 +30,12 @@
 //   and their inverse diagonal, all read through distributed shared memory, with the owners'
 //   operations, so it is exactly their u. Shared memory: u, and in a team r, s, w twice and the
 //   inverse diagonal (a global load there instead cost 0.2-0.3 us an iteration, MEASUREMENTS.md).
+//   With ONCHIP_SPLIT_PRODUCT (a team whose threads hold their rows whole in registers) the product
+//   adds the entries at other blocks' rows first, before the block's own update and barrier (what it
+//   reads there the last reduction published), so that those reads through distributed shared memory
+//   are in flight while the block updates its rows, then its own (Poisson 64^2 2.05 -> 1.90 us an
+//   iteration; with rows partly in shared memory it measured slower, and in classic PCG too,
+//   MEASUREMENTS.md).
 //
 // A reduction adds lanes by a butterfly (every lane ends with the same bits), then the warps' totals
 // the same way: in one block every warp adds them itself, behind one block barrier (gr_900 0.64 us an
@@ -54,7 +60,8 @@
 //
 // Compiled after grid.cu and stopping.cu, with ONCHIP_BLOCK, ONCHIP_ROWS, ONCHIP_TEAM, ONCHIP_HELD,
 // ONCHIP_SINGLE, ONCHIP_GLOBAL (1 when some slices live in the global workspace), ONCHIP_ZP_REGISTERS
-// (classic, one block: z and p_old in registers) and ONCHIP_MIN_BLOCKS (blocks an SM should hold:
+// (classic, one block: z and p_old in registers), ONCHIP_SPLIT_PRODUCT (single-reduction, see above)
+// and ONCHIP_MIN_BLOCKS (blocks an SM should hold:
 // the registers a thread may use follow) defined and the structs State, Progress, OnchipRun generated
 // (solvers/pcg/onchip.py). A team of more than 8 blocks needs the non-portable cluster size allowed
 // on the function.
@@ -245,19 +252,34 @@ struct ThreadRows {
     int width[ONCHIP_ROWS];
 };
 
-// (A v) at the thread's rows, v(j) giving entry j of the system's vector. The held entries of all rows
-// first, interleaved (their gathers in flight together), then the slices, whose rows also advance
-// together; each row adds its entries in CSR order. `split` is a multiple of 32 and slices start at
-// multiples of 32: a warp's entries are on one side together.
-template <typename V>
-__device__ __forceinline__ void rows_product(const ThreadRows& m, V v, real_t (&out)[ONCHIP_ROWS]) {
+// Which of a row's entries a product pass adds: all; in a team, those whose column another block holds
+// (read through distributed shared memory before the block's barrier, while the block updates its own
+// rows) or those of the block's own rows (after it).
+enum Columns { ALL_COLUMNS, OTHER_BLOCKS, OWN_BLOCK };
+
+template <Columns C>
+__device__ __forceinline__ bool adds(int j, unsigned rank) {
+    if (C == ALL_COLUMNS) return true;
+    return ((unsigned)j / CHUNK == rank) == (C == OWN_BLOCK);
+}
+
+// (A v) at the thread's rows, v(j) giving entry j of the system's vector, or the part of it `C` says:
+// OWN_BLOCK adds to `out`, the others start it. The held entries of all rows first, interleaved (their
+// gathers in flight together), then the slices, whose rows also advance together; each row adds its
+// entries in CSR order (in a team split in two passes: other blocks' columns, then its own). `split`
+// is a multiple of 32 and slices start at multiples of 32: a warp's entries are on one side together.
+template <Columns C = ALL_COLUMNS, typename V>
+__device__ __forceinline__ void rows_product(const ThreadRows& m, V v, real_t (&out)[ONCHIP_ROWS], unsigned rank = 0) {
+    if (C != OWN_BLOCK) {
 #pragma unroll
-    for (int k = 0; k < ONCHIP_ROWS; ++k) out[k] = 0;
+        for (int k = 0; k < ONCHIP_ROWS; ++k) out[k] = 0;
+    }
 #pragma unroll
     for (int w = 0; w < ONCHIP_HELD; ++w) {
 #pragma unroll
         for (int k = 0; k < ONCHIP_ROWS; ++k)
-            if (w < m.held[k]) out[k] = fma(m.held_val[k][w], v(m.held_col[k][w]), out[k]);
+            if (w < m.held[k] && adds<C>(m.held_col[k][w], rank))
+                out[k] = fma(m.held_val[k][w], v(m.held_col[k][w]), out[k]);
     }
     int widest = 0;
 #pragma unroll
@@ -269,7 +291,8 @@ __device__ __forceinline__ void rows_product(const ThreadRows& m, V v, real_t (&
             if (w >= m.width[k]) continue;
             const int e = m.at[k] + 32 * w;
             const bool shared = !ONCHIP_GLOBAL || e < m.split;
-            out[k] = fma(shared ? m.val_s[e] : m.val_g[e], v(shared ? m.col_s[e] : m.col_g[e]), out[k]);
+            const int j = shared ? m.col_s[e] : m.col_g[e];
+            if (adds<C>(j, rank)) out[k] = fma(shared ? m.val_s[e] : m.val_g[e], v(j), out[k]);
         }
     }
 }
@@ -415,6 +438,19 @@ __device__ __forceinline__ int iterate(SystemRun& sr, real_t (&x)[ONCHIP_ROWS]) 
         const real_t alpha = (real_t)ls.alpha, beta = (real_t)ls.beta;
         const int mine = parity * CHUNK, theirs = (parity ^ 1) * CHUNK;
         real_t u[ONCHIP_ROWS];
+        // u at row j of the system: this block's from shared memory; another block's formed (a team only)
+        auto own_u = [&](int j) { return u_s[j - (int)sr.rank * CHUNK]; };
+        auto other_u = [&](int j) {
+            const unsigned owner = (unsigned)j / CHUNK;
+            const int at = j - (int)owner * CHUNK;
+            const real_t sj = fma(beta, *team_peer(s_b + theirs + at, owner), *team_peer(w_b + theirs + at, owner));
+            return *team_peer(d_s + at, owner) * fma(-alpha, sj, *team_peer(r_b + theirs + at, owner));
+        };
+        (void)own_u, (void)other_u;
+#if ONCHIP_SPLIT_PRODUCT
+        real_t w_other[ONCHIP_ROWS];  // the product's entries at other blocks' rows, gathered first
+        rows_product<OTHER_BLOCKS>(sr.m, other_u, w_other, sr.rank);
+#endif
 #pragma unroll
         for (int k = 0; k < ONCHIP_ROWS; ++k) {  // s = w + beta s; p = u + beta p; x += alpha p; r -= alpha s
             const real_t u_old = dv[k] * r[k];
@@ -428,17 +464,15 @@ __device__ __forceinline__ int iterate(SystemRun& sr, real_t (&x)[ONCHIP_ROWS]) 
             if (ONCHIP_TEAM > 1) r_b[mine + sr.own(k)] = r[k], s_b[mine + sr.own(k)] = s[k];
         }
         __syncthreads();  // the block's u, read by its threads
-        rows_product(sr.m, [&](int j) {
-#if ONCHIP_TEAM > 1
-            const unsigned owner = (unsigned)j / CHUNK;
-            const int at = j - (int)owner * CHUNK;
-            if (owner == sr.rank) return u_s[at];
-            const real_t sj = fma(beta, *team_peer(s_b + theirs + at, owner), *team_peer(w_b + theirs + at, owner));
-            return *team_peer(d_s + at, owner) * fma(-alpha, sj, *team_peer(r_b + theirs + at, owner));
+#if ONCHIP_SPLIT_PRODUCT
+#pragma unroll
+        for (int k = 0; k < ONCHIP_ROWS; ++k) w[k] = w_other[k];
+        rows_product<OWN_BLOCK>(sr.m, own_u, w, sr.rank);
+#elif ONCHIP_TEAM > 1
+        rows_product(sr.m, [&](int j) { return (unsigned)j / CHUNK == sr.rank ? own_u(j) : other_u(j); }, w);
 #else
-            return u_s[j];
+        rows_product(sr.m, [&](int j) { return u_s[j]; }, w);
 #endif
-        }, w);
         double sums[3] = {0.0, 0.0, 0.0};  // r.r, r.u, w.u
 #pragma unroll
         for (int k = 0; k < ONCHIP_ROWS; ++k) {
