@@ -438,18 +438,18 @@ __device__ __forceinline__ int iterate(SystemRun& sr, real_t (&x)[ONCHIP_ROWS]) 
         const real_t alpha = (real_t)ls.alpha, beta = (real_t)ls.beta;
         const int mine = parity * CHUNK, theirs = (parity ^ 1) * CHUNK;
         real_t u[ONCHIP_ROWS];
-        // u at row j of the system: this block's from shared memory; another block's formed (a team only)
-        auto own_u = [&](int j) { return u_s[j - (int)sr.rank * CHUNK]; };
-        auto other_u = [&](int j) {
-            const unsigned owner = (unsigned)j / CHUNK;
-            const int at = j - (int)owner * CHUNK;
+        // u at row `at` of the team's block `owner` (not this one), formed from what it published
+        auto other_u = [&](unsigned owner, int at) {
             const real_t sj = fma(beta, *team_peer(s_b + theirs + at, owner), *team_peer(w_b + theirs + at, owner));
             return *team_peer(d_s + at, owner) * fma(-alpha, sj, *team_peer(r_b + theirs + at, owner));
         };
-        (void)own_u, (void)other_u;
+        (void)other_u;
 #if ONCHIP_SPLIT_PRODUCT
         real_t w_other[ONCHIP_ROWS];  // the product's entries at other blocks' rows, gathered first
-        rows_product<OTHER_BLOCKS>(sr.m, other_u, w_other, sr.rank);
+        rows_product<OTHER_BLOCKS>(sr.m, [&](int j) {
+            const unsigned owner = (unsigned)j / CHUNK;
+            return other_u(owner, j - (int)owner * CHUNK);
+        }, w_other, sr.rank);
 #endif
 #pragma unroll
         for (int k = 0; k < ONCHIP_ROWS; ++k) {  // s = w + beta s; p = u + beta p; x += alpha p; r -= alpha s
@@ -467,11 +467,18 @@ __device__ __forceinline__ int iterate(SystemRun& sr, real_t (&x)[ONCHIP_ROWS]) 
 #if ONCHIP_SPLIT_PRODUCT
 #pragma unroll
         for (int k = 0; k < ONCHIP_ROWS; ++k) w[k] = w_other[k];
-        rows_product<OWN_BLOCK>(sr.m, own_u, w, sr.rank);
-#elif ONCHIP_TEAM > 1
-        rows_product(sr.m, [&](int j) { return (unsigned)j / CHUNK == sr.rank ? own_u(j) : other_u(j); }, w);
+        rows_product<OWN_BLOCK>(sr.m, [&](int j) { return u_s[j - (int)sr.rank * CHUNK]; }, w, sr.rank);
 #else
-        rows_product(sr.m, [&](int j) { return u_s[j]; }, w);
+        rows_product(sr.m, [&](int j) {
+#if ONCHIP_TEAM > 1
+            const unsigned owner = (unsigned)j / CHUNK;
+            const int at = j - (int)owner * CHUNK;
+            if (owner == sr.rank) return u_s[at];
+            return other_u(owner, at);
+#else
+            return u_s[j];
+#endif
+        }, w);
 #endif
         double sums[3] = {0.0, 0.0, 0.0};  // r.r, r.u, w.u
 #pragma unroll
