@@ -44,9 +44,9 @@ VARIANTS = ("classic", "single-reduction")
 
 PATHS = ("auto", "grid", "on-chip")
 # auto takes the on-chip path up to this many rows. H200, float64, Jacobi, auto's variant, us per
-# iteration on chip / on the grid (scripts/results/small_2026-12-01_0001_*, layouts of latency_shape):
-# gr_900 1.86 / 6.37, 1138_bus 2.38 / 5.29, Poisson 64^2 1.97 / 5.10, lap2D_5pt_n100 2.16 / 5.30,
-# Poisson 128^2 2.65 / 5.11; above, Poisson 256^2 10.8 / 5.85.
+# iteration on chip / on the grid (scripts/results/small_2026-12-01_0021_*, layouts of latency_shape):
+# gr_900 1.74 / 6.28, 1138_bus 2.44 / 5.24, Poisson 64^2 1.88 / 5.09, lap2D_5pt_n100 2.20 / 5.28,
+# Poisson 128^2 2.69 / 5.18; above, Poisson 256^2 10.9 / 5.86.
 ONCHIP_MAX_ROWS = 16384
 # ... and only while nearly all of a cluster's product reads stay in the reading block: Poisson 64^2
 # (10% of its entries read from another block of the cluster) and 128^2 (5%) run 2x faster on chip than
