@@ -2,9 +2,10 @@
 // (Hopper), with block or cluster barriers only; see onchip_ref.py for the NumPy meaning. One launch
 // solves B independent systems (a batch) or one (the small-system path of PCG).
 //
-// A system is split over ONCHIP_TEAM blocks (a cluster when > 1) of ONCHIP_BLOCK threads; block c of
-// a team owns the system's rows [c * CHUNK, (c + 1) * CHUNK) and thread t of it the rows
-// c * CHUNK + t + k * ONCHIP_BLOCK, k < ONCHIP_ROWS. A thread keeps its rows' vectors in registers;
+// A system is split over ONCHIP_GROUPS teams of ONCHIP_TEAM blocks (a team is a cluster when
+// ONCHIP_TEAM > 1) of ONCHIP_BLOCK threads; the system's block c (its team c / ONCHIP_TEAM, its rank in
+// the team c % ONCHIP_TEAM) owns the system's rows [c * CHUNK, (c + 1) * CHUNK) and thread t of it the
+// rows c * CHUNK + t + k * ONCHIP_BLOCK, k < ONCHIP_ROWS. A thread keeps its rows' vectors in registers;
 // the vectors other threads read (the product's input and, in a team, what the other blocks need to
 // form it) live in the block's shared memory, where the team's other blocks read them through
 // distributed shared memory.
@@ -28,7 +29,9 @@
 //   is stored for the block's own rows behind a block barrier; at rows of other blocks the product
 //   forms it from their r, s and w of the previous iteration (double-buffered by iteration parity)
 //   and their inverse diagonal, all read through distributed shared memory, with the owners'
-//   operations, so it is exactly their u. Shared memory: u, and in a team r, s, w twice and the
+//   operations, so it is exactly their u. With several teams (ONCHIP_GROUPS > 1, single-reduction
+//   only) every block also publishes r, s and w in a global mirror (a.mirror), where blocks of other
+//   teams read them (through L2) and the inverse diagonal from a.dinv. Shared memory: u, and in a team r, s, w twice and the
 //   inverse diagonal (a global load there instead cost 0.2-0.3 us an iteration, MEASUREMENTS.md).
 //   With ONCHIP_SPLIT_PRODUCT (a team whose threads hold their rows whole in registers) the product
 //   adds the entries at other blocks' rows first, before the block's own update and barrier (what it
@@ -48,7 +51,14 @@
 // cluster scope, the wait acquires and a block barrier follows: everything a block wrote or read
 // before a reduction happens before everything any team member does after it, so a reduction also
 // serves as the team barrier between iterations. Totals and mbarriers alternate between two
-// buffers: a block can run at most one reduction ahead of a slower one.
+// buffers: a block can run at most one reduction ahead of a slower one. With several teams, warp 0 of
+// each team's rank-0 block then writes the team's totals into its team's slot of a global buffer
+// (a.group_sums, alternating the same way) and adds 1 to a global counter (release); warp 0 of every
+// block waits (acquire) until every team has arrived at this reduction and adds the teams' slots by a
+// butterfly: the system's totals, the same bits in every block. The counter only grows; a launch's
+// targets count on from what it reads at its start (group_base). The chain (a block's writes, block
+// barrier, its push, the rank-0 block's wait, the release on the counter, another team's acquire)
+// orders every block's writes before a reduction before every block's reads after it.
 //
 // A launch runs up to `count` iterations of every system and keeps the state of a system still
 // running in global memory (x, r and p, with z for classic or s and w for single-reduction, and its
@@ -59,7 +69,7 @@
 // ||b - A x|| and ||b|| in norms[2s], norms[2s + 1].
 //
 // Compiled after grid.cu and stopping.cu, with ONCHIP_BLOCK, ONCHIP_ROWS, ONCHIP_TEAM, ONCHIP_HELD,
-// ONCHIP_SINGLE, ONCHIP_GLOBAL (1 when some slices live in the global workspace), ONCHIP_ZP_REGISTERS
+// ONCHIP_GROUPS, ONCHIP_SINGLE, ONCHIP_GLOBAL (1 when some slices live in the global workspace), ONCHIP_ZP_REGISTERS
 // (classic, one block: z and p_old in registers), ONCHIP_SPLIT_PRODUCT (single-reduction, see above)
 // and ONCHIP_MIN_BLOCKS (blocks an SM should hold:
 // the registers a thread may use follow) defined and the structs State, Progress, OnchipRun generated
@@ -67,6 +77,7 @@
 // on the function.
 
 #define CHUNK (ONCHIP_BLOCK * ONCHIP_ROWS)
+#define ONCHIP_MEMBERS (ONCHIP_TEAM * ONCHIP_GROUPS)  // blocks a system
 #define ONCHIP_WARPS (ONCHIP_BLOCK / 32)
 #define ONCHIP_SLICES (CHUNK / 32)
 #define FULL_WARP 0xffffffffu
@@ -166,6 +177,11 @@ struct TeamScratch {
     double total[2][MAX_SUMS];              // the team's totals, for the block's threads
     unsigned long long arrived[2];          // mbarriers: the team's totals of team[buf] have arrived
     int slice_width[ONCHIP_SLICES];
+#if ONCHIP_GROUPS > 1
+    double* group_sums;                      // the teams' totals: [buf][team][MAX_SUMS] (global)
+    unsigned long long* group_arrivals;      // the global counter of teams' arrivals
+    unsigned long long group_base;           // its value before this launch's first reduction
+#endif
 };
 
 // Make the team's mbarriers (one arrival a phase: the block's own expect_bytes); the first team
@@ -186,6 +202,7 @@ __device__ __forceinline__ void init_team_scratch(TeamScratch& sc) {
 #define POWER_OF_TWO_AT_LEAST(n) ((n) > 16 ? 32 : (n) > 8 ? 16 : (n) > 4 ? 8 : (n) > 2 ? 4 : 2)
 #define WARP_GROUP POWER_OF_TWO_AT_LEAST(ONCHIP_WARPS)
 #define TEAM_GROUP POWER_OF_TWO_AT_LEAST(ONCHIP_TEAM)
+#define GROUPS_GROUP POWER_OF_TWO_AT_LEAST(ONCHIP_GROUPS)
 
 // Sums of K <= 3 values over the team, the same bits in every thread; `round` counts the reductions.
 // Every warp adds its lanes. In one block every warp then adds the warps' totals itself, each group
@@ -224,6 +241,22 @@ __device__ __forceinline__ void team_sums(double (&v)[K], TeamScratch& sc, int& 
         wait_phase(&sc.arrived[buf], parity);
 #pragma unroll
         for (int k = 0; k < K; ++k) v[k] = group_total<TEAM_GROUP>(lane < ONCHIP_TEAM ? sc.team[buf][k][lane] : 0.0);
+#if ONCHIP_GROUPS > 1
+        {  // the teams' totals, through global memory
+            double* slots = sc.group_sums + buf * ONCHIP_GROUPS * MAX_SUMS;
+            const int group = (int)(blockIdx.x % ONCHIP_MEMBERS) / ONCHIP_TEAM;
+            if (team_rank() == 0 && lane == 0) {
+#pragma unroll
+                for (int k = 0; k < K; ++k) slots[group * MAX_SUMS + k] = v[k];
+                add_release(sc.group_arrivals, 1ull);
+            }
+            const unsigned long long target = sc.group_base + (unsigned long long)round * ONCHIP_GROUPS;
+            while (load_acquire(sc.group_arrivals) < target) {}  // every lane acquires before it reads
+#pragma unroll
+            for (int k = 0; k < K; ++k)
+                v[k] = group_total<GROUPS_GROUP>(lane < ONCHIP_GROUPS ? __ldcg(&slots[lane * MAX_SUMS + k]) : 0.0);
+        }
+#endif
         if (lane == 0) {  // lanes 0.. TEAM_GROUP - 1 hold the team's totals
 #pragma unroll
             for (int k = 0; k < K; ++k) sc.total[buf][k] = v[k];
@@ -232,6 +265,18 @@ __device__ __forceinline__ void team_sums(double (&v)[K], TeamScratch& sc, int& 
     __syncthreads();  // orders the team's accesses before warp 0's wait before the block's later ones
 #pragma unroll
     for (int k = 0; k < K; ++k) v[k] = sc.total[buf][k];
+#endif
+}
+
+// Barrier of the system's blocks: the team's, or with several teams a reduction of nothing (the only
+// barrier they share).
+__device__ __forceinline__ void system_barrier(TeamScratch& sc, int& round) {
+#if ONCHIP_GROUPS > 1
+    double none[1] = {0.0};
+    team_sums(none, sc, round);
+#else
+    (void)round;
+    team_barrier();
 #endif
 }
 
@@ -258,9 +303,9 @@ struct ThreadRows {
 enum Columns { ALL_COLUMNS, OTHER_BLOCKS, OWN_BLOCK };
 
 template <Columns C>
-__device__ __forceinline__ bool adds(int j, unsigned rank) {
+__device__ __forceinline__ bool adds(int j, int member) {
     if (C == ALL_COLUMNS) return true;
-    return ((unsigned)j / CHUNK == rank) == (C == OWN_BLOCK);
+    return (j / CHUNK == member) == (C == OWN_BLOCK);
 }
 
 // (A v) at the thread's rows, v(j) giving entry j of the system's vector, or the part of it `C` says:
@@ -269,7 +314,7 @@ __device__ __forceinline__ bool adds(int j, unsigned rank) {
 // entries in CSR order (in a team split in two passes: other blocks' columns, then its own). `split`
 // is a multiple of 32 and slices start at multiples of 32: a warp's entries are on one side together.
 template <Columns C = ALL_COLUMNS, typename V>
-__device__ __forceinline__ void rows_product(const ThreadRows& m, V v, real_t (&out)[ONCHIP_ROWS], unsigned rank = 0) {
+__device__ __forceinline__ void rows_product(const ThreadRows& m, V v, real_t (&out)[ONCHIP_ROWS], int member = 0) {
     if (C != OWN_BLOCK) {
 #pragma unroll
         for (int k = 0; k < ONCHIP_ROWS; ++k) out[k] = 0;
@@ -278,7 +323,7 @@ __device__ __forceinline__ void rows_product(const ThreadRows& m, V v, real_t (&
     for (int w = 0; w < ONCHIP_HELD; ++w) {
 #pragma unroll
         for (int k = 0; k < ONCHIP_ROWS; ++k)
-            if (w < m.held[k] && adds<C>(m.held_col[k][w], rank))
+            if (w < m.held[k] && adds<C>(m.held_col[k][w], member))
                 out[k] = fma(m.held_val[k][w], v(m.held_col[k][w]), out[k]);
     }
     int widest = 0;
@@ -292,7 +337,7 @@ __device__ __forceinline__ void rows_product(const ThreadRows& m, V v, real_t (&
             const int e = m.at[k] + 32 * w;
             const bool shared = !ONCHIP_GLOBAL || e < m.split;
             const int j = shared ? m.col_s[e] : m.col_g[e];
-            if (adds<C>(j, rank)) out[k] = fma(shared ? m.val_s[e] : m.val_g[e], v(j), out[k]);
+            if (adds<C>(j, member)) out[k] = fma(shared ? m.val_s[e] : m.val_g[e], v(j), out[k]);
         }
     }
 }
@@ -359,7 +404,8 @@ struct SystemRun {
     int& round;
     unsigned long long handle;
     int system, lo, n, first, t;
-    unsigned rank;
+    unsigned rank;  // in the team
+    int member;     // the system's block this is (first = member * CHUNK)
     bool start, recorder;
     double b_norm;
     __device__ bool owns(int k) const { return first + t + k * ONCHIP_BLOCK < n; }
@@ -385,6 +431,11 @@ __device__ __forceinline__ int iterate(SystemRun& sr, real_t (&x)[ONCHIP_ROWS]) 
     real_t* w_b = sr.vec + 5 * CHUNK;
     // The inverse diagonal of the block's rows (a team only; 1 without Jacobi, which gives the same bits).
     real_t* d_s = sr.vec + 7 * CHUNK;
+#if ONCHIP_GROUPS > 1
+    // r, s and w of iteration parity q for other teams: mirror[q * n3 + v * n + row], v = 0, 1, 2
+    real_t* mirror = a.mirror;
+    const int n3 = 3 * sr.n;
+#endif
     real_t p[ONCHIP_ROWS], r[ONCHIP_ROWS], s[ONCHIP_ROWS], w[ONCHIP_ROWS], dv[ONCHIP_ROWS];
     State ls = {};  // the decisions' state: tol, maxiter, rz, alpha, beta, pq
     int it, status = RUNNING;
@@ -408,6 +459,10 @@ __device__ __forceinline__ int iterate(SystemRun& sr, real_t (&x)[ONCHIP_ROWS]) 
             r[k] = bi - ax[k];
             bb[0] += (double)bi * (double)bi;
             if (ONCHIP_TEAM > 1) r_b[CHUNK + sr.own(k)] = r[k], s_b[CHUNK + sr.own(k)] = 0, w_b[CHUNK + sr.own(k)] = 0;
+#if ONCHIP_GROUPS > 1
+            const int j = sr.first + sr.own(k);
+            mirror[n3 + j] = r[k], mirror[n3 + sr.n + j] = 0, mirror[n3 + 2 * sr.n + j] = 0;
+#endif
         }
         team_sums(bb, sr.sc, sr.round);  // also publishes r for the set-up pass's product
         sr.take_rule(bb[0], ls.tol, ls.maxiter);
@@ -419,13 +474,17 @@ __device__ __forceinline__ int iterate(SystemRun& sr, real_t (&x)[ONCHIP_ROWS]) 
             const int i = sr.row(k);
             x[k] = a.x[i], p[k] = a.p[i], r[k] = a.r[i], s[k] = a.s[i], w[k] = a.w[i];
             if (ONCHIP_TEAM > 1) r_b[CHUNK + sr.own(k)] = r[k], s_b[CHUNK + sr.own(k)] = s[k], w_b[CHUNK + sr.own(k)] = w[k];
+#if ONCHIP_GROUPS > 1
+            const int j = sr.first + sr.own(k);
+            mirror[n3 + j] = r[k], mirror[n3 + sr.n + j] = s[k], mirror[n3 + 2 * sr.n + j] = w[k];
+#endif
         }
         const State* st = sr.st;
         ls.tol = st->tol, ls.maxiter = st->maxiter, ls.rz = st->rz, ls.alpha = st->alpha, ls.beta = st->beta;
         ls.pq = st->pq;
         it = st->iteration;
         sr.b_norm = a.norms[2 * sr.system + 1];
-        team_barrier();
+        system_barrier(sr.sc, sr.round);
     }
     if (sr.recorder) {
         sr.st->tol = ls.tol;
@@ -438,18 +497,25 @@ __device__ __forceinline__ int iterate(SystemRun& sr, real_t (&x)[ONCHIP_ROWS]) 
         const real_t alpha = (real_t)ls.alpha, beta = (real_t)ls.beta;
         const int mine = parity * CHUNK, theirs = (parity ^ 1) * CHUNK;
         real_t u[ONCHIP_ROWS];
-        // u at row `at` of the team's block `owner` (not this one), formed from what it published
-        auto other_u = [&](unsigned owner, int at) {
-            const real_t sj = fma(beta, *team_peer(s_b + theirs + at, owner), *team_peer(w_b + theirs + at, owner));
-            return *team_peer(d_s + at, owner) * fma(-alpha, sj, *team_peer(r_b + theirs + at, owner));
+        // u at the system's row j of another block, formed from what its owner published: through
+        // distributed shared memory in the team, else from the global mirror
+        auto other_u = [&](int j) {
+            const int owner = j / CHUNK, at = j - owner * CHUNK;
+#if ONCHIP_GROUPS > 1
+            if (owner / ONCHIP_TEAM != sr.member / ONCHIP_TEAM) {
+                const real_t* m = mirror + (parity ^ 1) * n3;
+                const real_t sj = fma(beta, __ldcg(m + sr.n + j), __ldcg(m + 2 * sr.n + j));
+                return (a.dinv ? __ldg(&a.dinv[sr.lo + j]) : real_t(1)) * fma(-alpha, sj, __ldcg(m + j));
+            }
+#endif
+            const unsigned rank = (unsigned)(owner % ONCHIP_TEAM);
+            const real_t sj = fma(beta, *team_peer(s_b + theirs + at, rank), *team_peer(w_b + theirs + at, rank));
+            return *team_peer(d_s + at, rank) * fma(-alpha, sj, *team_peer(r_b + theirs + at, rank));
         };
         (void)other_u;
 #if ONCHIP_SPLIT_PRODUCT
         real_t w_other[ONCHIP_ROWS];  // the product's entries at other blocks' rows, gathered first
-        rows_product<OTHER_BLOCKS>(sr.m, [&](int j) {
-            const unsigned owner = (unsigned)j / CHUNK;
-            return other_u(owner, j - (int)owner * CHUNK);
-        }, w_other, sr.rank);
+        rows_product<OTHER_BLOCKS>(sr.m, other_u, w_other, sr.member);
 #endif
 #pragma unroll
         for (int k = 0; k < ONCHIP_ROWS; ++k) {  // s = w + beta s; p = u + beta p; x += alpha p; r -= alpha s
@@ -462,19 +528,20 @@ __device__ __forceinline__ int iterate(SystemRun& sr, real_t (&x)[ONCHIP_ROWS]) 
             if (!sr.owns(k)) continue;
             u_s[sr.own(k)] = u[k];
             if (ONCHIP_TEAM > 1) r_b[mine + sr.own(k)] = r[k], s_b[mine + sr.own(k)] = s[k];
+#if ONCHIP_GROUPS > 1
+            mirror[parity * n3 + sr.first + sr.own(k)] = r[k], mirror[parity * n3 + sr.n + sr.first + sr.own(k)] = s[k];
+#endif
         }
         __syncthreads();  // the block's u, read by its threads
 #if ONCHIP_SPLIT_PRODUCT
 #pragma unroll
         for (int k = 0; k < ONCHIP_ROWS; ++k) w[k] = w_other[k];
-        rows_product<OWN_BLOCK>(sr.m, [&](int j) { return u_s[j - (int)sr.rank * CHUNK]; }, w, sr.rank);
+        rows_product<OWN_BLOCK>(sr.m, [&](int j) { return u_s[j - sr.first]; }, w, sr.member);
 #else
         rows_product(sr.m, [&](int j) {
 #if ONCHIP_TEAM > 1
-            const unsigned owner = (unsigned)j / CHUNK;
-            const int at = j - (int)owner * CHUNK;
-            if (owner == sr.rank) return u_s[at];
-            return other_u(owner, at);
+            if (j / CHUNK == sr.member) return u_s[j - sr.first];
+            return other_u(j);
 #else
             return u_s[j];
 #endif
@@ -485,6 +552,9 @@ __device__ __forceinline__ int iterate(SystemRun& sr, real_t (&x)[ONCHIP_ROWS]) 
         for (int k = 0; k < ONCHIP_ROWS; ++k) {
             if (!sr.owns(k)) continue;
             if (ONCHIP_TEAM > 1) w_b[mine + sr.own(k)] = w[k];
+#if ONCHIP_GROUPS > 1
+            mirror[parity * n3 + 2 * sr.n + sr.first + sr.own(k)] = w[k];
+#endif
             sums[0] += (double)r[k] * (double)r[k];
             sums[1] += (double)r[k] * (double)u[k];
             sums[2] += (double)w[k] * (double)u[k];
@@ -512,6 +582,9 @@ __device__ __forceinline__ int iterate(SystemRun& sr, real_t (&x)[ONCHIP_ROWS]) 
     return status;
 }
 #else
+#if ONCHIP_GROUPS > 1
+#error "classic PCG on chip runs in one team: its two reductions an iteration would cross teams twice"
+#endif
 // Classic iterations of one system (pcg_ref.direction_product, pcg_update): the set-up pass when
 // starting (r = b - A x0, z = M^-1 r, p_old = 0), then up to `count` iterations. Returns the status;
 // x holds the thread's rows of the iterate.
@@ -678,24 +751,33 @@ __launch_bounds__(ONCHIP_BLOCK, ONCHIP_MIN_BLOCKS) onchip_pcg(const OnchipRun a,
     real_t* vec = (real_t*)smem;  // SHARED_VECTORS vectors of CHUNK entries, then the matrix slices
     const unsigned rank = team_rank();
     const int t = threadIdx.x;
+    const int member = (int)(blockIdx.x % ONCHIP_MEMBERS);
     int round = 0;
     init_team_scratch(sc);
+#if ONCHIP_GROUPS > 1
+    static_assert(ONCHIP_TEAM > 1, "several teams are clusters");
+    if (t == 0) {  // read before this block's first push, so no team can have arrived at its first reduction
+        sc.group_sums = a.group_sums;
+        sc.group_arrivals = a.group_arrivals;
+        sc.group_base = *(volatile unsigned long long*)a.group_arrivals / ONCHIP_GROUPS * ONCHIP_GROUPS;
+    }
+#endif
 
-    for (int s = blockIdx.x / ONCHIP_TEAM; s < a.systems; s += gridDim.x / ONCHIP_TEAM) {
+    for (int s = blockIdx.x / ONCHIP_MEMBERS; s < a.systems; s += gridDim.x / ONCHIP_MEMBERS) {
         State* st = a.st + s;
         // Team-uniform decisions read the State before any thread of the team may write it.
         const bool start = a.fresh || st->iteration < 0;
         const int status_before = start ? RUNNING : st->status;
         team_barrier();
         if (status_before != RUNNING) {
-            if (handle && rank == 0 && t == 0) cudaGraphSetConditional(handle, 0);
+            if (handle && member == 0 && t == 0) cudaGraphSetConditional(handle, 0);
             continue;
         }
         const int lo = a.start[s];
-        SystemRun sr{a, st, {}, vec, sc, round, handle, s, lo, a.start[s + 1] - lo, (int)rank * CHUNK, t, rank, start,
-                     rank == 0 && t == 0, 0.0};
+        SystemRun sr{a, st, {}, vec, sc, round, handle, s, lo, a.start[s + 1] - lo, member * CHUNK, t, rank, member,
+                     start, member == 0 && t == 0, 0.0};
         {  // the block's part of the workspace, addressed as entries split.. of its slices
-            const long long base = ((long long)s * ONCHIP_TEAM + rank) * (a.matrix_capacity - a.matrix_shared);
+            const long long base = ((long long)s * ONCHIP_MEMBERS + member) * (a.matrix_capacity - a.matrix_shared);
             sr.m.val_g = a.sell_val + base - a.matrix_shared;
             sr.m.col_g = a.sell_col + base - a.matrix_shared;
         }
@@ -715,12 +797,15 @@ __launch_bounds__(ONCHIP_BLOCK, ONCHIP_MIN_BLOCKS) onchip_pcg(const OnchipRun a,
 #pragma unroll
         for (int k = 0; k < ONCHIP_ROWS; ++k)
             if (sr.owns(k)) vec[sr.own(k)] = x[k];
-        team_barrier();
+        system_barrier(sc, round);  // x in the team's shared memory, and in a.x for other teams
         real_t ax[ONCHIP_ROWS];
         rows_product(sr.m, [&](int j) {
-            const unsigned owner = (unsigned)j / CHUNK;
-            const real_t* at = vec + (j - (int)owner * CHUNK);
-            return owner == rank ? *at : *team_peer(at, owner);
+            const int owner = j / CHUNK;
+#if ONCHIP_GROUPS > 1
+            if (owner / ONCHIP_TEAM != member / ONCHIP_TEAM) return __ldcg(&a.x[lo + j]);
+#endif
+            const real_t* at = vec + (j - owner * CHUNK);
+            return owner == member ? *at : *team_peer(at, (unsigned)(owner % ONCHIP_TEAM));
         }, ax);
         double rr[1] = {0.0};
 #pragma unroll

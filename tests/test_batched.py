@@ -170,8 +170,8 @@ def test_on_chip_layouts_follow_size_and_shared_memory():
         layout(poisson((400, 400)))
     # single-reduction: in a cluster r, s and w of two iterations join u in shared memory
     assert layout(poisson((128, 128)), variant="single-reduction") == (512, 2, 16, True)
-    with pytest.raises(InputError, match=r"more shared memory than a block has \(single-reduction"):
-        layout(poisson((256, 256)), variant="single-reduction")
+    # above one cluster single-reduction spreads over several (spread_shape), classic does not
+    assert layout(poisson((256, 256)), variant="single-reduction") == (608, 1, 16, True)
 
 
 def test_one_system_holds_its_first_entries_in_registers_a_batch_none():
@@ -185,7 +185,9 @@ def test_one_system_holds_its_first_entries_in_registers_a_batch_none():
     shape = latency_shape(900)
     assert held_entries(Shape(480, 3, 1), "classic", 8, 9) < held_entries(shape, "classic", 8, 9) <= 9
     assert held_entries(shape, "single-reduction", 8, 9) < held_entries(shape, "single-reduction", 4, 9)
-    assert held_entries(latency_shape(60_000), "classic", 8, 5) == 0  # 1,024 threads: 64 registers each
+    assert held_entries(latency_shape(60_000, spread=False), "classic", 8, 5) == 0  # 1,024 threads: 64 registers
+    # a system spread over clusters keeps registers for the mirror's addresses: Poisson 256^2 holds 3 of 5
+    assert held_entries(latency_shape(65_536), "single-reduction", 8, 5) == 3
     assert held_entries(shape, "classic", 8, 2) == 2  # never more than the longest row
 
 
@@ -208,6 +210,29 @@ def test_one_row_a_thread_on_16_blocks_unless_that_reads_too_much_from_other_blo
     assert latency_shape(10_000) == Shape(640, 1, 16) and latency_shape(10_241) == Shape(512, 2, 11)
 
 
+def test_single_reduction_spreads_a_system_too_large_for_one_cluster_over_several():
+    from solvers.pcg.onchip import (MAX_GROUPS, ONCHIP_MAX_ROWS, SPREAD_MAX_ROWS, Shape, auto_variant, choose_path,
+                                    cluster_shape, latency_shape)
+    assert latency_shape(65_536) == Shape(608, 1, 16, 7) and Shape(608, 1, 16, 7).chunk * 16 * 7 >= 65_536
+    assert latency_shape(ONCHIP_MAX_ROWS + 1) == Shape(544, 1, 16, 2)
+    assert latency_shape(ONCHIP_MAX_ROWS).groups == 1  # one cluster up to its limit
+    assert latency_shape(SPREAD_MAX_ROWS).groups == MAX_GROUPS and latency_shape(SPREAD_MAX_ROWS).block == 640
+    assert latency_shape(65_536, spread=False) == cluster_shape(65_536)
+    assert "7 clusters of 16 blocks of 608 threads" in Shape(608, 1, 16, 7).describe()
+    A = poisson((256, 256))
+    assert auto_variant(A.indptr, np.array([0, A.shape[0]]), 8, A.indices) == "single-reduction"
+    path, note = choose_path("auto", A.shape[0], "auto", "jacobi", A)
+    assert path == "on-chip" and "inside 7 clusters" in note
+    path, note = choose_path("auto", A.shape[0], "classic", "jacobi", A)
+    assert path == "grid" and "classic PCG on chip runs inside one cluster" in note
+    assert choose_path("auto", SPREAD_MAX_ROWS + 1)[0] == "grid"
+    # numbered at random, nearly every entry is read from another block: the whole GPU
+    rng = np.random.default_rng(0)
+    order = rng.permutation(A.shape[0])
+    path, note = choose_path("auto", A.shape[0], "auto", "jacobi", A[order][:, order].tocsr())
+    assert path == "grid" and "read from another block" in note
+
+
 def test_auto_runs_classic_on_chip_only_in_one_block_holding_whole_rows_in_registers():
     from solvers.mmio import read_matrix
     from solvers.pcg.onchip import auto_variant
@@ -220,9 +245,8 @@ def test_auto_runs_classic_on_chip_only_in_one_block_holding_whole_rows_in_regis
     assert auto(poisson((32, 32))) == "classic"
     assert auto(read_matrix(str(data / "1138_bus.mtx"))) == "single-reduction"  # rows of up to 18, 8 held
     assert auto(poisson((64, 64))) == auto(poisson((128, 128))) == "single-reduction"  # clusters
-    # single-reduction's vectors would push the matrix out to global memory, or do not fit at all
-    assert auto(poisson((200, 200))) == "classic" and auto(poisson((200, 200)), itemsize=4) == "single-reduction"
-    assert auto(poisson((256, 256))) == "classic"
+    # above one cluster: single-reduction, which spreads over several
+    assert auto(poisson((200, 200))) == auto(poisson((256, 256))) == "single-reduction"
 
 
 def test_single_reduction_splits_a_cluster_s_product_only_where_rows_are_held_whole():
@@ -262,7 +286,7 @@ def test_auto_kernel_path_follows_size_variant_and_preconditioner():
     shuffled = np.random.default_rng(0).permutation(10_000)
     path, note = choose_path("auto", 10_000, A=stencil[shuffled][:, shuffled].tocsr())
     assert path == "grid" and "read from another block" in note
-    assert choose_path("auto", ONCHIP_MAX_ROWS + 1)[0] == "grid"
+    assert choose_path("auto", ONCHIP_MAX_ROWS + 1)[0] == "on-chip"  # over several clusters
     for variant in ("classic", "single-reduction"):  # the on-chip kernel runs both
         assert choose_path("auto", 100, variant)[0] == "on-chip"
     assert choose_path("auto", 100, "auto", "chebyshev") == (

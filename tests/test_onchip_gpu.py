@@ -22,20 +22,26 @@ def small_cases(matrices_dir):
 
 
 def test_auto_takes_the_on_chip_path_for_small_systems_and_says_so(cupy):
-    from solvers.pcg.onchip import ONCHIP_MAX_ROWS
+    from solvers.pcg.onchip import ONCHIP_MAX_ROWS, SPREAD_MAX_ROWS
     small = solvers.PCG(poisson((32, 32)), device="gpu")
     assert small.path == "on-chip" and "on chip" in small.format and "rows <=" in small.path_note
     assert small.variant == "classic"  # one block, whole rows in registers (auto_variant)
     cluster = solvers.PCG(poisson((64, 64)), device="gpu")
     assert cluster.variant == "single-reduction" and "cluster of 16 blocks of 256 threads" in cluster.format
-    side = int(np.sqrt(ONCHIP_MAX_ROWS)) + 1
+    side = int(np.sqrt(ONCHIP_MAX_ROWS)) + 1  # above one cluster: single-reduction over several
+    spread = solvers.PCG(poisson((side, side)), device="gpu")
+    assert spread.path == "on-chip" and spread.variant == "single-reduction" and "2 clusters of 16" in spread.format
+    assert "inside 2 clusters" in spread.path_note
+    classic = solvers.PCG(poisson((side, side)), device="gpu", variant="classic")
+    assert classic.path == "grid" and "inside one cluster" in classic.path_note
+    side = int(np.sqrt(SPREAD_MAX_ROWS)) + 1
     assert solvers.PCG(poisson((side, side)), device="gpu").path == "grid"
     single = solvers.PCG(poisson((32, 32)), device="gpu", variant="single-reduction")
     assert single.path == "on-chip" and single.variant == "single-reduction"
-    # 65,536 rows on 16 blocks: single-reduction's vectors do not fit beside the cluster's
-    assert "cluster of 16" in solvers.PCG(poisson((256, 256)), device="gpu", path="on-chip").format
-    with pytest.raises(solvers.InputError, match="more shared memory than a block has"):
-        solvers.PCG(poisson((256, 256)), device="gpu", path="on-chip", variant="single-reduction")
+    # 65,536 rows: single-reduction over 7 clusters, classic inside one
+    assert "7 clusters of 16 blocks of 608" in solvers.PCG(poisson((256, 256)), device="gpu").format
+    assert "a cluster of 16" in solvers.PCG(poisson((256, 256)), device="gpu", path="on-chip",
+                                            variant="classic").format
     with pytest.raises(solvers.InputError, match="path must be one of"):
         solvers.PCG(poisson((8, 8)), device="gpu", path="cluster")
 
@@ -81,7 +87,7 @@ def test_on_chip_iterations_follow_the_numpy_reference(cupy, matrices_dir, varia
 def test_other_on_chip_layouts_follow_the_numpy_reference(cupy, monkeypatch, shape):
     from solvers.kernels.onchip_ref import solve_system
     from solvers.pcg import onchip
-    monkeypatch.setattr(onchip, "latency_shape", lambda rows, pattern=None: onchip.Shape(*shape))
+    monkeypatch.setattr(onchip, "latency_shape", lambda rows, pattern=None, spread=True: onchip.Shape(*shape))
     block, rows, team = shape
     n = block * rows * team - 37  # the last block's last rows absent
     A = variable_diffusion(np.exp(np.random.default_rng(8).normal(size=(n // 50, 50))))
@@ -100,7 +106,7 @@ def test_other_on_chip_layouts_follow_the_numpy_reference(cupy, monkeypatch, sha
 
 def test_on_chip_cluster_with_the_matrix_in_global_memory(cupy):
     A = poisson((200, 200))  # 40,000 rows: a cluster of 14 blocks (non-portable), the matrix too large for shared memory
-    solver = solvers.PCG(A, device="gpu", path="on-chip", rtol=1e-9)
+    solver = solvers.PCG(A, device="gpu", path="on-chip", rtol=1e-9, variant="classic")
     assert "cluster of 14" in solver.format and "global" in solver.format
     b = np.random.default_rng(4).standard_normal(A.shape[0])
     res = solver.solve(b)
@@ -108,8 +114,50 @@ def test_on_chip_cluster_with_the_matrix_in_global_memory(cupy):
     assert res.converged and abs(res.iterations - cpu.iterations) <= 3
     np.testing.assert_allclose(res.x.get(), cpu.x, rtol=1e-6, atol=1e-9 * np.abs(cpu.x).max())
     for mode in ("eager", "graph"):  # the workspace built once a solve, resumed from between launches
-        again = solvers.PCG(A, device="gpu", path="on-chip", rtol=1e-9, mode=mode, unroll=64).solve(b)
+        again = solvers.PCG(A, device="gpu", path="on-chip", rtol=1e-9, mode=mode, unroll=64,
+                            variant="classic").solve(b)
         assert again.iterations == res.iterations and cupy.array_equal(again.x, res.x), mode
+
+
+@pytest.mark.parametrize("shape", [(128, 1, 4, 3), (256, 2, 8, 2), (96, 3, 16, 2)])
+def test_a_system_spread_over_clusters_follows_the_numpy_reference(cupy, monkeypatch, shape):
+    from solvers.kernels.onchip_ref import solve_system
+    from solvers.pcg import onchip
+    monkeypatch.setattr(onchip, "latency_shape", lambda rows, pattern=None, spread=True: onchip.Shape(*shape))
+    block, rows, team, groups = shape
+    n = block * rows * team * groups - 37  # the last block's last rows absent
+    A = variable_diffusion(np.exp(np.random.default_rng(8).normal(size=(n // 50, 50))))
+    A = (A + sp.diags(np.ones(A.shape[0]), 0)).tocsr()
+    n = A.shape[0]
+    b = np.random.default_rng(9).standard_normal(n)
+    x0 = np.random.default_rng(10).standard_normal(n)
+    solvers_ = {(m, u): solvers.PCG(A, device="gpu", path="on-chip", variant="single-reduction", rtol=0.0, maxiter=25,
+                                    reorder="none", mode=m, unroll=u) for m in MODES for u in (1, 7, 4096)}
+    runs = {key: solver.solve(b, x0) for key, solver in solvers_.items()}
+    ref = runs[("while", 4096)]
+    assert solvers_[("while", 4096)].format.startswith(f"on chip: {onchip.Shape(*shape).describe()}")
+    for key, res in runs.items():  # launches resume exactly, the teams' counter running on between them
+        assert res.iterations == 25 and cupy.array_equal(res.x, ref.x), (shape, key)
+    x = x0.copy()
+    code, its, _ = solve_system(A, 1.0 / A.diagonal(), b, x, 0.0, 25, "single-reduction")
+    assert its == 25
+    np.testing.assert_allclose(ref.x.get(), x, rtol=1e-9, atol=1e-12 * np.abs(x).max(), err_msg=str(shape))
+    # the kernel's own true residual at the end reads x across teams
+    kernel_norm = float(solvers_[("while", 4096)]._impl.norms[0].get())
+    assert abs(kernel_norm - np.linalg.norm(b - A @ x)) <= 1e-9 * np.linalg.norm(b)
+
+
+def test_poisson_256_spread_over_seven_clusters_agrees_with_the_cpu(cupy):
+    A = poisson((256, 256))
+    b = np.random.default_rng(5).standard_normal(A.shape[0])
+    solver = solvers.PCG(A, device="gpu", rtol=1e-8)
+    assert solver.path == "on-chip" and "7 clusters" in solver.format
+    res = solver.solve(b)
+    cpu = solvers.PCG(A, device="cpu", rtol=1e-8, variant="single-reduction").solve(b)
+    assert res.converged and abs(res.iterations - cpu.iterations) <= max(2, cpu.iterations // 100)
+    np.testing.assert_allclose(res.x.get(), cpu.x, rtol=1e-6, atol=1e-9 * np.abs(cpu.x).max())
+    again = solver.solve(b)  # the same bits a second time (the counter goes on from the first solve)
+    assert again.iterations == res.iterations and cupy.array_equal(again.x, res.x)
 
 
 def test_on_chip_failures_history_and_callback(cupy):

@@ -9,7 +9,7 @@ import dataclasses
 import numpy as np
 
 from .. import kernels
-from ..errors import InputError
+from ..errors import DeviceError, InputError
 from ..kernels.structs import PROGRESS, STATE, Struct
 from .gpu import GPUPCG, to_device_csr
 
@@ -19,6 +19,7 @@ ONCHIP_RUN = Struct("OnchipRun", [
     ("start", "const int*"), ("b", "const real_t*"), ("x", "real_t*"), ("r", "real_t*"), ("z", "real_t*"),
     ("p", "real_t*"), ("s", "real_t*"), ("w", "real_t*"), ("st", "State*"), ("norms", "double*"),
     ("history", "double*"), ("progress", "Progress*"), ("sell_val", "real_t*"), ("sell_col", "int*"),
+    ("mirror", "real_t*"), ("group_sums", "double*"), ("group_arrivals", "unsigned long long*"),
     ("rtol", "double"), ("atol", "double"), ("maxiter", "int"), ("systems", "int"), ("count", "int"),
     ("fresh", "int"), ("matrix_capacity", "int"), ("matrix_shared", "int")])
 
@@ -26,6 +27,9 @@ MAX_TEAM = 16          # blocks a system: the largest cluster (above 8 a non-por
 PORTABLE_TEAM = 8
 MAX_ROWS = 8           # rows a thread keeps in registers
 ONE_ROW_BLOCK = 640    # the largest block of latency_shape's one row a thread (the largest measured: lap2D_5pt_n100)
+# Clusters of MAX_TEAM blocks (one an SM) an H200 holds at once (cuOccupancyMaxActiveClusters,
+# scripts/probe_multicluster.py): the most teams one system spreads over (spread_shape).
+MAX_GROUPS = 7
 # Shared memory a block may use (H200: 227 KiB), less a margin for alignment.
 SHARED_LIMIT = 227 * 1024 - 256
 SM_SHARED = 228 * 1024  # shared memory of an SM
@@ -38,6 +42,7 @@ THREAD_REGISTERS = 255     # the most one thread may use
 RESERVED_REGISTERS = {("classic", False): 40, ("classic", True): 64,
                       ("single-reduction", False): 46, ("single-reduction", True): 62}
 REGISTERS_A_ROW = 6
+SPREAD_REGISTERS = 4  # more for a system over several clusters (the mirror's addresses; 608 threads held 4 spilled)
 NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 14  # CUfunction_attribute
 VARIANTS = ("classic", "single-reduction")
 
@@ -48,11 +53,15 @@ PATHS = ("auto", "grid", "on-chip")
 # gr_900 1.74 / 6.28, 1138_bus 2.44 / 5.24, Poisson 64^2 1.88 / 5.09, lap2D_5pt_n100 2.20 / 5.28,
 # Poisson 128^2 2.69 / 5.18; above, Poisson 256^2 10.9 / 5.86.
 ONCHIP_MAX_ROWS = 16384
+# Above, up to this many rows, single-reduction PCG spreads a system over several clusters (spread_shape).
+SPREAD_MAX_ROWS = MAX_GROUPS * MAX_TEAM * ONE_ROW_BLOCK
 # ... and only while nearly all of a cluster's product reads stay in the reading block: Poisson 64^2
 # (10% of its entries read from another block of the cluster) and 128^2 (5%) run 2x faster on chip than
 # on the grid; the 3-D geometric graph of 50,000 rows was 18x slower numbered at random (86%) and 4.7x
 # slower in RCM order (19%; there with most of its matrix in global memory).
 ONCHIP_MAX_REMOTE = 0.15
+# ... and over several clusters (spread_shape), where blocks hold 2.4 lines of a 256^2 grid: Poisson 256^2 reads 17%.
+SPREAD_MAX_REMOTE = 0.25
 
 
 ONCHIP_PRECONDITIONERS = ("jacobi", "none")  # what the kernel applies (an inverse diagonal or nothing)
@@ -86,25 +95,35 @@ def choose_path(path, n, variant="auto", preconditioner="jacobi", A=None):
         return path, None
     if preconditioner not in ONCHIP_PRECONDITIONERS:
         return "grid", f"auto: the on-chip path applies Jacobi or no preconditioner, not {preconditioner!r}"
-    if n > ONCHIP_MAX_ROWS:
-        return "grid", f"auto: {n:,} rows > {ONCHIP_MAX_ROWS:,}, the whole GPU"
-    remote = 0.0
+    spread = n > ONCHIP_MAX_ROWS
+    if n > SPREAD_MAX_ROWS:
+        return "grid", f"auto: {n:,} rows > {SPREAD_MAX_ROWS:,}, the whole GPU"
+    if spread and variant == "classic":
+        return "grid", (f"auto: classic PCG on chip runs inside one cluster (at most {ONCHIP_MAX_ROWS:,} rows), "
+                        f"the whole GPU")
+    shape, remote = latency_shape(n), 0.0
     if A is not None and hasattr(A, "indptr"):
         pattern = host_pattern(A)
-        remote = remote_fraction(*pattern, latency_shape(n, pattern))
-    if remote > ONCHIP_MAX_REMOTE:
+        shape = latency_shape(n, pattern)
+        remote = remote_fraction(*pattern, shape)
+    limit = SPREAD_MAX_REMOTE if spread else ONCHIP_MAX_REMOTE
+    if remote > limit:
         return "grid", (f"auto: {remote:.0%} of the entries would be read from another block of a cluster "
-                        f"(> {ONCHIP_MAX_REMOTE:.0%}), the whole GPU")
+                        f"(> {limit:.0%}), the whole GPU")
+    if spread:
+        return "on-chip", f"auto: {n:,} rows <= {SPREAD_MAX_ROWS:,}, solved inside {shape.groups} clusters"
     return "on-chip", f"auto: {n:,} rows <= {ONCHIP_MAX_ROWS:,}, solved inside one block or cluster"
 
 
 @dataclasses.dataclass(frozen=True)
 class Shape:
-    """How the kernel lays out a system: ``team`` blocks of ``block`` threads, ``rows`` rows a thread."""
+    """How the kernel lays out a system: ``groups`` teams (clusters, where ``team`` > 1) of ``team``
+    blocks of ``block`` threads, ``rows`` rows a thread."""
 
     block: int
     rows: int
     team: int
+    groups: int = 1
 
     @property
     def chunk(self):
@@ -112,7 +131,10 @@ class Shape:
         return self.block * self.rows
 
     def describe(self):
-        where = "one block" if self.team == 1 else f"a cluster of {self.team} blocks"
+        if self.groups > 1:
+            where = f"{self.groups} clusters of {self.team} blocks"
+        else:
+            where = "one block" if self.team == 1 else f"a cluster of {self.team} blocks"
         return f"{where} of {self.block} threads, {self.rows} row{'s' if self.rows > 1 else ''} a thread"
 
 
@@ -204,27 +226,40 @@ def held_entries(shape, variant, itemsize, longest):
     warps_a_scheduler = -(-shape.block // 128)
     per_thread = min(THREAD_REGISTERS, QUARTER_REGISTERS // (32 * warps_a_scheduler) // 8 * 8)
     vectors = (5 if variant == "classic" else 7) * words * shape.rows
-    room = per_thread - RESERVED_REGISTERS[variant, shape.team > 1] - REGISTERS_A_ROW * shape.rows - vectors
+    reserved = RESERVED_REGISTERS[variant, shape.team > 1] + (SPREAD_REGISTERS if shape.groups > 1 else 0)
+    room = per_thread - reserved - REGISTERS_A_ROW * shape.rows - vectors
     return int(max(0, min(longest, room // ((words + 1) * shape.rows))))
 
 
-def latency_shape(rows, pattern=None):
+def latency_shape(rows, pattern=None, spread=True):
     """The layout that solves one system of ``rows`` rows fastest (measured on the H200, see
     MEASUREMENTS.md): one block of up to 512 threads up to 2,048 rows; above, a cluster of 16 blocks
     of one row a thread while that takes at most ONE_ROW_BLOCK threads a block; else, or where its
     smaller blocks would read more than ONCHIP_MAX_REMOTE of the entries of the system's CSR
-    ``pattern`` (host ``(indptr, indices)``, where given) from other blocks, :func:`cluster_shape`.
+    ``pattern`` (host ``(indptr, indices)``, where given) from other blocks, :func:`cluster_shape`;
+    above ONCHIP_MAX_ROWS rows, with ``spread`` (single-reduction PCG), :func:`spread_shape`.
     (Poisson 64^2, us an iteration, classic / single-reduction: 16 blocks of 256 threads 2.23 / 2.05,
     8 of 512 2.39 / 2.16; lap2D_5pt_n100: 16 of 640 2.75 / 2.24, 10 of 512 with 2 rows a thread 2.89 /
     2.86; Poisson 128^2: 16 of 512 with 2 rows 2.80 / 2.74, 16 of 1,024 3.29 / 3.06.)"""
     if rows <= 2048:
         per_thread = -(-rows // 512)
         return Shape(max(32, -(-rows // (32 * per_thread)) * 32), per_thread, 1)
+    if spread and ONCHIP_MAX_ROWS < rows <= SPREAD_MAX_ROWS:
+        return spread_shape(rows)
     block = -(-rows // (32 * MAX_TEAM)) * 32
     one_row = Shape(block, 1, -(-rows // block))
     if block <= ONE_ROW_BLOCK and (pattern is None or remote_fraction(*pattern, one_row) <= ONCHIP_MAX_REMOTE):
         return one_row
     return cluster_shape(rows)
+
+
+def spread_shape(rows):
+    """Clusters of 16 blocks of one row a thread, as few clusters as keep blocks at most ONE_ROW_BLOCK
+    threads (at most MAX_GROUPS): a system too large for one cluster, the clusters' reductions
+    combined through global memory (single-reduction PCG only)."""
+    groups = min(MAX_GROUPS, -(-rows // (MAX_TEAM * ONE_ROW_BLOCK)))
+    block = -(-rows // (32 * MAX_TEAM * groups)) * 32
+    return Shape(block, 1, MAX_TEAM, groups)
 
 
 def cluster_shape(rows):
@@ -243,7 +278,7 @@ def layout_bytes(layout, entries, itemsize, variant):
     return shared_bytes(layout.shape, entries, itemsize, variant, layout.zp_registers) + scratch_bytes(layout.shape)
 
 
-def candidate_shapes(rows, latency, pattern=None):
+def candidate_shapes(rows, latency, pattern=None, spread=True):
     """Layouts for systems of up to ``rows`` rows, in order of preference.
 
     A batch (throughput) wants one block a system with as many rows a thread as
@@ -257,7 +292,7 @@ def candidate_shapes(rows, latency, pattern=None):
     if not latency and rows <= 256 * MAX_ROWS:
         block = max(32, -(-rows // (32 * MAX_ROWS)) * 32)
         shapes.append(Shape(block, -(-rows // block), 1))
-    shape = latency_shape(rows, pattern) if latency or rows <= 2048 else cluster_shape(rows)
+    shape = latency_shape(rows, pattern, spread) if latency or rows <= 2048 else cluster_shape(rows)
     if shape.rows <= MAX_ROWS:
         shapes.append(shape)
     return shapes
@@ -272,7 +307,8 @@ def choose_layout(rowptr, start, itemsize, latency, variant="classic", indices=N
     :func:`latency_shape` weighs."""
     rows = int(np.diff(np.asarray(start)).max())
     pattern = (np.asarray(rowptr), np.asarray(indices)) if indices is not None else None
-    shapes = candidate_shapes(rows, latency, pattern)
+    # classic PCG's two reductions an iteration keep a system inside one cluster
+    shapes = candidate_shapes(rows, latency, pattern, spread=variant != "classic")
     if not shapes:
         raise InputError(f"a system of {rows:,} rows is too large to solve on chip "
                          f"(at most {MAX_TEAM * 1024 * MAX_ROWS:,})")
@@ -304,8 +340,11 @@ def auto_variant(rowptr, start, itemsize, indices=None):
     classic / single-reduction, layouts of :func:`latency_shape`: Poisson 64^2 (16 blocks) 2.23 /
     2.05, lap2D_5pt_n100 (16) 2.75 / 2.24, Poisson 128^2 (16) 2.80 / 2.74; one block: 1138_bus (8 of
     up to 18 entries in registers) 2.81 / 2.49, gr_900_900_crg (whole rows in registers) 1.72 / 2.30
-    (MEASUREMENTS.md).
+    (MEASUREMENTS.md). Above ONCHIP_MAX_ROWS rows single-reduction, the variant that spreads a system
+    over several clusters (:func:`spread_shape`).
     """
+    if latency_shape(int(np.diff(np.asarray(start)).max())).groups > 1:
+        return "single-reduction"  # the only variant spread over several clusters
     classic = choose_layout(rowptr, start, itemsize, True, "classic", indices)
     if classic.shape.team == 1 and classic.entries == 0:
         return "classic"
@@ -325,12 +364,30 @@ def kernel_program(layout, variant, real, min_blocks):
     # it measured slower (lap2D_5pt_n100 2.25 -> 2.55), and in classic PCG too (MEASUREMENTS.md).
     split_product = variant != "classic" and shape.team > 1 and layout.entries == 0
     defines = (("ONCHIP_BLOCK", str(shape.block)), ("ONCHIP_ROWS", str(shape.rows)), ("ONCHIP_TEAM", str(shape.team)),
+               ("ONCHIP_GROUPS", str(shape.groups)),
                ("ONCHIP_HELD", str(layout.held)), ("ONCHIP_SINGLE", str(int(variant != "classic"))),
                ("ONCHIP_GLOBAL", str(int(layout.in_shared < layout.entries))),
                ("ONCHIP_ZP_REGISTERS", str(int(layout.zp_registers))),
                ("ONCHIP_SPLIT_PRODUCT", str(int(split_product))),
                ("ONCHIP_MIN_BLOCKS", str(min_blocks)))
     return dict(name="onchip", real=real, defines=defines, before=("stopping",), structs=(STATE, PROGRESS, ONCHIP_RUN))
+
+
+def resident_clusters(function, shape, shared_bytes):
+    """Clusters of ``shape`` (a :class:`Shape`) of the compiled ``function`` the GPU holds at once."""
+    from cuda.bindings import driver
+    config = driver.CUlaunchConfig()
+    config.gridDimX, config.gridDimY, config.gridDimZ = shape.team * shape.groups, 1, 1
+    config.blockDimX, config.blockDimY, config.blockDimZ = shape.block, 1, 1
+    config.sharedMemBytes = shared_bytes
+    cluster = driver.CUlaunchAttribute()
+    cluster.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+    cluster.value.clusterDim.x, cluster.value.clusterDim.y, cluster.value.clusterDim.z = shape.team, 1, 1
+    config.attrs, config.numAttrs = [cluster], 1
+    err, count = driver.cuOccupancyMaxActiveClusters(driver.CUfunction(function.ptr), config)
+    if err != driver.CUresult.CUDA_SUCCESS:
+        raise DeviceError(f"cuOccupancyMaxActiveClusters failed ({err.name})")
+    return int(count)
 
 
 class OnChipKernel:
@@ -373,12 +430,23 @@ class OnChipKernel:
         per_sm = cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(self._function.ptr, self.shape.block,
                                                                              self.shared_bytes)
         sms = int(cupy.cuda.Device().attributes["MultiProcessorCount"])
+        members = self.shape.team * self.shape.groups  # blocks a system
         # One wave: a team a system up to what the GPU holds at once; teams then take the next systems.
-        teams = max(1, min(self.systems, int(per_sm) * sms // self.shape.team))
-        self.grid = teams * self.shape.team
+        teams = max(1, min(self.systems, int(per_sm) * sms // members))
+        self.grid = teams * members
+        self.spread = None  # one system over several clusters: the global mirror, the teams' sums, their counter
+        if self.shape.groups > 1:
+            resident = resident_clusters(self._function, self.shape, self.shared_bytes)
+            if resident < self.shape.groups:
+                raise DeviceError(f"this GPU holds {resident} clusters of {self.shape.team} blocks at once; "
+                                  f"a system of {int(start[-1]):,} rows on chip needs {self.shape.groups}")
+            self.spread = dict(mirror=cupy.empty(6 * int(start[-1]), dtype=np.float64 if real == "double"
+                                                 else np.float32),
+                               group_sums=cupy.zeros(2 * self.shape.groups * 3),
+                               group_arrivals=cupy.zeros(1, dtype=np.uint64))
         self.workspace = None  # the entries of each block that shared memory cannot hold
         if self.layout.in_shared < self.layout.entries:
-            entries = self.systems * self.shape.team * (self.layout.entries - self.layout.in_shared)
+            entries = self.systems * members * (self.layout.entries - self.layout.in_shared)
             self.workspace = (cupy.empty(entries, dtype=np.float64 if real == "double" else np.float32),
                               cupy.empty(entries, dtype=np.int32))
 
@@ -389,11 +457,13 @@ class OnChipKernel:
         """The argument struct (``ONCHIP_RUN``'s fields; the matrix layout is filled in)."""
         val, col = self.workspace or (None, None)
         return ONCHIP_RUN.pack(matrix_capacity=self.layout.entries, matrix_shared=self.layout.in_shared,
-                               sell_val=val, sell_col=col, **fields)
+                               sell_val=val, sell_col=col, **(self.spread or {}), **fields)
 
     def launch(self, args, handle=0, stream=None):
+        # A system over several clusters waits on all of them: a cooperative launch, which the driver
+        # refuses unless every block is resident at once.
         self._function((self.grid,), (self.shape.block,), (args, np.uint64(handle)), shared_mem=self.shared_bytes,
-                       stream=stream)
+                       stream=stream, enable_cooperative_groups=self.shape.groups > 1)
 
 
 class OnChipPCG(GPUPCG):

@@ -249,17 +249,21 @@ class PCG:
             refuse_unsupported(spec, "gpu", variant, self.dtype)
             require_device_memory(device_bytes(n, nnz, self.dtype), f"a PCG solve of {n:,} rows")
             self.path, self.path_note = choose_path(path, n, variant, spec.name, A)
-            impl = OnChipPCG if self.path == "on-chip" else GPUPCG
-            if unroll is None:
-                unroll = impl.default_unroll
-            if impl is GPUPCG:  # any preconditioner that runs on the GPU
+            if self.path == "on-chip":  # the pointwise preconditioners only (choose_path refuses the others)
+                try:
+                    self._impl = OnChipPCG(A, spec.name, self.dtype, mode, OnChipPCG.default_unroll
+                                           if unroll is None else unroll, record_history, variant, matrix_format)
+                except DeviceError as exc:  # the clusters of a spread system not resident at once
+                    if path != "auto":
+                        raise
+                    self.path, self.path_note = "grid", f"auto: {exc}; the whole GPU"
+            if self.path == "grid":  # any preconditioner that runs on the GPU
+                unroll = GPUPCG.default_unroll if unroll is None else unroll
                 self._impl = GPUPCG(A, spec, self.dtype, mode, unroll, record_history, variant, matrix_format,
                                     reordering=self._order)
                 self._rebuild = lambda A, order: GPUPCG(A, spec, self.dtype, mode, unroll, record_history,
                                                         self._impl.variant, matrix_format, reordering=order)
-            else:  # the pointwise ones only (choose_path refuses the others there)
-                self._impl = OnChipPCG(A, spec.name, self.dtype, mode, unroll, record_history, variant, matrix_format)
-            self._keep_plan(impl is GPUPCG and not self._impl.split, n, nnz)
+            self._keep_plan(self.path == "grid" and not self._impl.split, n, nnz)
             self.shape = self._impl.shape
             variant = self._impl.variant
         if self.shape[0] != self.shape[1]:
