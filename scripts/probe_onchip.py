@@ -45,6 +45,8 @@ LAYOUTS = {  # (block threads, rows a thread, blocks a cluster[, clusters: singl
     "2D Poisson 64^2": [(512, 1, 8), (256, 2, 8), (256, 1, 16), (128, 4, 8)],
     "lap2D_5pt_n100": [(512, 2, 10), (256, 4, 10), (256, 3, 14), (320, 2, 16), (640, 1, 16)],
     "2D Poisson 128^2": [(512, 2, 16), (256, 4, 16), (1024, 1, 16), (512, 1, 16, 2)],
+    "2D Poisson 130^2": [(1024, 2, 9), (544, 1, 16, 2)],
+    "2D Poisson 160^2": [(1024, 2, 13), (544, 1, 16, 3)],
     "2D Poisson 256^2": [(1024, 4, 16), (608, 1, 16, 7), (320, 2, 16, 7), (576, 1, 8, 15)],
 }
 RECORD = "        if (sr.recorder) record_decision(sr.st, it, rnorm, status, a.history, a.progress, sr.handle);"
