@@ -303,9 +303,14 @@ struct ThreadRows {
 enum Columns { ALL_COLUMNS, OTHER_BLOCKS, OWN_BLOCK };
 
 template <Columns C>
-__device__ __forceinline__ bool adds(int j, int member) {
+__device__ __forceinline__ bool adds(int j, unsigned member) {
     if (C == ALL_COLUMNS) return true;
-    return (j / CHUNK == member) == (C == OWN_BLOCK);
+    return ((unsigned)j / CHUNK == member) == (C == OWN_BLOCK);
+}
+
+// The rank in its team of the system's block `owner` (unsigned arithmetic: fewer instructions).
+__device__ __forceinline__ unsigned rank_of(unsigned owner) {
+    return ONCHIP_GROUPS > 1 ? owner % ONCHIP_TEAM : owner;
 }
 
 // (A v) at the thread's rows, v(j) giving entry j of the system's vector, or the part of it `C` says:
@@ -314,7 +319,7 @@ __device__ __forceinline__ bool adds(int j, int member) {
 // entries in CSR order (in a team split in two passes: other blocks' columns, then its own). `split`
 // is a multiple of 32 and slices start at multiples of 32: a warp's entries are on one side together.
 template <Columns C = ALL_COLUMNS, typename V>
-__device__ __forceinline__ void rows_product(const ThreadRows& m, V v, real_t (&out)[ONCHIP_ROWS], int member = 0) {
+__device__ __forceinline__ void rows_product(const ThreadRows& m, V v, real_t (&out)[ONCHIP_ROWS], unsigned member = 0) {
     if (C != OWN_BLOCK) {
 #pragma unroll
         for (int k = 0; k < ONCHIP_ROWS; ++k) out[k] = 0;
@@ -405,7 +410,7 @@ struct SystemRun {
     unsigned long long handle;
     int system, lo, n, first, t;
     unsigned rank;  // in the team
-    int member;     // the system's block this is (first = member * CHUNK)
+    unsigned member;  // the system's block this is (first = member * CHUNK)
     bool start, recorder;
     double b_norm;
     __device__ bool owns(int k) const { return first + t + k * ONCHIP_BLOCK < n; }
@@ -497,25 +502,28 @@ __device__ __forceinline__ int iterate(SystemRun& sr, real_t (&x)[ONCHIP_ROWS]) 
         const real_t alpha = (real_t)ls.alpha, beta = (real_t)ls.beta;
         const int mine = parity * CHUNK, theirs = (parity ^ 1) * CHUNK;
         real_t u[ONCHIP_ROWS];
-        // u at the system's row j of another block, formed from what its owner published: through
-        // distributed shared memory in the team, else from the global mirror
-        auto other_u = [&](int j) {
-            const int owner = j / CHUNK, at = j - owner * CHUNK;
+        // u at row `at` of the system's block `owner` (not this one), formed from what it published:
+        // through distributed shared memory in the team, else from the global mirror
+        auto other_u = [&](unsigned owner, int at) {
 #if ONCHIP_GROUPS > 1
             if (owner / ONCHIP_TEAM != sr.member / ONCHIP_TEAM) {
+                const int j = (int)owner * CHUNK + at;
                 const real_t* m = mirror + (parity ^ 1) * n3;
                 const real_t sj = fma(beta, __ldcg(m + sr.n + j), __ldcg(m + 2 * sr.n + j));
                 return (a.dinv ? __ldg(&a.dinv[sr.lo + j]) : real_t(1)) * fma(-alpha, sj, __ldcg(m + j));
             }
 #endif
-            const unsigned rank = (unsigned)(owner % ONCHIP_TEAM);
+            const unsigned rank = rank_of(owner);
             const real_t sj = fma(beta, *team_peer(s_b + theirs + at, rank), *team_peer(w_b + theirs + at, rank));
             return *team_peer(d_s + at, rank) * fma(-alpha, sj, *team_peer(r_b + theirs + at, rank));
         };
         (void)other_u;
 #if ONCHIP_SPLIT_PRODUCT
         real_t w_other[ONCHIP_ROWS];  // the product's entries at other blocks' rows, gathered first
-        rows_product<OTHER_BLOCKS>(sr.m, other_u, w_other, sr.member);
+        rows_product<OTHER_BLOCKS>(sr.m, [&](int j) {
+            const unsigned owner = (unsigned)j / CHUNK;
+            return other_u(owner, j - (int)owner * CHUNK);
+        }, w_other, sr.member);
 #endif
 #pragma unroll
         for (int k = 0; k < ONCHIP_ROWS; ++k) {  // s = w + beta s; p = u + beta p; x += alpha p; r -= alpha s
@@ -540,8 +548,10 @@ __device__ __forceinline__ int iterate(SystemRun& sr, real_t (&x)[ONCHIP_ROWS]) 
 #else
         rows_product(sr.m, [&](int j) {
 #if ONCHIP_TEAM > 1
-            if (j / CHUNK == sr.member) return u_s[j - sr.first];
-            return other_u(j);
+            const unsigned owner = (unsigned)j / CHUNK;
+            const int at = j - (int)owner * CHUNK;
+            if (owner == sr.member) return u_s[at];
+            return other_u(owner, at);
 #else
             return u_s[j];
 #endif
@@ -751,7 +761,7 @@ __launch_bounds__(ONCHIP_BLOCK, ONCHIP_MIN_BLOCKS) onchip_pcg(const OnchipRun a,
     real_t* vec = (real_t*)smem;  // SHARED_VECTORS vectors of CHUNK entries, then the matrix slices
     const unsigned rank = team_rank();
     const int t = threadIdx.x;
-    const int member = (int)(blockIdx.x % ONCHIP_MEMBERS);
+    const unsigned member = blockIdx.x % ONCHIP_MEMBERS;
     int round = 0;
     init_team_scratch(sc);
 #if ONCHIP_GROUPS > 1
@@ -774,7 +784,7 @@ __launch_bounds__(ONCHIP_BLOCK, ONCHIP_MIN_BLOCKS) onchip_pcg(const OnchipRun a,
             continue;
         }
         const int lo = a.start[s];
-        SystemRun sr{a, st, {}, vec, sc, round, handle, s, lo, a.start[s + 1] - lo, member * CHUNK, t, rank, member,
+        SystemRun sr{a, st, {}, vec, sc, round, handle, s, lo, a.start[s + 1] - lo, (int)member * CHUNK, t, rank, member,
                      start, member == 0 && t == 0, 0.0};
         {  // the block's part of the workspace, addressed as entries split.. of its slices
             const long long base = ((long long)s * ONCHIP_MEMBERS + member) * (a.matrix_capacity - a.matrix_shared);
@@ -800,12 +810,12 @@ __launch_bounds__(ONCHIP_BLOCK, ONCHIP_MIN_BLOCKS) onchip_pcg(const OnchipRun a,
         system_barrier(sc, round);  // x in the team's shared memory, and in a.x for other teams
         real_t ax[ONCHIP_ROWS];
         rows_product(sr.m, [&](int j) {
-            const int owner = j / CHUNK;
+            const unsigned owner = (unsigned)j / CHUNK;
 #if ONCHIP_GROUPS > 1
             if (owner / ONCHIP_TEAM != member / ONCHIP_TEAM) return __ldcg(&a.x[lo + j]);
 #endif
-            const real_t* at = vec + (j - owner * CHUNK);
-            return owner == member ? *at : *team_peer(at, (unsigned)(owner % ONCHIP_TEAM));
+            const real_t* at = vec + (j - (int)owner * CHUNK);
+            return owner == member ? *at : *team_peer(at, rank_of(owner));
         }, ax);
         double rr[1] = {0.0};
 #pragma unroll
