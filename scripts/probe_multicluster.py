@@ -91,8 +91,8 @@ def main():
             groups = active if isinstance(active, int) else 132 // team
             out = cupy.zeros(groups * team)
             try:
-                kernel((groups * team,), (512,), (cupy.zeros(1, dtype=cupy.uint32), np.int32(10), np.int32(0), out),
-                       shared_mem=shared, enable_cooperative_groups=True)
+                function((groups * team,), (512,), (cupy.zeros(1, dtype=cupy.uint32), np.int32(10), np.int32(0), out),
+                         shared_mem=shared, enable_cooperative_groups=True)
                 cupy.cuda.Device().synchronize()
                 coop = "accepted"
             except Exception as exc:  # noqa: BLE001 - the probe reports what the driver says
