@@ -83,12 +83,9 @@
 #define FULL_WARP 0xffffffffu
 #define MAX_SUMS 3
 #define HELD_SIZE (ONCHIP_HELD > 0 ? ONCHIP_HELD : 1)
-// Vectors of CHUNK entries in a block's shared memory, ahead of its matrix slices.
-#if ONCHIP_SINGLE
-#define SHARED_VECTORS (ONCHIP_TEAM > 1 ? 8 : 1)
-#else
-#define SHARED_VECTORS (ONCHIP_ZP_REGISTERS ? 1 : 3)
-#endif
+// Vectors of CHUNK entries in a block's shared memory, ahead of its matrix slices (ONCHIP_SHARED_VECTORS,
+// from solvers/pcg/onchip.py's shared_vectors: what iterate() below keeps there).
+#define SHARED_VECTORS ONCHIP_SHARED_VECTORS
 
 __device__ __forceinline__ unsigned team_rank() {
 #if ONCHIP_TEAM > 1
@@ -436,20 +433,36 @@ __device__ __forceinline__ int iterate(SystemRun& sr, real_t (&x)[ONCHIP_ROWS]) 
     real_t* w_b = sr.vec + 5 * CHUNK;
     // The inverse diagonal of the block's rows (a team only; 1 without Jacobi, which gives the same bits).
     real_t* d_s = sr.vec + 7 * CHUNK;
+#if ONCHIP_TEAM > 1
+    // In a team the iterate and the inverse diagonal of the thread's rows are read from shared memory
+    // (the others read d_s there too): the registers they free hold matrix entries (lap2D_5pt_n100's
+    // rows whole).
+    real_t* x_s = sr.vec + 8 * CHUNK;
+    auto xr = [&](int k) -> real_t& { return x_s[sr.own(k)]; };
+    auto dvr = [&](int k) { return d_s[sr.own(k)]; };
+#else
+    real_t dv[ONCHIP_ROWS];
+    auto xr = [&](int k) -> real_t& { return x[k]; };
+    auto dvr = [&](int k) { return dv[k]; };
+#endif
 #if ONCHIP_GROUPS > 1
     // r, s and w of iteration parity q for other teams: mirror[q * n3 + v * n + row], v = 0, 1, 2
     real_t* mirror = a.mirror;
     const int n3 = 3 * sr.n;
 #endif
-    real_t p[ONCHIP_ROWS], r[ONCHIP_ROWS], s[ONCHIP_ROWS], w[ONCHIP_ROWS], dv[ONCHIP_ROWS];
+    real_t p[ONCHIP_ROWS], r[ONCHIP_ROWS], s[ONCHIP_ROWS], w[ONCHIP_ROWS];
     State ls = {};  // the decisions' state: tol, maxiter, rz, alpha, beta, pq
     int it, status = RUNNING;
     int parity = 0;  // this iteration writes r, s, w at [parity], the others' previous ones are at [parity ^ 1]
 #pragma unroll
     for (int k = 0; k < ONCHIP_ROWS; ++k) {
-        x[k] = p[k] = r[k] = s[k] = w[k] = 0;
-        dv[k] = sr.owns(k) && a.dinv ? a.dinv[sr.row(k)] : real_t(1);
-        if (ONCHIP_TEAM > 1 && sr.owns(k)) d_s[sr.own(k)] = dv[k];  // the others read it after the next team barrier
+        xr(k) = p[k] = r[k] = s[k] = w[k] = 0;
+        const real_t d = sr.owns(k) && a.dinv ? a.dinv[sr.row(k)] : real_t(1);
+#if ONCHIP_TEAM > 1
+        d_s[sr.own(k)] = d;  // the others read it after the next team barrier
+#else
+        dv[k] = d;
+#endif
     }
     if (sr.start) {  // r = b - A x0
         const real_t* x0 = a.x + sr.lo;
@@ -460,7 +473,7 @@ __device__ __forceinline__ int iterate(SystemRun& sr, real_t (&x)[ONCHIP_ROWS]) 
         for (int k = 0; k < ONCHIP_ROWS; ++k) {
             if (!sr.owns(k)) continue;
             const real_t bi = a.b[sr.row(k)];
-            x[k] = x0[sr.first + sr.own(k)];
+            xr(k) = x0[sr.first + sr.own(k)];
             r[k] = bi - ax[k];
             bb[0] += (double)bi * (double)bi;
             if (ONCHIP_TEAM > 1) r_b[CHUNK + sr.own(k)] = r[k], s_b[CHUNK + sr.own(k)] = 0, w_b[CHUNK + sr.own(k)] = 0;
@@ -477,7 +490,7 @@ __device__ __forceinline__ int iterate(SystemRun& sr, real_t (&x)[ONCHIP_ROWS]) 
         for (int k = 0; k < ONCHIP_ROWS; ++k) {
             if (!sr.owns(k)) continue;
             const int i = sr.row(k);
-            x[k] = a.x[i], p[k] = a.p[i], r[k] = a.r[i], s[k] = a.s[i], w[k] = a.w[i];
+            xr(k) = a.x[i], p[k] = a.p[i], r[k] = a.r[i], s[k] = a.s[i], w[k] = a.w[i];
             if (ONCHIP_TEAM > 1) r_b[CHUNK + sr.own(k)] = r[k], s_b[CHUNK + sr.own(k)] = s[k], w_b[CHUNK + sr.own(k)] = w[k];
 #if ONCHIP_GROUPS > 1
             const int j = sr.first + sr.own(k);
@@ -527,12 +540,12 @@ __device__ __forceinline__ int iterate(SystemRun& sr, real_t (&x)[ONCHIP_ROWS]) 
 #endif
 #pragma unroll
         for (int k = 0; k < ONCHIP_ROWS; ++k) {  // s = w + beta s; p = u + beta p; x += alpha p; r -= alpha s
-            const real_t u_old = dv[k] * r[k];
+            const real_t u_old = dvr(k) * r[k];
             s[k] = fma(beta, s[k], w[k]);
             p[k] = fma(beta, p[k], u_old);
-            x[k] = fma(alpha, p[k], x[k]);
+            xr(k) = fma(alpha, p[k], xr(k));
             r[k] = fma(-alpha, s[k], r[k]);
-            u[k] = dv[k] * r[k];
+            u[k] = dvr(k) * r[k];
             if (!sr.owns(k)) continue;
             u_s[sr.own(k)] = u[k];
             if (ONCHIP_TEAM > 1) r_b[mine + sr.own(k)] = r[k], s_b[mine + sr.own(k)] = s[k];
@@ -589,6 +602,8 @@ __device__ __forceinline__ int iterate(SystemRun& sr, real_t (&x)[ONCHIP_ROWS]) 
             st->rz = ls.rz, st->alpha = ls.alpha, st->beta = ls.beta, st->pq = ls.pq;
         }
     }
+#pragma unroll
+    for (int k = 0; k < ONCHIP_ROWS; ++k) x[k] = xr(k);
     return status;
 }
 #else

@@ -42,7 +42,7 @@ THREAD_REGISTERS = 255     # the most one thread may use
 RESERVED_REGISTERS = {("classic", False): 40, ("classic", True): 64,
                       ("single-reduction", False): 46, ("single-reduction", True): 62}
 REGISTERS_A_ROW = 6
-SPREAD_REGISTERS = 4  # more for a system over several clusters (the mirror's addresses; 608 threads held 4 spilled)
+SPREAD_REGISTERS = 8  # more for a system over several clusters (the mirror's addresses; Poisson 256^2 spilled holding 4)
 NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 14  # CUfunction_attribute
 VARIANTS = ("classic", "single-reduction")
 
@@ -201,10 +201,10 @@ def slice_capacity(rowptr, start, shape, held=0):
 def shared_vectors(variant, team, zp_registers=False):
     """Vectors of a block's rows in its shared memory: classic z and two directions (only the new
     direction with z and the previous one in registers); single-reduction u, and in a cluster r, s
-    and w of two iterations and the inverse diagonal (what the other blocks form u from)."""
+    and w of two iterations and the inverse diagonal (what the other blocks form u from) and x."""
     if variant == "classic":
         return 1 if zp_registers else 3
-    return 8 if team > 1 else 1
+    return 9 if team > 1 else 1
 
 
 def shared_bytes(shape, entries, itemsize, variant="classic", zp_registers=False):
@@ -225,7 +225,8 @@ def held_entries(shape, variant, itemsize, longest):
     words = itemsize // 4
     warps_a_scheduler = -(-shape.block // 128)
     per_thread = min(THREAD_REGISTERS, QUARTER_REGISTERS // (32 * warps_a_scheduler) // 8 * 8)
-    vectors = (5 if variant == "classic" else 7) * words * shape.rows
+    # classic x, r, q, p, dinv; single-reduction x, p, r, s, w, u, dinv, in a cluster x and dinv in shared memory
+    vectors = (5 if variant == "classic" else 5 if shape.team > 1 else 7) * words * shape.rows
     reserved = RESERVED_REGISTERS[variant, shape.team > 1] + (SPREAD_REGISTERS if shape.groups > 1 else 0)
     room = per_thread - reserved - REGISTERS_A_ROW * shape.rows - vectors
     return int(max(0, min(longest, room // ((words + 1) * shape.rows))))
@@ -369,6 +370,7 @@ def kernel_program(layout, variant, real, min_blocks):
                ("ONCHIP_GLOBAL", str(int(layout.in_shared < layout.entries))),
                ("ONCHIP_ZP_REGISTERS", str(int(layout.zp_registers))),
                ("ONCHIP_SPLIT_PRODUCT", str(int(split_product))),
+               ("ONCHIP_SHARED_VECTORS", str(shared_vectors(variant, shape.team, layout.zp_registers))),
                ("ONCHIP_MIN_BLOCKS", str(min_blocks)))
     return dict(name="onchip", real=real, defines=defines, before=("stopping",), structs=(STATE, PROGRESS, ONCHIP_RUN))
 
