@@ -31,14 +31,10 @@
 //   and their inverse diagonal, all read through distributed shared memory, with the owners'
 //   operations, so it is exactly their u. With several teams (ONCHIP_GROUPS > 1, single-reduction
 //   only) every block also publishes r, s and w in a global mirror (a.mirror), where blocks of other
-//   teams read them (through L2) and the inverse diagonal from a.dinv. Shared memory: u, and in a team r, s, w twice and the
-//   inverse diagonal (a global load there instead cost 0.2-0.3 us an iteration, MEASUREMENTS.md).
-//   With ONCHIP_SPLIT_PRODUCT (a team whose threads hold their rows whole in registers) the product
-//   adds the entries at other blocks' rows first, before the block's own update and barrier (what it
-//   reads there the last reduction published), so that those reads through distributed shared memory
-//   are in flight while the block updates its rows, then its own (Poisson 64^2 2.05 -> 1.90 us an
-//   iteration; with rows partly in shared memory it measured slower, and in classic PCG too,
-//   MEASUREMENTS.md).
+//   teams read them (through L2) and the inverse diagonal from a.dinv. Shared memory: u, and in a
+//   team r, s, w twice, the inverse diagonal (a global load there instead cost 0.2-0.3 us an
+//   iteration, MEASUREMENTS.md) and x, which only the thread reads: the registers x and the inverse
+//   diagonal leave hold matrix entries (Poisson 128^2 its rows whole, 2.67 -> 2.41 us an iteration).
 //
 // A reduction adds lanes by a butterfly (every lane ends with the same bits), then the warps' totals
 // the same way: in one block every warp adds them itself, behind one block barrier (gr_900 0.64 us an
@@ -70,7 +66,7 @@
 //
 // Compiled after grid.cu and stopping.cu, with ONCHIP_BLOCK, ONCHIP_ROWS, ONCHIP_TEAM, ONCHIP_HELD,
 // ONCHIP_GROUPS, ONCHIP_SINGLE, ONCHIP_GLOBAL (1 when some slices live in the global workspace), ONCHIP_ZP_REGISTERS
-// (classic, one block: z and p_old in registers), ONCHIP_SPLIT_PRODUCT (single-reduction, see above)
+// (classic, one block: z and p_old in registers), ONCHIP_SHARED_VECTORS
 // and ONCHIP_MIN_BLOCKS (blocks an SM should hold:
 // the registers a thread may use follow) defined and the structs State, Progress, OnchipRun generated
 // (solvers/pcg/onchip.py). A team of more than 8 blocks needs the non-portable cluster size allowed
@@ -294,38 +290,24 @@ struct ThreadRows {
     int width[ONCHIP_ROWS];
 };
 
-// Which of a row's entries a product pass adds: all; in a team, those whose column another block holds
-// (read through distributed shared memory before the block's barrier, while the block updates its own
-// rows) or those of the block's own rows (after it).
-enum Columns { ALL_COLUMNS, OTHER_BLOCKS, OWN_BLOCK };
-
-template <Columns C>
-__device__ __forceinline__ bool adds(int j, unsigned member) {
-    if (C == ALL_COLUMNS) return true;
-    return ((unsigned)j / CHUNK == member) == (C == OWN_BLOCK);
-}
-
 // The rank in its team of the system's block `owner` (unsigned arithmetic: fewer instructions).
 __device__ __forceinline__ unsigned rank_of(unsigned owner) {
     return ONCHIP_GROUPS > 1 ? owner % ONCHIP_TEAM : owner;
 }
 
-// (A v) at the thread's rows, v(j) giving entry j of the system's vector, or the part of it `C` says:
-// OWN_BLOCK adds to `out`, the others start it. The held entries of all rows first, interleaved (their
-// gathers in flight together), then the slices, whose rows also advance together; each row adds its
-// entries in CSR order (in a team split in two passes: other blocks' columns, then its own). `split`
-// is a multiple of 32 and slices start at multiples of 32: a warp's entries are on one side together.
-template <Columns C = ALL_COLUMNS, typename V>
-__device__ __forceinline__ void rows_product(const ThreadRows& m, V v, real_t (&out)[ONCHIP_ROWS], unsigned member = 0) {
-    if (C != OWN_BLOCK) {
+// (A v) at the thread's rows, v(j) giving entry j of the system's vector. The held entries of all rows
+// first, interleaved (their gathers in flight together), then the slices, whose rows also advance
+// together; each row adds its entries in CSR order. `split` is a multiple of 32 and slices start at
+// multiples of 32: a warp's entries are on one side together.
+template <typename V>
+__device__ __forceinline__ void rows_product(const ThreadRows& m, V v, real_t (&out)[ONCHIP_ROWS]) {
 #pragma unroll
-        for (int k = 0; k < ONCHIP_ROWS; ++k) out[k] = 0;
-    }
+    for (int k = 0; k < ONCHIP_ROWS; ++k) out[k] = 0;
 #pragma unroll
     for (int w = 0; w < ONCHIP_HELD; ++w) {
 #pragma unroll
         for (int k = 0; k < ONCHIP_ROWS; ++k)
-            if (w < m.held[k] && adds<C>(m.held_col[k][w], member))
+            if (w < m.held[k])
                 out[k] = fma(m.held_val[k][w], v(m.held_col[k][w]), out[k]);
     }
     int widest = 0;
@@ -339,7 +321,7 @@ __device__ __forceinline__ void rows_product(const ThreadRows& m, V v, real_t (&
             const int e = m.at[k] + 32 * w;
             const bool shared = !ONCHIP_GLOBAL || e < m.split;
             const int j = shared ? m.col_s[e] : m.col_g[e];
-            if (adds<C>(j, member)) out[k] = fma(shared ? m.val_s[e] : m.val_g[e], v(j), out[k]);
+            out[k] = fma(shared ? m.val_s[e] : m.val_g[e], v(j), out[k]);
         }
     }
 }
@@ -531,13 +513,6 @@ __device__ __forceinline__ int iterate(SystemRun& sr, real_t (&x)[ONCHIP_ROWS]) 
             return *team_peer(d_s + at, rank) * fma(-alpha, sj, *team_peer(r_b + theirs + at, rank));
         };
         (void)other_u;
-#if ONCHIP_SPLIT_PRODUCT
-        real_t w_other[ONCHIP_ROWS];  // the product's entries at other blocks' rows, gathered first
-        rows_product<OTHER_BLOCKS>(sr.m, [&](int j) {
-            const unsigned owner = (unsigned)j / CHUNK;
-            return other_u(owner, j - (int)owner * CHUNK);
-        }, w_other, sr.member);
-#endif
 #pragma unroll
         for (int k = 0; k < ONCHIP_ROWS; ++k) {  // s = w + beta s; p = u + beta p; x += alpha p; r -= alpha s
             const real_t u_old = dvr(k) * r[k];
@@ -554,11 +529,6 @@ __device__ __forceinline__ int iterate(SystemRun& sr, real_t (&x)[ONCHIP_ROWS]) 
 #endif
         }
         __syncthreads();  // the block's u, read by its threads
-#if ONCHIP_SPLIT_PRODUCT
-#pragma unroll
-        for (int k = 0; k < ONCHIP_ROWS; ++k) w[k] = w_other[k];
-        rows_product<OWN_BLOCK>(sr.m, [&](int j) { return u_s[j - sr.first]; }, w, sr.member);
-#else
         rows_product(sr.m, [&](int j) {
 #if ONCHIP_TEAM > 1
             const unsigned owner = (unsigned)j / CHUNK;
@@ -569,7 +539,6 @@ __device__ __forceinline__ int iterate(SystemRun& sr, real_t (&x)[ONCHIP_ROWS]) 
             return u_s[j];
 #endif
         }, w);
-#endif
         double sums[3] = {0.0, 0.0, 0.0};  // r.r, r.u, w.u
 #pragma unroll
         for (int k = 0; k < ONCHIP_ROWS; ++k) {

@@ -249,23 +249,6 @@ def test_auto_runs_classic_on_chip_only_in_one_block_holding_whole_rows_in_regis
     assert auto(poisson((200, 200))) == auto(poisson((256, 256))) == "single-reduction"
 
 
-def test_single_reduction_splits_a_cluster_s_product_only_where_rows_are_held_whole():
-    from solvers.mmio import read_matrix
-    from solvers.pcg.onchip import choose_layout, kernel_program
-    data = __import__("pathlib").Path(__file__).resolve().parent / "data" / "matrices"
-
-    def split(A, variant="single-reduction"):
-        layout = choose_layout(A.indptr, [0, A.shape[0]], 8, True, variant, A.indices)
-        return dict(kernel_program(layout, variant, "double", 1)["defines"])["ONCHIP_SPLIT_PRODUCT"] == "1"
-
-    assert split(poisson((64, 64)))  # 16 blocks, five entries a row in registers
-    # 640 threads: whole rows in registers only with x and the inverse diagonal in shared memory
-    assert split(read_matrix(str(data / "lap2D_5pt_n100.mtx")).tocsr())
-    assert not split(poisson((256, 256)))  # over 7 clusters: three held, two in shared memory
-    assert not split(poisson((64, 64)), "classic")
-    assert not split(read_matrix(str(data / "1138_bus.mtx")).tocsr())  # one block
-
-
 def test_slice_capacity_counts_each_block_s_slices_at_their_longest_row():
     from solvers.pcg.onchip import Shape, slice_capacity
     lengths = np.r_[np.full(31, 2), 5, np.full(32, 3), np.full(10, 1)]  # 74 rows: slices of 32, 32, 10

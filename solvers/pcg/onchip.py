@@ -360,16 +360,11 @@ def kernel_program(layout, variant, real, min_blocks):
     """Arguments of :func:`kernels.module` for the on-chip kernel of ``layout`` (a :class:`Layout`)
     running ``variant`` in ``real`` ("double" or "float"), ``min_blocks`` blocks an SM."""
     shape = layout.shape
-    # Single-reduction in a cluster gathers other blocks' entries before its barrier where every row is held
-    # whole in registers (Poisson 64^2 2.05 -> 1.90 us an iteration); with rows partly in shared memory
-    # it measured slower (lap2D_5pt_n100 2.25 -> 2.55), and in classic PCG too (MEASUREMENTS.md).
-    split_product = variant != "classic" and shape.team > 1 and layout.entries == 0
     defines = (("ONCHIP_BLOCK", str(shape.block)), ("ONCHIP_ROWS", str(shape.rows)), ("ONCHIP_TEAM", str(shape.team)),
                ("ONCHIP_GROUPS", str(shape.groups)),
                ("ONCHIP_HELD", str(layout.held)), ("ONCHIP_SINGLE", str(int(variant != "classic"))),
                ("ONCHIP_GLOBAL", str(int(layout.in_shared < layout.entries))),
                ("ONCHIP_ZP_REGISTERS", str(int(layout.zp_registers))),
-               ("ONCHIP_SPLIT_PRODUCT", str(int(split_product))),
                ("ONCHIP_SHARED_VECTORS", str(shared_vectors(variant, shape.team, layout.zp_registers))),
                ("ONCHIP_MIN_BLOCKS", str(min_blocks)))
     return dict(name="onchip", real=real, defines=defines, before=("stopping",), structs=(STATE, PROGRESS, ONCHIP_RUN))
