@@ -202,17 +202,9 @@ __device__ __forceinline__ void init_team_scratch(TeamScratch& sc) {
 // of WARP_GROUP lanes by the same butterfly (one block barrier a reduction). In a team warp 0 adds
 // them, pushes them to every member, waits for the others' and adds them; the block's threads read
 // the result behind a second block barrier. Also a barrier of the team for the shared memory
-// accessed before and after the call. `decide(v)`, where given, turns the totals into what the threads
-// need of them (a decision): in a team warp 0 alone runs it, before the barrier, and the block reads its
-// outcome (the other warps' issue slots stay free: with 20 warps a block, every warp taking the
-// decision's divisions itself costs them), in one block every thread runs it.
-struct NoDecision {
-    template <int K>
-    __device__ void operator()(double (&)[K]) const {}
-};
-
-template <int K, typename F = NoDecision>
-__device__ __forceinline__ void team_sums(double (&v)[K], TeamScratch& sc, int& round, F decide = {}) {
+// accessed before and after the call.
+template <int K>
+__device__ __forceinline__ void team_sums(double (&v)[K], TeamScratch& sc, int& round) {
     const int buf = round & 1;
     const unsigned parity = (unsigned)(round >> 1) & 1u;  // of this buffer's mbarrier phase
     ++round;
@@ -229,7 +221,6 @@ __device__ __forceinline__ void team_sums(double (&v)[K], TeamScratch& sc, int& 
     (void)parity;
 #pragma unroll
     for (int k = 0; k < K; ++k) v[k] = group_total<WARP_GROUP>(from < ONCHIP_WARPS ? sc.warp[buf][k][from] : 0.0);
-    decide(v);
 #else
     if (warp == 0) {
 #pragma unroll
@@ -259,8 +250,7 @@ __device__ __forceinline__ void team_sums(double (&v)[K], TeamScratch& sc, int& 
                 v[k] = group_total<GROUPS_GROUP>(lane < ONCHIP_GROUPS ? __ldcg(&slots[lane * MAX_SUMS + k]) : 0.0);
         }
 #endif
-        decide(v);
-        if (lane == 0) {  // every lane holds the totals (or the decision)
+        if (lane == 0) {  // lanes 0.. TEAM_GROUP - 1 hold the team's totals
 #pragma unroll
             for (int k = 0; k < K; ++k) sc.total[buf][k] = v[k];
         }
@@ -562,15 +552,10 @@ __device__ __forceinline__ int iterate(SystemRun& sr, real_t (&x)[ONCHIP_ROWS]) 
             sums[2] += (double)w[k] * (double)u[k];
         }
         (void)theirs;
-        double rnorm = 0.0;  // known where the decision is taken (warp 0 in a team: the recorder's warp)
-        team_sums(sums, sr.sc, sr.round, [&](double (&t)[3]) {  // -> alpha, beta, status
-            rnorm = sqrt(t[0]);
-            const int decided = single_reduction_decision(&ls, setup, it + 1, rnorm, t[1], t[2]);
-            t[0] = ls.alpha, t[1] = ls.beta, t[2] = decided;
-        });
+        team_sums(sums, sr.sc, sr.round);
         ++it;
-        ls.alpha = sums[0], ls.beta = sums[1];
-        status = (int)sums[2];
+        const double rnorm = sqrt(sums[0]);
+        status = single_reduction_decision(&ls, setup, it, rnorm, sums[1], sums[2]);
         if (status == RUNNING) parity ^= 1;
         if (sr.recorder) record_decision(sr.st, it, rnorm, status, a.history, a.progress, sr.handle);
     }
