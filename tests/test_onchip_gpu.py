@@ -160,6 +160,17 @@ def test_poisson_256_spread_over_seven_clusters_agrees_with_the_cpu(cupy):
     assert again.iterations == res.iterations and cupy.array_equal(again.x, res.x)
 
 
+def test_a_gpu_holding_too_few_clusters_at_once_takes_the_grid_or_refuses(cupy, monkeypatch):
+    from solvers.pcg import onchip
+    monkeypatch.setattr(onchip, "resident_clusters", lambda function, shape, shared_bytes: shape.groups - 1)
+    A = poisson((256, 256))
+    solver = solvers.PCG(A, device="gpu")
+    assert solver.path == "grid" and "holds 6 clusters of 16 blocks at once" in solver.path_note
+    assert solver.solve(np.ones(A.shape[0])).converged
+    with pytest.raises(solvers.DeviceError, match="needs 7"):
+        solvers.PCG(A, device="gpu", path="on-chip")
+
+
 def test_on_chip_failures_history_and_callback(cupy):
     A = poisson((16, 16))
     n = A.shape[0]

@@ -372,7 +372,11 @@ def kernel_program(layout, variant, real, min_blocks):
 
 def resident_clusters(function, shape, shared_bytes):
     """Clusters of ``shape`` (a :class:`Shape`) of the compiled ``function`` the GPU holds at once."""
-    from cuda.bindings import driver
+    try:
+        from cuda.bindings import driver
+    except ImportError:
+        raise DeviceError("spreading a system over several clusters needs cuda-bindings (pip install "
+                          "graphsolve-cuda[cuda12] or [cuda13]) to count the clusters the GPU holds") from None
     config = driver.CUlaunchConfig()
     config.gridDimX, config.gridDimY, config.gridDimZ = shape.team * shape.groups, 1, 1
     config.blockDimX, config.blockDimY, config.blockDimZ = shape.block, 1, 1
