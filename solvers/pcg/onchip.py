@@ -220,13 +220,13 @@ def scratch_bytes(shape):
 
 def held_entries(shape, variant, itemsize, longest):
     """Entries of each row a thread keeps in registers (one block an SM): what the registers left
-    beside the rows' vectors (classic x, r, q, p and the inverse diagonal; single-reduction x, p, r,
-    s, w, u and the inverse diagonal) and RESERVED_REGISTERS leave, at most the longest row."""
+    beside the rows' vectors (classic x, r, q, p and the inverse diagonal; single-reduction p, r, s, w,
+    u, and in one block x and the inverse diagonal, which a cluster reads from shared memory) and
+    RESERVED_REGISTERS (with SPREAD_REGISTERS over several clusters) leave, at most the longest row."""
     words = itemsize // 4
     warps_a_scheduler = -(-shape.block // 128)
     per_thread = min(THREAD_REGISTERS, QUARTER_REGISTERS // (32 * warps_a_scheduler) // 8 * 8)
-    # classic x, r, q, p, dinv; single-reduction x, p, r, s, w, u, dinv, in a cluster x and dinv in shared memory
-    vectors = (5 if variant == "classic" else 5 if shape.team > 1 else 7) * words * shape.rows
+    vectors = (5 if variant == "classic" or shape.team > 1 else 7) * words * shape.rows
     reserved = RESERVED_REGISTERS[variant, shape.team > 1] + (SPREAD_REGISTERS if shape.groups > 1 else 0)
     room = per_thread - reserved - REGISTERS_A_ROW * shape.rows - vectors
     return int(max(0, min(longest, room // ((words + 1) * shape.rows))))
