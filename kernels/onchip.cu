@@ -515,12 +515,13 @@ __device__ __forceinline__ int iterate(SystemRun& sr, real_t (&x)[ONCHIP_ROWS]) 
         (void)other_u;
 #pragma unroll
         for (int k = 0; k < ONCHIP_ROWS; ++k) {  // s = w + beta s; p = u + beta p; x += alpha p; r -= alpha s
-            const real_t u_old = dvr(k) * r[k];
+            const real_t d = dvr(k);  // one read of shared memory (the stores below might alias it)
+            const real_t u_old = d * r[k];
             s[k] = fma(beta, s[k], w[k]);
             p[k] = fma(beta, p[k], u_old);
             xr(k) = fma(alpha, p[k], xr(k));
             r[k] = fma(-alpha, s[k], r[k]);
-            u[k] = dvr(k) * r[k];
+            u[k] = d * r[k];
             if (!sr.owns(k)) continue;
             u_s[sr.own(k)] = u[k];
             if (ONCHIP_TEAM > 1) r_b[mine + sr.own(k)] = r[k], s_b[mine + sr.own(k)] = s[k];
