@@ -201,10 +201,10 @@ def slice_capacity(rowptr, start, shape, held=0):
 def shared_vectors(variant, team, zp_registers=False):
     """Vectors of a block's rows in its shared memory: classic z and two directions (only the new
     direction with z and the previous one in registers); single-reduction u, and in a cluster r, s
-    and w of two iterations and the inverse diagonal (what the other blocks form u from) and x."""
+    and w of two iterations (what the other blocks form u from), and the inverse diagonal and x."""
     if variant == "classic":
         return 1 if zp_registers else 3
-    return 9 if team > 1 else 1
+    return 9 if team > 1 else 3
 
 
 def shared_bytes(shape, entries, itemsize, variant="classic", zp_registers=False):
@@ -221,12 +221,12 @@ def scratch_bytes(shape):
 def held_entries(shape, variant, itemsize, longest):
     """Entries of each row a thread keeps in registers (one block an SM): what the registers left
     beside the rows' vectors (classic x, r, q, p and the inverse diagonal; single-reduction p, r, s, w,
-    u, and in one block x and the inverse diagonal, which a cluster reads from shared memory) and
-    RESERVED_REGISTERS (with SPREAD_REGISTERS over several clusters) leave, at most the longest row."""
+    u: it reads x and the inverse diagonal from shared memory) and RESERVED_REGISTERS (with
+    SPREAD_REGISTERS over several clusters) leave, at most the longest row."""
     words = itemsize // 4
     warps_a_scheduler = -(-shape.block // 128)
     per_thread = min(THREAD_REGISTERS, QUARTER_REGISTERS // (32 * warps_a_scheduler) // 8 * 8)
-    vectors = (5 if variant == "classic" or shape.team > 1 else 7) * words * shape.rows
+    vectors = 5 * words * shape.rows
     reserved = RESERVED_REGISTERS[variant, shape.team > 1] + (SPREAD_REGISTERS if shape.groups > 1 else 0)
     room = per_thread - reserved - REGISTERS_A_ROW * shape.rows - vectors
     return int(max(0, min(longest, room // ((words + 1) * shape.rows))))
