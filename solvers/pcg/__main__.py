@@ -123,16 +123,18 @@ def build_parser():
     p.add_argument("--variant", choices=("auto", "classic", "single-reduction"), default="auto",
                    help="classic PCG, or the single-reduction (Chronopoulos-Gear) form: one grid-wide "
                         "reduction per iteration (one allreduce under mpiexec); "
-                        "auto: classic on the on-chip path; on the grid path single-reduction up to "
-                        "131,072 rows, else classic (default auto)")
+                        "auto: on the on-chip path classic in one block holding whole rows in registers, "
+                        "else single-reduction; on the grid path single-reduction up to 131,072 rows, else "
+                        "classic (default auto)")
     p.add_argument("--format", choices=("auto", "ell", "sell", "csr"), default="auto",
                    help="matrix storage on the GPU: ELL (rows of nearly equal length, e.g. stencils), "
                         "SELL-C-sigma (any rows; very long ones split over several warps) or CSR; "
                         "auto: ELL when the rows allow, else SELL")
     p.add_argument("--path", choices=("auto", "grid", "on-chip"), default="auto",
                    help="GPU kernel: the whole GPU with grid-wide barriers, or the iteration inside one "
-                        "thread block or cluster (small systems); auto: on chip up to "
-                        "16,384 rows unless most product reads cross blocks (the report says which ran)")
+                        "thread block or cluster, or over a few clusters (small systems); auto: on chip up "
+                        "to 71,680 rows (above 16,384 single-reduction over several clusters) unless many "
+                        "product reads cross blocks (the report says which ran)")
     p.add_argument("--reorder", choices=("auto", "none", "rcm"), default="auto",
                    help="reverse Cuthill-McKee reordering (on the GPU for a GPU solve, SciPy's on the CPU), "
                         "undone on the solution; rcm: at set-up; auto: on the GPU for a matrix whose product "
