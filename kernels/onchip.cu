@@ -65,7 +65,7 @@
 // ||b - A x|| and ||b|| in norms[2s], norms[2s + 1].
 //
 // Compiled after grid.cu and stopping.cu, with ONCHIP_BLOCK, ONCHIP_ROWS, ONCHIP_TEAM, ONCHIP_HELD,
-// ONCHIP_GROUPS, ONCHIP_SINGLE, ONCHIP_GLOBAL (1 when some slices live in the global workspace), ONCHIP_ZP_REGISTERS
+// ONCHIP_GROUPS, ONCHIP_MAX_SUMS, ONCHIP_MIRROR_VECTORS, ONCHIP_SINGLE, ONCHIP_GLOBAL (1 when some slices live in the global workspace), ONCHIP_ZP_REGISTERS
 // (classic, one block: z and p_old in registers), ONCHIP_SHARED_VECTORS
 // and ONCHIP_MIN_BLOCKS (blocks an SM should hold:
 // the registers a thread may use follow) defined and the structs State, Progress, OnchipRun generated
@@ -77,7 +77,7 @@
 #define ONCHIP_WARPS (ONCHIP_BLOCK / 32)
 #define ONCHIP_SLICES (CHUNK / 32)
 #define FULL_WARP 0xffffffffu
-#define MAX_SUMS 3
+#define MAX_SUMS ONCHIP_MAX_SUMS  // values a reduction adds at most (solvers/pcg/onchip.py's TEAM_SUMS)
 #define HELD_SIZE (ONCHIP_HELD > 0 ? ONCHIP_HELD : 1)
 // Vectors of CHUNK entries in a block's shared memory, ahead of its matrix slices (ONCHIP_SHARED_VECTORS,
 // from solvers/pcg/onchip.py's shared_vectors: what iterate() below keeps there).
@@ -422,6 +422,7 @@ __device__ __forceinline__ int iterate(SystemRun& sr, real_t (&x)[ONCHIP_ROWS]) 
     auto dvr = [&](int k) { return d_s[sr.own(k)]; };
 #if ONCHIP_GROUPS > 1
     // r, s and w of iteration parity q for other teams: mirror[q * n3 + v * n + row], v = 0, 1, 2
+    static_assert(ONCHIP_MIRROR_VECTORS == 6, "the host allocates ONCHIP_MIRROR_VECTORS vectors for the mirror");
     real_t* mirror = a.mirror;
     const int n3 = 3 * sr.n;
 #endif

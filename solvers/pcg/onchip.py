@@ -42,6 +42,8 @@ THREAD_REGISTERS = 255     # the most one thread may use
 RESERVED_REGISTERS = {("classic", False): 40, ("classic", True): 64,
                       ("single-reduction", False): 46, ("single-reduction", True): 62}
 REGISTERS_A_ROW = 6
+TEAM_SUMS = 3  # values one reduction of the kernel adds at most (r.r, r.u, w.u)
+MIRROR_VECTORS = 6  # a system over several clusters: r, s and w of two iterations in global memory
 SPREAD_REGISTERS = 8  # more for a system over several clusters (the mirror's addresses; Poisson 256^2 spilled holding 4)
 NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 14  # CUfunction_attribute
 VARIANTS = ("classic", "single-reduction")
@@ -214,8 +216,11 @@ def shared_bytes(shape, entries, itemsize, variant="classic", zp_registers=False
 
 def scratch_bytes(shape):
     """The kernel's static shared memory (``TeamScratch``): the warps', the team's and the block's
-    totals of three values twice, two mbarriers, a slice width per 32 rows."""
-    return 48 * (shape.block // 32) + 48 * shape.team + 48 + 16 + 4 * (shape.chunk // 32)
+    totals of three values twice, two mbarriers, a slice width per 32 rows; over several clusters two
+    addresses and a count."""
+    totals = 2 * TEAM_SUMS * 8  # two buffers of doubles
+    spread = 24 if shape.groups > 1 else 0
+    return totals * (shape.block // 32) + totals * shape.team + totals + 16 + 4 * (shape.chunk // 32) + spread
 
 
 def held_entries(shape, variant, itemsize, longest):
@@ -361,7 +366,8 @@ def kernel_program(layout, variant, real, min_blocks):
     running ``variant`` in ``real`` ("double" or "float"), ``min_blocks`` blocks an SM."""
     shape = layout.shape
     defines = (("ONCHIP_BLOCK", str(shape.block)), ("ONCHIP_ROWS", str(shape.rows)), ("ONCHIP_TEAM", str(shape.team)),
-               ("ONCHIP_GROUPS", str(shape.groups)),
+               ("ONCHIP_GROUPS", str(shape.groups)), ("ONCHIP_MAX_SUMS", str(TEAM_SUMS)),
+               ("ONCHIP_MIRROR_VECTORS", str(MIRROR_VECTORS)),
                ("ONCHIP_HELD", str(layout.held)), ("ONCHIP_SINGLE", str(int(variant != "classic"))),
                ("ONCHIP_GLOBAL", str(int(layout.in_shared < layout.entries))),
                ("ONCHIP_ZP_REGISTERS", str(int(layout.zp_registers))),
@@ -441,9 +447,9 @@ class OnChipKernel:
             if resident < self.shape.groups:
                 raise DeviceError(f"this GPU holds {resident} clusters of {self.shape.team} blocks at once; "
                                   f"a system of {int(start[-1]):,} rows on chip needs {self.shape.groups}")
-            self.spread = dict(mirror=cupy.empty(6 * int(start[-1]), dtype=np.float64 if real == "double"
-                                                 else np.float32),
-                               group_sums=cupy.zeros(2 * self.shape.groups * 3),
+            self.spread = dict(mirror=cupy.empty(MIRROR_VECTORS * int(start[-1]), dtype=np.float64
+                                                 if real == "double" else np.float32),
+                               group_sums=cupy.zeros(2 * self.shape.groups * TEAM_SUMS),
                                group_arrivals=cupy.zeros(1, dtype=np.uint64))
         self.workspace = None  # the entries of each block that shared memory cannot hold
         if self.layout.in_shared < self.layout.entries:
