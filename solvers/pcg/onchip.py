@@ -69,6 +69,11 @@ SPREAD_MAX_REMOTE = 0.25
 ONCHIP_PRECONDITIONERS = ("jacobi", "none")  # what the kernel applies (an inverse diagonal or nothing)
 
 
+class ClustersUnavailable(DeviceError):
+    """A system spread over several clusters that this GPU (or this installation) cannot run: ``auto``
+    takes the grid path instead."""
+
+
 def remote_fraction(indptr, indices, shape):
     """The fraction of a CSR pattern's entries (host arrays) whose column another block of ``shape``'s
     cluster holds (0 for one block)."""
@@ -103,11 +108,9 @@ def choose_path(path, n, variant="auto", preconditioner="jacobi", A=None):
     if spread and variant == "classic":
         return "grid", (f"auto: classic PCG on chip runs inside one cluster (at most {ONCHIP_MAX_ROWS:,} rows), "
                         f"the whole GPU")
-    shape, remote = latency_shape(n), 0.0
-    if A is not None and hasattr(A, "indptr"):
-        pattern = host_pattern(A)
-        shape = latency_shape(n, pattern)
-        remote = remote_fraction(*pattern, shape)
+    pattern = host_pattern(A) if A is not None and hasattr(A, "indptr") else None
+    shape = latency_shape(n, pattern)
+    remote = remote_fraction(*pattern, shape) if pattern is not None else 0.0
     limit = SPREAD_MAX_REMOTE if spread else ONCHIP_MAX_REMOTE
     if remote > limit:
         return "grid", (f"auto: {remote:.0%} of the entries would be read from another block of a cluster "
@@ -381,7 +384,7 @@ def resident_clusters(function, shape, shared_bytes):
     try:
         from cuda.bindings import driver
     except ImportError:
-        raise DeviceError("spreading a system over several clusters needs cuda-bindings (pip install "
+        raise ClustersUnavailable("spreading a system over several clusters needs cuda-bindings (pip install "
                           "graphsolve-cuda[cuda12] or [cuda13]) to count the clusters the GPU holds") from None
     config = driver.CUlaunchConfig()
     config.gridDimX, config.gridDimY, config.gridDimZ = shape.team * shape.groups, 1, 1
@@ -393,7 +396,7 @@ def resident_clusters(function, shape, shared_bytes):
     config.attrs, config.numAttrs = [cluster], 1
     err, count = driver.cuOccupancyMaxActiveClusters(driver.CUfunction(function.ptr), config)
     if err != driver.CUresult.CUDA_SUCCESS:
-        raise DeviceError(f"cuOccupancyMaxActiveClusters failed ({err.name})")
+        raise ClustersUnavailable(f"cuOccupancyMaxActiveClusters failed ({err.name})")
     return int(count)
 
 
@@ -445,7 +448,7 @@ class OnChipKernel:
         if self.shape.groups > 1:
             resident = resident_clusters(self._function, self.shape, self.shared_bytes)
             if resident < self.shape.groups:
-                raise DeviceError(f"this GPU holds {resident} clusters of {self.shape.team} blocks at once; "
+                raise ClustersUnavailable(f"this GPU holds {resident} clusters of {self.shape.team} blocks at once; "
                                   f"a system of {int(start[-1]):,} rows on chip needs {self.shape.groups}")
             self.spread = dict(mirror=cupy.empty(MIRROR_VECTORS * int(start[-1]), dtype=np.float64
                                                  if real == "double" else np.float32),

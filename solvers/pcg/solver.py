@@ -245,7 +245,7 @@ class PCG:
             self._impl = CPUPCG(A, precond, self.dtype, variant)
         else:
             from .gpu import GPUPCG
-            from .onchip import OnChipPCG, choose_path
+            from .onchip import ClustersUnavailable, OnChipPCG, choose_path
             refuse_unsupported(spec, "gpu", variant, self.dtype)
             require_device_memory(device_bytes(n, nnz, self.dtype), f"a PCG solve of {n:,} rows")
             self.path, self.path_note = choose_path(path, n, variant, spec.name, A)
@@ -253,7 +253,7 @@ class PCG:
                 try:
                     self._impl = OnChipPCG(A, spec.name, self.dtype, mode, OnChipPCG.default_unroll
                                            if unroll is None else unroll, record_history, variant, matrix_format)
-                except DeviceError as exc:  # the clusters of a spread system not resident at once
+                except ClustersUnavailable as exc:
                     if path != "auto":
                         raise
                     self.path, self.path_note = "grid", f"auto: {exc}; the whole GPU"
