@@ -273,16 +273,10 @@ __device__ __forceinline__ void system_barrier(TeamScratch& sc, int& round) {
 #endif
 }
 
-// A column j of the system as the product keeps it: j - first, its row within the block, where the
-// block (its rows from `first`) owns row j, else -1 - j (another block's row: a team's boundary).
-__device__ __forceinline__ int column_code(int j, int first) {
-    return j >= first && j < first + CHUNK ? j - first : -1 - j;
-}
-
-// This thread's rows of a system's matrix. Entry w < held[k] of its k-th row is held_val[k][w], its
-// column held_col[k][w] (column_code); entry held[k] + w, w < width[k], is entry e = at[k] + 32 w of the block's slices:
+// This thread's rows of a system's matrix. Entry w < held[k] of its k-th row is held_val[k][w] (column
+// held_col[k][w]); entry held[k] + w, w < width[k], is entry e = at[k] + 32 w of the block's slices:
 // val_s[e] below `split` (shared memory), else val_g[e] (global; the pointers are offset by -split),
-// and likewise for the columns (column_code). held and width are the same in a warp.
+// and likewise for the columns (within the system). held and width are the same in a warp.
 struct ThreadRows {
     real_t held_val[ONCHIP_ROWS][HELD_SIZE];
     int held_col[ONCHIP_ROWS][HELD_SIZE];
@@ -301,42 +295,20 @@ __device__ __forceinline__ unsigned rank_of(unsigned owner) {
     return ONCHIP_GROUPS > 1 ? owner % ONCHIP_TEAM : owner;
 }
 
-// (A v) at the thread's rows, v(j) giving entry j of the system's vector and own(at) its entry at this
-// block's row at (the same value, read without asking whose row it is). The held entries of all rows
-// first, interleaved: a thread whose held columns are all in this block (held_col >= 0, the row within
-// the block) reads them without branches, so that their loads are in flight together; one with some
-// in other blocks (held_col = -1 - j: a team's boundary rows) asks entry by entry. Then the slices
-// (their columns coded alike), whose rows also advance together. Each row adds its entries in CSR order. `split` is a multiple of
-// 32 and slices start at multiples of 32: a warp's entries are on one side together.
-template <typename O, typename V>
-__device__ __forceinline__ void rows_product(const ThreadRows& m, O own, V v, real_t (&out)[ONCHIP_ROWS]) {
+// (A v) at the thread's rows, v(j) giving entry j of the system's vector. The held entries of all rows
+// first, interleaved (their gathers in flight together), then the slices, whose rows also advance
+// together; each row adds its entries in CSR order. `split` is a multiple of 32 and slices start at
+// multiples of 32: a warp's entries are on one side together.
+template <typename V>
+__device__ __forceinline__ void rows_product(const ThreadRows& m, V v, real_t (&out)[ONCHIP_ROWS]) {
 #pragma unroll
     for (int k = 0; k < ONCHIP_ROWS; ++k) out[k] = 0;
-    bool far = false;
-#if ONCHIP_TEAM > 1
 #pragma unroll
     for (int w = 0; w < ONCHIP_HELD; ++w) {
 #pragma unroll
-        for (int k = 0; k < ONCHIP_ROWS; ++k) far |= m.held_col[k][w] < 0;
-    }
-#endif
-    if (!far) {
-#pragma unroll
-        for (int w = 0; w < ONCHIP_HELD; ++w) {
-#pragma unroll
-            for (int k = 0; k < ONCHIP_ROWS; ++k)
-                if (w < m.held[k]) out[k] = fma(m.held_val[k][w], own(m.held_col[k][w]), out[k]);
-        }
-    } else {
-#pragma unroll
-        for (int w = 0; w < ONCHIP_HELD; ++w) {
-#pragma unroll
-            for (int k = 0; k < ONCHIP_ROWS; ++k) {
-                if (w >= m.held[k]) continue;
-                const int c = m.held_col[k][w];
-                out[k] = fma(m.held_val[k][w], c >= 0 ? own(c) : v(-1 - c), out[k]);
-            }
-        }
+        for (int k = 0; k < ONCHIP_ROWS; ++k)
+            if (w < m.held[k])
+                out[k] = fma(m.held_val[k][w], v(m.held_col[k][w]), out[k]);
     }
     int widest = 0;
 #pragma unroll
@@ -348,8 +320,8 @@ __device__ __forceinline__ void rows_product(const ThreadRows& m, O own, V v, re
             if (w >= m.width[k]) continue;
             const int e = m.at[k] + 32 * w;
             const bool shared = !ONCHIP_GLOBAL || e < m.split;
-            const int c = shared ? m.col_s[e] : m.col_g[e];
-            out[k] = fma(shared ? m.val_s[e] : m.val_g[e], c >= 0 ? own(c) : v(-1 - c), out[k]);
+            const int j = shared ? m.col_s[e] : m.col_g[e];
+            out[k] = fma(shared ? m.val_s[e] : m.val_g[e], v(j), out[k]);
         }
     }
 }
@@ -373,7 +345,7 @@ __device__ __forceinline__ void lay_out_rows(const OnchipRun& a, int lo, int n, 
 #pragma unroll
         for (int w = 0; w < ONCHIP_HELD; ++w) {
             m.held_val[k][w] = w < length[k] ? a.val[begin[k] + w] : real_t(0);
-            m.held_col[k][w] = column_code(w < length[k] ? a.col[begin[k] + w] - lo : (i < n ? i : 0), first);
+            m.held_col[k][w] = w < length[k] ? a.col[begin[k] + w] - lo : (i < n ? i : 0);
         }
     }
     __syncthreads();
@@ -395,11 +367,11 @@ __device__ __forceinline__ void lay_out_rows(const OnchipRun& a, int lo, int n, 
             const int e = m.at[k] + 32 * w, entry = m.held[k] + w;
             if (e >= m.split && !build_global) break;
             const real_t v = entry < length[k] ? a.val[begin[k] + entry] : real_t(0);
-            const int c = column_code(entry < length[k] ? a.col[begin[k] + entry] - lo : (i < n ? i : 0), first);
+            const int j = entry < length[k] ? a.col[begin[k] + entry] - lo : (i < n ? i : 0);
             if (e < m.split) {
-                m.val_s[e] = v, m.col_s[e] = c;
+                m.val_s[e] = v, m.col_s[e] = j;
             } else {
-                m.val_g[e] = v, m.col_g[e] = c;
+                m.val_g[e] = v, m.col_g[e] = j;
             }
         }
     }
@@ -466,7 +438,7 @@ __device__ __forceinline__ int iterate(SystemRun& sr, real_t (&x)[ONCHIP_ROWS]) 
     if (sr.start) {  // r = b - A x0
         const real_t* x0 = a.x + sr.lo;
         real_t ax[ONCHIP_ROWS];
-        rows_product(sr.m, [&](int at) { return x0[sr.first + at]; }, [&](int j) { return x0[j]; }, ax);
+        rows_product(sr.m, [&](int j) { return x0[j]; }, ax);
         double bb[1] = {0.0};
 #pragma unroll
         for (int k = 0; k < ONCHIP_ROWS; ++k) {
@@ -547,7 +519,7 @@ __device__ __forceinline__ int iterate(SystemRun& sr, real_t (&x)[ONCHIP_ROWS]) 
 #endif
         }
         __syncthreads();  // the block's u, read by its threads
-        rows_product(sr.m, [&](int at) { return u_s[at]; }, [&](int j) {
+        rows_product(sr.m, [&](int j) {
 #if ONCHIP_TEAM > 1
             const unsigned owner = (unsigned)j / CHUNK;
             const int at = j - (int)owner * CHUNK;
@@ -628,7 +600,7 @@ __device__ __forceinline__ int iterate(SystemRun& sr, real_t (&x)[ONCHIP_ROWS]) 
     if (sr.start) {  // r = b - A x0, z = M^-1 r, p_old = 0: the set-up pass
         const real_t* x0 = a.x + sr.lo;
         real_t ax[ONCHIP_ROWS];
-        rows_product(sr.m, [&](int at) { return x0[sr.first + at]; }, [&](int j) { return x0[j]; }, ax);
+        rows_product(sr.m, [&](int j) { return x0[j]; }, ax);
         double sums[3] = {0.0, 0.0, 0.0};  // b.b, r.z, r.r
 #pragma unroll
         for (int k = 0; k < ONCHIP_ROWS; ++k) {
@@ -687,7 +659,7 @@ __device__ __forceinline__ int iterate(SystemRun& sr, real_t (&x)[ONCHIP_ROWS]) 
         }
         (void)po;
         __syncthreads();  // the block's new direction, read by its threads
-        rows_product(sr.m, [&](int at) { return (real_t)pn[at]; }, [&](int j) {
+        rows_product(sr.m, [&](int j) {
 #if ONCHIP_TEAM > 1
             const unsigned owner = (unsigned)j / CHUNK;
             const int at = j - (int)owner * CHUNK;
@@ -811,7 +783,7 @@ __launch_bounds__(ONCHIP_BLOCK, ONCHIP_MIN_BLOCKS) onchip_pcg(const OnchipRun a,
             if (sr.owns(k)) vec[sr.own(k)] = x[k];
         system_barrier(sc, round);  // x in the team's shared memory, and in a.x for other teams
         real_t ax[ONCHIP_ROWS];
-        rows_product(sr.m, [&](int at) { return vec[at]; }, [&](int j) {
+        rows_product(sr.m, [&](int j) {
             const unsigned owner = (unsigned)j / CHUNK;
 #if ONCHIP_GROUPS > 1
             if (owner / ONCHIP_TEAM != member / ONCHIP_TEAM) return __ldcg(&a.x[lo + j]);
