@@ -62,31 +62,21 @@ __device__ __forceinline__ void sell_piece(const Matrix& A, int pc, int lane, V 
     }
 }
 
-// The work items (pieces, then slices from the next multiple of 32) and the order in which warps
-// take them: warp w takes items w, w + warps, ... A window's slices are sorted longest first, and a
-// round of the grid-stride loop hands aligned groups of 32 slices to 32 consecutive warps: with small
-// windows the same warp would get the longest slice of its group every round. So in odd rounds each
-// group goes in reverse (when the warps are a multiple of 32, so that a group lies within one
-// round): a warp's slices over two rounds are about average. solvers/formats/sell.py (stage_steps)
-// follows the same order.
+// The order in which warps take the work items, in rounds of one item a warp: pieces from the last
+// warp down (warp w takes pieces warps - 1 - w, 2 warps - 1 - w, ...), slices from the first warp up
+// in even rounds and from the last down in odd ones (a snake). Slices are sorted longest first (all
+// together, or within windows), and the long rows too, so the first warps take the longest slices
+// and the last the longest pieces, and each odd round gives back what the even one before gave
+// least: a warp's work is about average (H200, power-law graph of 1M rows, 132 x 32 warps: the
+// busiest warp 106 steps of 32 entries, 79 the mean, when pieces and then slices were dealt from the
+// first warp up, each group of 32 slices reversed in odd rounds; 89 so). Consecutive warps take
+// consecutive slices (rows of a window, which share gathered columns). solvers/formats/sell.py
+// (stage_steps) follows the same order.
 struct WorkItems {
-    int warps, lead, items;
-    bool mirror;
-    __device__ explicit WorkItems(const Matrix& A)
-        : warps((gridDim.x * blockDim.x) >> 5), lead((A.pieces + 31) & ~31), items(lead + A.slices),
-          mirror(warps % 32 == 0) {}
-    // this warp's first item
-    __device__ int first() const { return (blockIdx.x * blockDim.x + threadIdx.x) >> 5; }
-    // this warp's first slice item (at or past lead)
-    __device__ int first_slice() const {
-        const int it = first();
-        return it < lead ? it + (lead - it + warps - 1) / warps * warps : it;
-    }
-    __device__ int slice(int it) const {
-        int s = it - lead;
-        if (mirror && ((it / warps) & 1) && (s | 31) < items - lead) s ^= 31;
-        return s;
-    }
+    int warps, warp;
+    __device__ WorkItems() : warps((gridDim.x * blockDim.x) >> 5), warp((blockIdx.x * blockDim.x + threadIdx.x) >> 5) {}
+    __device__ int piece(int round) const { return round * warps + (warps - 1 - warp); }
+    __device__ int slice(int round) const { return round * warps + ((round & 1) ? warps - 1 - warp : warp); }
 };
 
 // ---- The slices staged in shared memory (persistent kernels) ---------------------------------
@@ -119,10 +109,9 @@ __device__ MatrixStage stage_matrix(const Matrix& A) {
     int* col = (int*)((real_t*)stage_memory + (size_t)block_warps * cap * 32) + (size_t)warp * cap * 32;
     st.col = col;
     st.val = val;
-    const WorkItems w(A);
+    const WorkItems w;
     int used = 0;
-    for (int it = w.first_slice(); it < w.items; it += w.warps) {
-        const int s = w.slice(it);
+    for (int round = 0, s; (s = w.slice(round)) < A.slices; ++round) {
         const int begin = A.slice_ptr[s], steps = (A.slice_ptr[s + 1] - begin) >> 5;
         if (used + 1 + steps > cap) break;
         col[32 * used + lane] = A.slice_rows[32 * s + lane];
@@ -150,13 +139,13 @@ __device__ MatrixStage stage_matrix(const Matrix& A) {
 template <typename V, typename F>
 __device__ __forceinline__ void for_each_row_product(const Matrix& A, const MatrixStage& stage, V v, F finish) {
     const int lane = threadIdx.x & 31;
-    const WorkItems w(A);
-    int item = w.first();
-    for (; item < w.lead; item += w.warps)  // a warp's pieces come before its slices
-        if (item < A.pieces) sell_piece(A, item, lane, v, finish);
+    const WorkItems w;
+    for (int round = 0, pc; (pc = w.piece(round)) < A.pieces; ++round)  // a warp's pieces before its slices
+        sell_piece(A, pc, lane, v, finish);
     const int* stage_col = stage.col;
     const real_t* stage_val = stage.val;
-    for (int k = 0; k < stage.slices; ++k, item += w.warps) {
+    int round = 0;
+    for (; round < stage.slices; ++round) {
         const int r = stage_col[lane];
         const int steps = (int)stage_val[0];
         real_t sum = 0;
@@ -168,17 +157,16 @@ __device__ __forceinline__ void for_each_row_product(const Matrix& A, const Matr
         for (int o = SELL_LANES / 2; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
         if (r >= 0 && lane % SELL_LANES == 0) finish(r, sum, WHOLE_ROW);
     }
-    int row = -1, begin = 0, end = 0;
-    if (item < w.items) {
-        const int s = w.slice(item);
+    int s = w.slice(round), row = -1, begin = 0, end = 0;
+    if (s < A.slices) {
         row = A.slice_rows[32 * s + lane];
         begin = A.slice_ptr[s];
         end = A.slice_ptr[s + 1];
     }
-    for (; item < w.items; item += w.warps) {
+    while (s < A.slices) {
         const int r = row, first = begin, last = end;
-        if (item + w.warps < w.items) {
-            const int s = w.slice(item + w.warps);
+        s = w.slice(++round);
+        if (s < A.slices) {
             row = A.slice_rows[32 * s + lane];
             begin = A.slice_ptr[s];
             end = A.slice_ptr[s + 1];

@@ -1,4 +1,6 @@
 """Matrix formats: each layout reproduces the product, and auto picks the format the rows call for."""
+import itertools
+
 import numpy as np
 import pytest
 import scipy.sparse as sp
@@ -157,12 +159,13 @@ def test_sell_auto_orders_rows_by_neighbours_only_where_windows_read_far_fewer_s
     assert SELL(*arrays(no_locality), np, row_order="auto").row_order == "length"
 
 
-def test_sell_rows_by_length_give_slices_of_falling_width_then_the_long_rows_in_order():
+def test_sell_rows_by_length_give_slices_of_falling_width_then_the_long_rows_longest_first():
     A = power_law_laplacian(100000, seed=1)
     layout = SELL(*arrays(A), np, lanes=2, row_order="length")
     lengths = np.diff(A.indptr)
     assert np.all(np.diff(np.diff(layout.slice_ptr)) <= 0)  # the warps, taking slices in turn, share alike
-    np.testing.assert_array_equal(layout.long_rows, np.flatnonzero(lengths > SELL.LONG_ROW))
+    long_rows = np.flatnonzero(lengths > SELL.LONG_ROW)
+    np.testing.assert_array_equal(layout.long_rows, long_rows[np.argsort(-lengths[long_rows], kind="stable")])
     np.testing.assert_array_equal(np.diff(layout.row_pieces), -(-lengths[layout.long_rows] // SELL.PIECE_LENGTH))
     np.testing.assert_allclose(layout.product(layout.values(A.data), np.arange(A.shape[0]) % 7.0),
                                A @ (np.arange(A.shape[0]) % 7.0))
@@ -213,20 +216,17 @@ def test_sell_cuts_long_rows_into_pieces():
 @pytest.mark.parametrize("warps", [40, 64, 96])
 def test_sell_stage_steps_deal_the_slices_as_the_kernel_does(warps):
     """The most steps (a header and the entry steps of each slice) one warp stages, with the slices dealt
-    to warps as ``WorkItems`` in kernels/sell.cu deals them: pieces first, odd rounds mirrored."""
+    to warps as ``WorkItems`` in kernels/sell.cu deals them: a slice a warp a round, odd rounds from the
+    last warp down."""
     layout = SELL(*arrays(one_long_row(n=3000)), np, lanes=2)
     assert layout.pieces > 0 and layout.slices > 2 * warps
     steps = np.diff(layout.slice_ptr) // 32 + 1
-    lead = -(-layout.pieces // 32) * 32
     need, dealt = np.zeros(warps, dtype=int), []
     for warp in range(warps):
-        item = warp
-        while item < lead:
-            item += warps
-        for item in range(item, lead + layout.slices, warps):
-            s = item - lead
-            if warps % 32 == 0 and (item // warps) % 2 == 1 and (s | 31) < layout.slices:
-                s ^= 31
+        for round_ in itertools.count():
+            s = round_ * warps + (warps - 1 - warp if round_ % 2 else warp)
+            if s >= layout.slices:
+                break
             need[warp] += steps[s]
             dealt.append(s)
     assert sorted(dealt) == list(range(layout.slices))

@@ -85,8 +85,8 @@ class SELL(MatrixFormat):
     power-law graph), which keep ``"length"``. A matrix with more columns than
     rows keeps ``"length"``.
 
-    Rows longer than :attr:`LONG_ROW` entries are kept apart, in CSR order after
-    the slices, and cut into pieces of at most :attr:`PIECE_LENGTH` entries, a
+    Rows longer than :attr:`LONG_ROW` entries are kept apart, longest first, in
+    CSR order after the slices, and cut into pieces of at most :attr:`PIECE_LENGTH` entries, a
     warp a piece: a row far longer than the rest (a graph's hub) is shared by
     many warps instead of holding one back; the pieces' sums are added in a fixed
     order.
@@ -148,7 +148,7 @@ class SELL(MatrixFormat):
         if order is None:
             order = stable_argsort(length_key, xp).astype(xp.int32)
         self.sigma = self.NEIGHBOUR_WINDOW if self.row_order == "neighbours" else max(self.short, 1)
-        self._lay_out(indptr, indices, order)
+        self._lay_out(indptr, indices, self._longest_first(indptr, order))
 
     # -- row order ------------------------------------------------------------
     def _row_keys(self, indptr):
@@ -262,6 +262,16 @@ class SELL(MatrixFormat):
             long_row=top, indptr=indptr, indices=indices, grouped=grouped, counts=counts),), shared_mem=table)
         totals = host(counts).astype(np.int64).sum(axis=1)
         return tuple(float(d / e) if e else 0.0 for d, e in totals)
+
+    def _longest_first(self, indptr, order):
+        """``order`` with its long rows (after the short ones) sorted by length, longest first, ties in their
+        order: the kernels deal the pieces out from the last warp down, the largest first (``WorkItems``)."""
+        xp, ns = self.xp, self.short
+        if ns == self.n:
+            return order
+        long_rows = order[ns:]
+        lengths = indptr[long_rows + 1] - indptr[long_rows]
+        return xp.concatenate((order[:ns], long_rows[stable_argsort(-lengths, xp)])).astype(xp.int32)
 
     # -- layout ---------------------------------------------------------------
     def _lay_out(self, indptr, indices, order):
@@ -384,16 +394,16 @@ class SELL(MatrixFormat):
 
     def stage_steps(self, warps):
         """Each warp stages its slices, a header step and the slice's steps each; the slices are dealt to
-        warps as ``WorkItems`` in ``kernels/sell.cu`` deals them (the pieces are not staged)."""
+        warps as ``WorkItems`` in ``kernels/sell.cu`` deals them: in rounds, from the first warp up in even
+        rounds, from the last down in odd ones (the pieces are not staged)."""
         xp, slices = self.xp, self.slices
         if slices == 0:
             return 0
         steps = (xp.diff(self.slice_ptr) // SLICE + 1).astype(xp.int64)
-        item = -(-self.pieces // SLICE) * SLICE + xp.arange(slices)
         s = xp.arange(slices)
-        if warps % SLICE == 0:  # odd rounds take each aligned group of 32 slices in reverse
-            s = xp.where(((item // warps) % 2 == 1) & ((s | 31) < slices), s ^ 31, s)
-        return int(xp.bincount(item % warps, weights=steps[s], minlength=warps).max())
+        position = s % warps
+        warp = xp.where((s // warps) % 2 == 1, warps - 1 - position, position)
+        return int(xp.bincount(warp, weights=steps, minlength=warps).max())
 
     def describe(self):
         text = f"sell (C={SLICE // self.lanes}, {self.lanes} lanes a row, rows by {self.row_order}"
