@@ -267,11 +267,10 @@ class SELL(MatrixFormat):
         """``order`` with its long rows (after the short ones) sorted by length, longest first, ties in their
         order: the kernels deal the pieces out from the last warp down, the largest first (``WorkItems``)."""
         xp, ns = self.xp, self.short
-        if ns == self.n:
-            return order
-        long_rows = order[ns:]
-        lengths = indptr[long_rows + 1] - indptr[long_rows]
-        return xp.concatenate((order[:ns], long_rows[stable_argsort(-lengths, xp)])).astype(xp.int32)
+        if self.n - ns > 1:  # in place: ``order`` is the layout's own
+            long_rows = order[ns:]
+            order[ns:] = long_rows[stable_argsort(indptr[long_rows] - indptr[long_rows + 1], xp)]
+        return order
 
     # -- layout ---------------------------------------------------------------
     def _lay_out(self, indptr, indices, order):
