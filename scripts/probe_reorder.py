@@ -13,6 +13,12 @@ solver's set-up, with its ``reorder_time``. These are the measurements of the
 cost model in ``solvers/reorder.py``. Prints a markdown table and saves it
 under ``--out`` (``scripts/results/``) with the date, the GPU and the commit.
 
+``--row-orders`` instead compares, on the random geometric graphs of 500k and 2M rows, PCG as
+numbered with PCG on the matrix renumbered (a symmetric permutation, vectors included) by SELL's
+neighbours' order (``SELL._neighbour_order``'s passes, as the format computes it for its rows) after
+two and after four passes, and by our reverse Cuthill-McKee: what each ordering and the permutation
+of A cost, the sectors a nonzero, and us an iteration.
+
 ``--deferred`` instead takes ``reorder="auto"``'s deferred reordering apart on
 the random geometric graphs of 500k and 2M rows: set-up as numbered and with the plan (alternating,
 best of three), what falling due costs (ordering and counting, permuting A,
@@ -150,15 +156,64 @@ def deferred(A, fractions=(0.2, 0.5, 0.8)):
     return lines
 
 
+def row_orders(name, A):
+    """Markdown rows of :func:`main`'s ``--row-orders`` table for ``A``."""
+    import cupy
+    import cupyx.scipy.sparse as csp
+
+    from solvers.formats.sell import SELL
+    from solvers.reorder import Reordering
+    b = A @ np.ones(A.shape[0])
+    Ad = csp.csr_matrix(A)
+    indptr, indices = Ad.indptr.astype(cupy.int32), Ad.indices.astype(cupy.int32)
+    given_it, layout = best_iteration(A, b)
+    rows = [f"| {name} | as numbered | - | - | {gather_sectors(Ad.indptr, Ad.indices):.2f} | {given_it * 1e6:.1f} "
+            f"| {layout} |"]
+
+    def neighbours(passes):
+        SELL.NEIGHBOUR_PASSES = passes
+        try:
+            f = SELL(indptr, indices, cupy, lanes=4, row_order="neighbours")
+        finally:
+            SELL.NEIGHBOUR_PASSES = default
+        lanes = f.slice_rows.reshape(-1, 4)[:, 0]
+        return Reordering(lanes[lanes >= 0], f"neighbours, {passes} passes")
+
+    default = SELL.NEIGHBOUR_PASSES
+    orderings = [(f"SELL's neighbours' order, {p} passes", lambda p=p: neighbours(p)) for p in (2, 4)]
+    orderings.append(("reverse Cuthill-McKee", lambda: choose_reordering(Ad, "rcm", "gpu")[0]))
+    for label, make in orderings:
+        order_s, order = best_of(make)
+        permute_s, B = best_of(lambda: order.matrix(Ad))
+        it, layout = best_iteration(B, order.forward(cupy.asarray(b)))
+        rows.append(f"| {name} | {label} | {order_s * 1e3:.1f} | {permute_s * 1e3:.1f} "
+                    f"| {gather_sectors(B.indptr, B.indices):.2f} | {it * 1e6:.1f} | {layout} |")
+        print(rows[-1], flush=True)
+    return rows
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", nargs="*", help="matrix names to run (substring match)")
     ap.add_argument("--deferred", action="store_true", help="auto's deferred reordering of the geometric graphs")
+    ap.add_argument("--row-orders", action="store_true",
+                    help="the geometric graphs renumbered by SELL's neighbours' order against RCM")
     ap.add_argument("--out", default=str(pathlib.Path(__file__).resolve().parent / "results"))
     args = ap.parse_args(argv)
     import cupy
     if args.deferred:
         return save_deferred(args.out, cupy)
+    if args.row_orders:
+        header = ("| matrix | numbering | ordering ms | permute A ms | sectors a nonzero | PCG us/it | format |\n"
+                  "|---|---|---|---|---|---|---|")
+        rows = [header]
+        for name, make in list(matrices())[1:3]:
+            rows += row_orders(name, make())
+            cupy.get_default_memory_pool().free_all_blocks()
+        return save(args.out, cupy, "probe_row_orders", "Renumbering by SELL's neighbours' order against RCM",
+                    f"PCG: while mode, Jacobi, float64, {ITERATIONS} iterations that do not stop, the faster "
+                    f"variant, automatic format; the ordering (with the SELL layout it comes from) and the "
+                    f"permutation the best of {REPEATS} after a warm-up.\n\n" + "\n".join(rows))
     header = ("| matrix | n | nnz | longest row | GPU RCM ms | levels / passes | permute A ms | SciPy RCM ms "
               "| sectors a nonzero | PCG us/it as numbered | PCG us/it reordered | cuSPARSE SpMV us "
               "| cupyx cg us/it | ours / SpMV (numbered / reordered) | cupyx / ours (numbered / reordered) "
