@@ -64,10 +64,9 @@ def best_of(fn):
     return min(times), out
 
 
-def best_iteration(M, b, rows="auto"):
-    """PCG seconds an iteration on ``M`` (the faster variant, automatic format, SELL's ``rows``) and the format
-    it took."""
-    timed = [per_iteration(M, b, "auto", "auto", variant, rows=rows) for variant in ("classic", "single-reduction")]
+def best_iteration(M, b):
+    """PCG seconds an iteration on ``M`` (the faster variant, automatic format) and the format it took."""
+    timed = [per_iteration(M, b, "auto", "auto", variant) for variant in ("classic", "single-reduction")]
     t, _, layout = min(timed, key=lambda r: r[0])
     return t, layout
 
@@ -186,11 +185,10 @@ def row_orders(name, A):
     for label, make in orderings:
         order_s, order = best_of(make)
         permute_s, B = best_of(lambda: order.matrix(Ad))
-        for sell_rows in ("auto", "windows"):
-            it, layout = best_iteration(B, order.forward(cupy.asarray(b)), sell_rows)
-            rows.append(f"| {name} | {label} | {order_s * 1e3:.1f} | {permute_s * 1e3:.1f} "
-                        f"| {gather_sectors(B.indptr, B.indices):.2f} | {it * 1e6:.1f} | {layout} |")
-            print(rows[-1], flush=True)
+        it, layout = best_iteration(B, order.forward(cupy.asarray(b)))
+        rows.append(f"| {name} | {label} | {order_s * 1e3:.1f} | {permute_s * 1e3:.1f} "
+                    f"| {gather_sectors(B.indptr, B.indices):.2f} | {it * 1e6:.1f} | {layout} |")
+        print(rows[-1], flush=True)
     return rows
 
 

@@ -53,7 +53,7 @@ def choose_format(indptr, indices, xp=np, requested="auto", sell_lanes=None, sel
         raise InputError(f"matrix format must be auto or one of {', '.join(FORMATS)}, not {requested!r}")
     # one pass over the pattern, read back once, serves the choice and the chosen format's set-up
     stats = pattern_stats(indptr, indices, xp, SELL.LONG_ROW, columns=requested in ("auto", "sell")
-                          and sell_rows in ("auto", "neighbours"))
+                          and sell_rows != "length")
     if requested == "auto":
         requested = "ell" if ELL.suits(stats.width, stats.nnz, int(indptr.size) - 1) else "sell"
     if requested == "sell":

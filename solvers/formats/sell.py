@@ -30,7 +30,7 @@ LAYOUT = Struct("SellLayout", [("lanes", "int"), ("rows", "int"), ("positions", 
                                ("slice_ptr", "const int*"), ("long_start", "const int*"), ("long_rows", "const int*"),
                                ("longs", "int"), ("col", "int*"), ("pos", "int*"), ("slice_rows", "int*")])
 LAYOUT_STRUCTS = (ROWS, KEY, SAMPLE, RANKS, WINDOW, SIZES, PIECES, LAYOUT)
-ROW_ORDERS = ("auto", "neighbours", "length", "windows")
+ROW_ORDERS = ("auto", "neighbours", "length")
 
 
 def layout_kernel(name):
@@ -126,7 +126,7 @@ class SELL(MatrixFormat):
     def __init__(self, indptr, indices, xp, lanes=None, row_order="length", stats=None):
         """``stats``: the pattern's :class:`~.base.Pattern` where known (long rows counted for
         :attr:`LONG_ROW`, its columns counted unless ``row_order`` is ``"length"``)."""
-        stats = stats or pattern_stats(indptr, indices, xp, self.LONG_ROW, columns=row_order in ("auto", "neighbours"))
+        stats = stats or pattern_stats(indptr, indices, xp, self.LONG_ROW, columns=row_order != "length")
         super().__init__(indptr, xp, stats.nnz)
         if lanes is None:
             lanes = self.auto_lanes(self.nnz, self.n)
@@ -136,7 +136,7 @@ class SELL(MatrixFormat):
             raise InputError(f"SELL row order must be one of {', '.join(ROW_ORDERS)}, not {row_order!r}")
         self.lanes, self.sectors = lanes, None
         self.defines = (("SELL_LANES", str(lanes)),)
-        by_neighbours = row_order in ("auto", "neighbours") and self.nnz > 0
+        by_neighbours = row_order != "length" and self.nnz > 0
         length_key, rank = self._row_keys(indptr)
         self.short = self.n - stats.longs
         if by_neighbours and stats.columns > self.n:
@@ -145,12 +145,9 @@ class SELL(MatrixFormat):
             by_neighbours = False  # auto: a rectangular matrix's columns are not its rows
         order = self._neighbour_order(indptr, indices, rank, row_order) if by_neighbours else None
         self.row_order = "length" if order is None else "neighbours"
-        if row_order == "windows":  # the given order, short rows first, sorted within windows
-            given = stable_argsort((length_key > self.LONG_ROW).astype(xp.uint8), xp).astype(xp.int32)
-            order, self.row_order = self._window_sort(indptr, given), "windows"
         if order is None:
             order = stable_argsort(length_key, xp).astype(xp.int32)
-        self.sigma = max(self.short, 1) if self.row_order == "length" else self.NEIGHBOUR_WINDOW
+        self.sigma = self.NEIGHBOUR_WINDOW if self.row_order == "neighbours" else max(self.short, 1)
         self._lay_out(indptr, indices, self._longest_first(indptr, order))
 
     # -- row order ------------------------------------------------------------
@@ -408,8 +405,7 @@ class SELL(MatrixFormat):
         return int(xp.bincount(warp, weights=steps, minlength=warps).max())
 
     def describe(self):
-        rows = "length in windows of the given order" if self.row_order == "windows" else self.row_order
-        text = f"sell (C={SLICE // self.lanes}, {self.lanes} lanes a row, rows by {rows}"
+        text = f"sell (C={SLICE // self.lanes}, {self.lanes} lanes a row, rows by {self.row_order}"
         if self.sectors:
             text += f" ({self.sectors[0]:.2f} sectors a nonzero given, {self.sectors[1]:.2f} by neighbours)"
         text += f", sigma={'all rows' if self.row_order == 'length' else self.sigma}, {self.padding:.1%} padding"
