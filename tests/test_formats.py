@@ -7,8 +7,9 @@ import scipy.sparse as sp
 
 from solvers.errors import InputError
 from solvers.formats import CSR, ELL, SELL, choose_format
-from solvers.formats.base import Pattern, pattern_stats
+from solvers.formats.base import Pattern, pattern_stats, window_sectors
 from solvers.formats.csr import row_lanes
+from solvers.formats.sell import neighbour_key, neighbours_order
 from solvers.gallery import poisson, power_law_laplacian, random_geometric_laplacian, stencil27
 
 
@@ -171,12 +172,29 @@ def test_sell_rows_by_length_give_slices_of_falling_width_then_the_long_rows_lon
                                A @ (np.arange(A.shape[0]) % 7.0))
 
 
+def test_neighbours_order_is_a_permutation_that_draws_neighbours_together():
+    A = random_geometric_laplacian(20000, seed=1)
+    ip, ix = arrays(A)
+    order = neighbours_order(ip, ix, np, 4)
+    assert order.dtype == np.int32 and sorted(order.tolist()) == list(range(A.shape[0]))
+    first = neighbours_order(ip, ix, np, 1)
+    # one pass sorts the rows by their least column, ties by row
+    least = np.minimum.reduceat(ix, ip[:-1])
+    np.testing.assert_array_equal(first, np.lexsort((np.arange(A.shape[0]), least)))
+    rank = np.empty(A.shape[0], dtype=np.int64)
+    rank[order] = np.arange(A.shape[0])
+    given = window_sectors(ip, ix, np.arange(A.shape[0]), 256, np)
+    renumbered = window_sectors(ip, ix, order, 256, np, renumber=rank)
+    assert renumbered < 0.25 * given
+    B = one_long_row(n=300, length=2000)
+    assert neighbours_order(*arrays(B), np, 2)[-1] == 150  # the long row last
+
+
 @pytest.mark.parametrize("name", ["empty_rows", "one_long_row"])
 def test_sell_neighbour_key_is_the_least_rank_of_a_short_rows_columns(name):
     A = MATRICES[name]()
-    layout = SELL(*arrays(A), np)
     rank = np.random.default_rng(1).permutation(A.shape[0]).astype(np.int32)
-    key = layout._neighbour_key(*arrays(A), rank)
+    key = neighbour_key(*arrays(A), rank, np, SELL.LONG_ROW)
     for r in range(A.shape[0]):
         cols = A.indices[A.indptr[r]:A.indptr[r + 1]]
         expected = A.shape[0] + 1 if cols.size > SELL.LONG_ROW else rank[cols].min() if cols.size else A.shape[0]
@@ -300,10 +318,18 @@ def test_ell_layout_kernel_equals_the_numpy_layout(cupy, name):
 def test_sell_neighbour_key_kernel_equals_numpy(cupy, name):
     A = MATRICES[name]()
     rank = np.random.default_rng(2).permutation(A.shape[0]).astype(np.int32)
-    ref = SELL(*arrays(A), np)._neighbour_key(*arrays(A), rank)
-    dev = SELL(*(cupy.asarray(a) for a in arrays(A)), cupy)
-    np.testing.assert_array_equal(dev._neighbour_key(*(cupy.asarray(a) for a in arrays(A)), cupy.asarray(rank)).get(),
-                                  ref)
+    ref = neighbour_key(*arrays(A), rank, np, SELL.LONG_ROW)
+    got = neighbour_key(*(cupy.asarray(a) for a in arrays(A)), cupy.asarray(rank), cupy, SELL.LONG_ROW)
+    np.testing.assert_array_equal(got.get(), ref)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["geometric", "power_law", "one_long_row", "empty_rows"])
+@pytest.mark.parametrize("passes", [1, 4])
+def test_neighbours_order_on_the_device_is_numpys(cupy, name, passes):
+    A = MATRICES[name]()
+    got = neighbours_order(*(cupy.asarray(a) for a in arrays(A)), cupy, passes)
+    np.testing.assert_array_equal(got.get(), neighbours_order(*arrays(A), np, passes))
 
 
 @pytest.mark.gpu

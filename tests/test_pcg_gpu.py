@@ -385,14 +385,15 @@ def test_reordering_decided_on_the_device_as_on_the_host(cupy):
                                                   solver.reordering.startswith("none (auto reorders the grid path"))
 
 
-def test_reordering_is_invisible_to_the_caller(cupy):
+@pytest.mark.parametrize("reorder", ["rcm", "neighbours"])
+def test_reordering_is_invisible_to_the_caller(cupy, reorder):
     A = random_geometric_laplacian(5000, seed=5)
     b = np.random.default_rng(3).standard_normal(A.shape[0])
     x0 = np.linspace(0, 1, A.shape[0])
     seen = []
     plain = solvers.PCG(A, device="gpu", rtol=1e-10, reorder="none").solve(b, x0)
-    solver = solvers.PCG(A, device="gpu", rtol=1e-10, reorder="rcm")
-    assert solver.reordering == "rcm" and solver.reorder_time > 0
+    solver = solvers.PCG(A, device="gpu", rtol=1e-10, reorder=reorder)
+    assert solver.reordering == reorder and solver.reorder_time > 0
     res = solver.solve(b, x0, callback=lambda xk: seen.append(float(xk[7])))
     np.testing.assert_allclose(res.x.get(), plain.x.get(), rtol=1e-7, atol=1e-9)
     assert abs(res.iterations - plain.iterations) <= 2

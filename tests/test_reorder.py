@@ -197,6 +197,28 @@ def test_host_reordering_is_scipys_and_undoes_itself():
     assert choose_reordering(A, "auto", "cpu") == (None, "none (auto reorders on the GPU only)")
 
 
+def test_neighbours_renumbering_is_the_formats_order_and_undoes_itself():
+    from solvers.formats.sell import neighbours_order
+    A = random_geometric_laplacian(20000, seed=1)
+    order, note = choose_reordering(A, "neighbours", "cpu")
+    assert note == "neighbours" and order.name == "neighbours" and order.seconds > 0
+    np.testing.assert_array_equal(order.perm, neighbours_order(A.indptr.astype(np.int32),
+                                                               A.indices.astype(np.int32), np, reorder.NEIGHBOUR_PASSES))
+    B = order.matrix(A)
+    assert gather_sectors(B.indptr, B.indices) < 0.5 * gather_sectors(A.indptr, A.indices)
+    v = np.random.default_rng(2).standard_normal(A.shape[0])
+    np.testing.assert_array_equal(order.backward(order.forward(v)), v)
+    np.testing.assert_allclose(B @ order.forward(v), order.forward(A @ v), rtol=1e-13, atol=1e-13)
+    b = A @ np.ones(A.shape[0])
+    solver = solvers.PCG(A, device="cpu", reorder="neighbours", rtol=1e-10)
+    assert solver.reordering == "neighbours"
+    np.testing.assert_allclose(solver.solve(b).x, 1.0, rtol=1e-7)
+    with pytest.raises(solvers.InputError, match="needs an explicit sparse matrix"):
+        choose_reordering(A.toarray()[:50, :50], "neighbours", "cpu")
+    with pytest.raises(solvers.InputError, match="needs a square matrix"):
+        choose_reordering(sp.csr_matrix(np.ones((3, 4))), "neighbours", "cpu")
+
+
 def test_sectors_of_a_reordering_are_counted_without_forming_it():
     A = random_geometric_laplacian(3000, seed=6)
     order = Reordering(cuthill_mckee(A.indptr, A.indices).order[::-1], "rcm")

@@ -82,6 +82,16 @@ def test_rcm_on_the_gpu_is_our_order_reversed(cupy):
     np.testing.assert_array_equal(order.forward(v.get()), order.forward(v).get())  # host vectors too
 
 
+def test_neighbours_renumbering_on_the_gpu_is_the_hosts(cupy):
+    import cupyx.scipy.sparse as csp
+    A = random_geometric_laplacian(30000, seed=2)
+    host, _ = choose_reordering(A, "neighbours", "cpu")
+    for given in (A, csp.csr_matrix(A)):
+        order, note = choose_reordering(given, "neighbours", "gpu")
+        assert note == "neighbours" and order.seconds > 0
+        np.testing.assert_array_equal(order.perm.get(), host.perm)
+
+
 def expander(n, seed):
     """Random graph, four random neighbours a vertex: little locality for any numbering."""
     rng = np.random.default_rng(seed)

@@ -120,9 +120,9 @@ def _agree_on_options(comm, root, args, failure, cli):
         if args.progress:
             raise InputError("--progress applies to single-process runs; distributed runs read the "
                              "device status only every --unroll iterations")
-        if args.reorder == "rcm":
-            raise InputError("--reorder rcm applies to single-process runs; distributed runs keep the "
-                             "numbering, whose row blocks are the ranks' parts")
+        if args.reorder in ("rcm", "neighbours"):
+            raise InputError(f"--reorder {args.reorder} applies to single-process runs; distributed runs keep "
+                             "the numbering, whose row blocks are the ranks' parts")
         if args.format != "auto":
             raise InputError("--format applies to single-process runs; each rank of a distributed run "
                              "chooses the storage of its own block")

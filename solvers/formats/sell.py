@@ -53,6 +53,75 @@ def offsets(counts):
     return np.concatenate((np.zeros(1, dtype=np.int64), np.cumsum(counts, dtype=np.int64)))
 
 
+def row_keys(indptr, xp, long_row):
+    """``(length_key, rank)``: each row's sort key by length (uint8: ``long_row`` - length for a short row,
+    so that a stable sort puts the longest first, ``long_row`` + 1 for a long one, after them) and its
+    first rank for the neighbours' order (the row itself, n for a long row). One kernel (``sell_rows``).
+    """
+    n = int(indptr.size) - 1
+    if xp is np:
+        lengths = np.diff(indptr)
+        is_long = lengths > long_row
+        length_key = np.where(is_long, long_row + 1, long_row - lengths).astype(np.uint8)
+        return length_key, np.where(is_long, n, np.arange(n)).astype(np.int32)
+    length_key, rank = xp.empty(n, dtype=xp.uint8), xp.empty(n, dtype=xp.int32)
+    launch("sell_rows", n, ROWS, n=n, long_row=long_row, indptr=indptr, key=length_key, rank=rank)
+    return length_key, rank
+
+
+def neighbour_key(indptr, indices, rank, xp, long_row):
+    """Least ``rank`` of each row's columns (``sell_neighbour_key``).
+
+    ``n`` for an empty row, ``n + 1`` for a row over ``long_row`` entries (long rows
+    take no part in the order and sort after the others).
+    """
+    n = int(indptr.size) - 1
+    if xp is np:
+        values = np.append(rank[indices], np.int32(n))
+        least = np.minimum.reduceat(values, indptr[:-1]) if n else values[:0]
+        length = np.diff(indptr)
+        return np.where(length > long_row, n + 1, np.where(length > 0, least, n)).astype(np.int32)
+    key = xp.empty(n, dtype=xp.int32)
+    launch("sell_neighbour_key", n, KEY, n=n, long_row=long_row, indptr=indptr, indices=indices, rank=rank,
+           key=key)
+    return key
+
+
+def order_ranks(order, short, xp):
+    """The position of each row in ``order``, ``n`` for a long one (positions from ``short`` on;
+    ``sell_ranks``)."""
+    n = int(order.size)
+    if xp is np:
+        rank = np.full(n, n, dtype=np.int32)
+        rank[order[:short]] = np.arange(short, dtype=np.int32)
+        return rank
+    rank = xp.empty(n, dtype=xp.int32)
+    launch("sell_ranks", n, RANKS, n=n, rows=short, order=order, rank=rank)
+    return rank
+
+
+def neighbour_pass(indptr, indices, rank, xp, long_row):
+    """One pass of the neighbours' order: the rows sorted by the least ``rank`` of their columns, ties
+    by row (int32)."""
+    return stable_argsort(neighbour_key(indptr, indices, rank, xp, long_row), xp).astype(xp.int32)
+
+
+def neighbours_order(indptr, indices, xp, passes, long_row=64):
+    """The rows of a square CSR pattern in the order ``passes`` passes of the neighbours' sort give
+    (:meth:`SELL._neighbour_order`'s passes, without its windows): rows sharing a neighbour adjacent,
+    groups of them drawn together pass by pass; rows over ``long_row`` entries last, in their order.
+    Where the arrays are (NumPy or CuPy), the same order."""
+    n = int(indptr.size) - 1
+    _, rank = row_keys(indptr, xp, long_row)
+    short = int((rank < n).sum()) if n else 0
+    order = xp.arange(n, dtype=xp.int32)
+    for done in range(passes):
+        order = neighbour_pass(indptr, indices, rank, xp, long_row)
+        if done + 1 < passes:
+            rank = order_ranks(order, short, xp)
+    return order
+
+
 class SELL(MatrixFormat):
     """Rows sorted by length, stored in slices of one warp; long rows split into pieces.
 
@@ -137,7 +206,7 @@ class SELL(MatrixFormat):
         self.lanes, self.sectors = lanes, None
         self.defines = (("SELL_LANES", str(lanes)),)
         by_neighbours = row_order != "length" and self.nnz > 0
-        length_key, rank = self._row_keys(indptr)
+        length_key, rank = row_keys(indptr, xp, self.LONG_ROW)
         self.short = self.n - stats.longs
         if by_neighbours and stats.columns > self.n:
             if row_order == "neighbours":
@@ -151,21 +220,6 @@ class SELL(MatrixFormat):
         self._lay_out(indptr, indices, self._longest_first(indptr, order))
 
     # -- row order ------------------------------------------------------------
-    def _row_keys(self, indptr):
-        """``(length_key, rank)``: each row's sort key by length (uint8: 64 - length for a short row, so that a
-        stable sort puts the longest first, 65 for a long one, after them) and its first rank for the
-        neighbours' order (the row itself, n for a long row). One kernel (``sell_rows``).
-        """
-        xp, n, top = self.xp, self.n, self.LONG_ROW
-        if xp is np:
-            lengths = np.diff(indptr)
-            is_long = lengths > top
-            length_key = np.where(is_long, top + 1, top - lengths).astype(np.uint8)
-            return length_key, np.where(is_long, n, np.arange(n)).astype(np.int32)
-        length_key, rank = xp.empty(n, dtype=xp.uint8), xp.empty(n, dtype=xp.int32)
-        launch("sell_rows", n, ROWS, n=n, long_row=top, indptr=indptr, key=length_key, rank=rank)
-        return length_key, rank
-
     def _neighbour_order(self, indptr, indices, rank, row_order):
         """Every row by position in the layout (short rows first), or None where ``"auto"`` does not take the
         neighbours' order.
@@ -182,43 +236,14 @@ class SELL(MatrixFormat):
         """
         xp = self.xp
         for done in range(self.NEIGHBOUR_PASSES):
-            order = stable_argsort(self._neighbour_key(indptr, indices, rank), xp).astype(xp.int32)
+            order = neighbour_pass(indptr, indices, rank, xp, self.LONG_ROW)
             if done == 0 and row_order == "auto":
                 self.sectors = self._sample_sectors(indptr, indices, order)
                 if self.sectors[1] > self.NEIGHBOUR_GAIN * self.sectors[0]:
                     return None
             if done + 1 < self.NEIGHBOUR_PASSES:
-                rank = self._ranks(order)
+                rank = order_ranks(order, self.short, xp)
         return self._window_sort(indptr, order)
-
-    def _neighbour_key(self, indptr, indices, rank):
-        """Least ``rank`` of each row's columns (``sell_neighbour_key``).
-
-        ``n`` for an empty row, ``n + 1`` for a row over :attr:`LONG_ROW` entries
-        (long rows take no part in the order and sort after the others).
-        """
-        xp, n = self.xp, self.n
-        if xp is np:
-            values = np.append(rank[indices], np.int32(n))
-            least = np.minimum.reduceat(values, indptr[:-1]) if n else values[:0]
-            length = np.diff(indptr)
-            return np.where(length > self.LONG_ROW, n + 1, np.where(length > 0, least, n)).astype(np.int32)
-        key = xp.empty(n, dtype=xp.int32)
-        launch("sell_neighbour_key", n, KEY, n=n, long_row=self.LONG_ROW, indptr=indptr, indices=indices, rank=rank,
-               key=key)
-        return key
-
-    def _ranks(self, order):
-        """The position of each row in ``order``, ``n`` for a long one (positions from ``self.short`` on;
-        ``sell_ranks``)."""
-        xp, n, ns = self.xp, self.n, self.short
-        if xp is np:
-            rank = np.full(n, n, dtype=np.int32)
-            rank[order[:ns]] = np.arange(ns, dtype=np.int32)
-            return rank
-        rank = xp.empty(n, dtype=xp.int32)
-        launch("sell_ranks", n, RANKS, n=n, rows=ns, order=order, rank=rank)
-        return rank
 
     def _window_sort(self, indptr, order):
         """``order`` (short rows first) sorted by length, longest first, within each window of

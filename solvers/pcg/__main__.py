@@ -135,9 +135,10 @@ def build_parser():
                         "thread block or cluster, or over a few clusters (small systems); auto: on chip up "
                         "to 71,680 rows (above 16,384 single-reduction over several clusters) unless many "
                         "product reads cross blocks (the report says which ran)")
-    p.add_argument("--reorder", choices=("auto", "none", "rcm"), default="auto",
-                   help="reverse Cuthill-McKee reordering (on the GPU for a GPU solve, SciPy's on the CPU), "
-                        "undone on the solution; rcm: at set-up; auto: on the GPU for a matrix whose product "
+    p.add_argument("--reorder", choices=("auto", "none", "rcm", "neighbours"), default="auto",
+                   help="symmetric reordering, undone on the solution; rcm: reverse Cuthill-McKee at set-up "
+                        "(on the GPU for a GPU solve, SciPy's on the CPU); neighbours: rows sharing a neighbour "
+                        "numbered together, at set-up (a few sorts); auto: RCM on the GPU for a matrix whose product "
                         "reads are scattered, once the iterations run as numbered would have paid for it "
                         "(the report says what was planned or done and why)")
     add_timeout_option(p)

@@ -166,10 +166,14 @@ class PCG:
     matrix_format : {"auto", "ell", "sell", "csr"}
         Storage of A on the GPU (:mod:`solvers.formats`): ``auto`` takes ELL for
         rows of nearly equal length (stencils), else SELL; ``format`` says which.
-    reorder : {"auto", "none", "rcm"}
-        Symmetric reordering (reverse Cuthill-McKee: computed on the GPU for a GPU
-        solve, by SciPy for a CPU one), hidden from the caller: ``b``, ``x0`` and
-        ``x`` stay in the original numbering. ``rcm`` reorders at set-up. ``auto``
+    reorder : {"auto", "none", "rcm", "neighbours"}
+        Symmetric reordering, hidden from the caller: ``b``, ``x0`` and ``x`` stay in
+        the original numbering. ``rcm`` reorders at set-up by reverse Cuthill-McKee
+        (computed on the GPU for a GPU solve, by SciPy for a CPU one);
+        ``neighbours`` by SELL's neighbours' order (rows sharing a neighbour
+        together: a few sorts, a third of RCM's time on the 2M-row random geometric
+        graph, and an iteration 184 us there against RCM's 209; see
+        :func:`solvers.reorder.choose_reordering`). ``auto``
         plans it on the GPU's grid path, with Jacobi or no preconditioner, where the
         product's reads are scattered (:func:`solvers.reorder.auto_reordering`), and
         reorders once the solves have run as many iterations as numbered as it takes
