@@ -26,8 +26,8 @@ from .errors import InputError
 from .formats.base import window_sectors
 
 REORDERINGS = ("auto", "none", "rcm", "neighbours")
-#: Passes of SELL's neighbours' order (:func:`solvers.formats.sell.neighbours_order`) that
-#: ``reorder="neighbours"`` takes. H200, random geometric graph of 2M rows, PCG us an iteration as
+#: Passes of SELL's neighbours' order (:func:`solvers.formats.sell.neighbours_order`, then sorted by length
+#: within SELL's windows, as the format lays its rows out) that ``reorder="neighbours"`` takes. H200, random geometric graph of 2M rows, PCG us an iteration as
 #: numbered / after two passes / four / our reverse Cuthill-McKee: 280.3 / 195.8 / 184.2 / 208.6,
 #: the ordering 2.6 / 3.5 / 9.5 ms; 500k rows 58.7 / 49.8 / 46.5 / 46.1, 1.2 / 1.4 / 4.6 ms
 #: (scripts/results/probe_row_orders_2026-12-01_0216_NVIDIA_H200_905c59c.md).
@@ -356,13 +356,13 @@ class DeferredReordering:
 
 def _neighbours(A):
     """The renumbering of a canonical square CSR matrix by SELL's neighbours' order, where it is, timed."""
-    from .formats.sell import neighbours_order
+    from .formats.sell import SELL, neighbours_order
     if A.shape[0] != A.shape[1]:
         raise InputError(f"reorder='neighbours' needs a square matrix, got shape {A.shape}")
     xp = array_module(A.indptr)
     t0 = time.perf_counter()
     indptr, indices = (xp.ascontiguousarray(a, dtype=xp.int32) for a in (A.indptr, A.indices))
-    order = Reordering(neighbours_order(indptr, indices, xp, NEIGHBOUR_PASSES), "neighbours")
+    order = Reordering(neighbours_order(indptr, indices, xp, NEIGHBOUR_PASSES, SELL.NEIGHBOUR_WINDOW), "neighbours")
     if xp is not np:
         xp.cuda.Device().synchronize()
     order.seconds = time.perf_counter() - t0  # the permutation of A adds its time (Reordering.matrix)

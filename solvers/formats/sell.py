@@ -106,11 +106,29 @@ def neighbour_pass(indptr, indices, rank, xp, long_row):
     return stable_argsort(neighbour_key(indptr, indices, rank, xp, long_row), xp).astype(xp.int32)
 
 
-def neighbours_order(indptr, indices, xp, passes, long_row=64):
+def window_sort(indptr, order, short, xp, window, long_row):
+    """``order`` (its first ``short`` rows the short ones) sorted by length, longest first, within each
+    window of ``window`` positions, ties in their order; the long rows after every window, in theirs.
+    On the device one kernel, a block a window (``sell_window_sort``)."""
+    n = int(indptr.size) - 1
+    if xp is np:
+        last = -(-short // window) * (long_row + 1)  # above every short row's key
+        position = np.arange(n, dtype=np.int64)
+        lengths = np.diff(indptr)[order]
+        key = np.where(position < short, position // window * (long_row + 1) + long_row - lengths, last)
+        return order[stable_argsort(key, np)]
+    ordered = xp.empty(n, dtype=xp.int32)
+    layout_kernel("sell_window_sort")((-(-n // window),), (window,), (WINDOW.pack(
+        n=n, rows=short, window=window, indptr=indptr, order=order, sorted=ordered),), shared_mem=4 * window)
+    return ordered
+
+
+def neighbours_order(indptr, indices, xp, passes, window=None, long_row=64):
     """The rows of a square CSR pattern in the order ``passes`` passes of the neighbours' sort give
-    (:meth:`SELL._neighbour_order`'s passes, without its windows): rows sharing a neighbour adjacent,
-    groups of them drawn together pass by pass; rows over ``long_row`` entries last, in their order.
-    Where the arrays are (NumPy or CuPy), the same order."""
+    (:meth:`SELL._neighbour_order`'s): rows sharing a neighbour adjacent, groups of them drawn together
+    pass by pass, then with ``window`` sorted by length within windows of that many rows
+    (:func:`window_sort`, as SELL lays its rows out); rows over ``long_row`` entries last, in their
+    order. Where the arrays are (NumPy or CuPy), the same order."""
     n = int(indptr.size) - 1
     _, rank = row_keys(indptr, xp, long_row)
     short = int((rank < n).sum()) if n else 0
@@ -119,7 +137,7 @@ def neighbours_order(indptr, indices, xp, passes, long_row=64):
         order = neighbour_pass(indptr, indices, rank, xp, long_row)
         if done + 1 < passes:
             rank = order_ranks(order, short, xp)
-    return order
+    return order if window is None else window_sort(indptr, order, short, xp, window, long_row)
 
 
 class SELL(MatrixFormat):
@@ -246,20 +264,8 @@ class SELL(MatrixFormat):
         return self._window_sort(indptr, order)
 
     def _window_sort(self, indptr, order):
-        """``order`` (short rows first) sorted by length, longest first, within each window of
-        :attr:`NEIGHBOUR_WINDOW` positions, ties in their order; the long rows after every window, in theirs.
-        On the device one kernel, a block a window (``sell_window_sort``)."""
-        xp, n, ns, window, top = self.xp, self.n, self.short, self.NEIGHBOUR_WINDOW, self.LONG_ROW
-        if xp is np:
-            last = -(-ns // window) * (top + 1)  # above every short row's key
-            position = np.arange(n, dtype=np.int64)
-            lengths = np.diff(indptr)[order]
-            key = np.where(position < ns, position // window * (top + 1) + top - lengths, last)
-            return order[stable_argsort(key, np)]
-        ordered = xp.empty(n, dtype=xp.int32)
-        layout_kernel("sell_window_sort")((-(-n // window),), (window,), (WINDOW.pack(
-            n=n, rows=ns, window=window, indptr=indptr, order=order, sorted=ordered),), shared_mem=4 * window)
-        return ordered
+        """:func:`window_sort` of ``order`` in windows of :attr:`NEIGHBOUR_WINDOW` rows."""
+        return window_sort(indptr, order, self.short, self.xp, self.NEIGHBOUR_WINDOW, self.LONG_ROW)
 
     def _sample_sectors(self, indptr, indices, grouped):
         """Sectors a nonzero that :attr:`SAMPLE_WINDOWS` windows of :attr:`NEIGHBOUR_WINDOW` rows read: in the
