@@ -27,8 +27,9 @@ from .formats.base import window_sectors
 
 REORDERINGS = ("auto", "none", "rcm", "neighbours")
 #: Passes of SELL's neighbours' order (:func:`solvers.formats.sell.neighbours_order`, then sorted by length
-#: within SELL's windows, as the format lays its rows out) that ``reorder="neighbours"`` takes. H200, random geometric graph of 2M rows, PCG us an iteration as
-#: numbered / after two passes / four / our reverse Cuthill-McKee: 280.3 / 195.8 / 184.2 / 208.6,
+#: within SELL's windows, as the format lays its rows out) that ``reorder="neighbours"`` takes. H200,
+#: random geometric graph of 2M rows, PCG us an iteration as numbered / after two passes / four / our
+#: reverse Cuthill-McKee: 280.3 / 195.8 / 184.2 / 208.6,
 #: the ordering 2.6 / 3.5 / 9.5 ms; 500k rows 58.7 / 49.8 / 46.5 / 46.1, 1.2 / 1.4 / 4.6 ms
 #: (scripts/results/probe_row_orders_2026-12-01_0216_NVIDIA_H200_905c59c.md).
 NEIGHBOUR_PASSES = 4
@@ -362,7 +363,8 @@ def _neighbours(A):
     xp = array_module(A.indptr)
     t0 = time.perf_counter()
     indptr, indices = (xp.ascontiguousarray(a, dtype=xp.int32) for a in (A.indptr, A.indices))
-    order = Reordering(neighbours_order(indptr, indices, xp, NEIGHBOUR_PASSES, SELL.NEIGHBOUR_WINDOW), "neighbours")
+    order = Reordering(neighbours_order(indptr, indices, xp, NEIGHBOUR_PASSES, SELL.LONG_ROW, SELL.NEIGHBOUR_WINDOW),
+                       "neighbours")
     if xp is not np:
         xp.cuda.Device().synchronize()
     order.seconds = time.perf_counter() - t0  # the permutation of A adds its time (Reordering.matrix)

@@ -175,9 +175,9 @@ def test_sell_rows_by_length_give_slices_of_falling_width_then_the_long_rows_lon
 def test_neighbours_order_is_a_permutation_that_draws_neighbours_together():
     A = random_geometric_laplacian(20000, seed=1)
     ip, ix = arrays(A)
-    order = neighbours_order(ip, ix, np, 4)
+    order = neighbours_order(ip, ix, np, 4, SELL.LONG_ROW)
     assert order.dtype == np.int32 and sorted(order.tolist()) == list(range(A.shape[0]))
-    first = neighbours_order(ip, ix, np, 1)
+    first = neighbours_order(ip, ix, np, 1, SELL.LONG_ROW)
     # one pass sorts the rows by their least column, ties by row
     least = np.minimum.reduceat(ix, ip[:-1])
     np.testing.assert_array_equal(first, np.lexsort((np.arange(A.shape[0]), least)))
@@ -187,7 +187,7 @@ def test_neighbours_order_is_a_permutation_that_draws_neighbours_together():
     renumbered = window_sectors(ip, ix, order, 256, np, renumber=rank)
     assert renumbered < 0.25 * given
     B = one_long_row(n=300, length=2000)
-    assert neighbours_order(*arrays(B), np, 2)[-1] == 150  # the long row last
+    assert neighbours_order(*arrays(B), np, 2, SELL.LONG_ROW)[-1] == 150  # the long row last
 
 
 @pytest.mark.parametrize("name", ["empty_rows", "one_long_row"])
@@ -328,8 +328,9 @@ def test_sell_neighbour_key_kernel_equals_numpy(cupy, name):
 @pytest.mark.parametrize("passes", [1, 4])
 def test_neighbours_order_on_the_device_is_numpys(cupy, name, passes):
     A = MATRICES[name]()
-    got = neighbours_order(*(cupy.asarray(a) for a in arrays(A)), cupy, passes)
-    np.testing.assert_array_equal(got.get(), neighbours_order(*arrays(A), np, passes))
+    got = neighbours_order(*(cupy.asarray(a) for a in arrays(A)), cupy, passes, SELL.LONG_ROW, SELL.NEIGHBOUR_WINDOW)
+    np.testing.assert_array_equal(got.get(), neighbours_order(*arrays(A), np, passes, SELL.LONG_ROW,
+                                                              SELL.NEIGHBOUR_WINDOW))
 
 
 @pytest.mark.gpu

@@ -123,7 +123,7 @@ def window_sort(indptr, order, short, xp, window, long_row):
     return ordered
 
 
-def neighbours_order(indptr, indices, xp, passes, window=None, long_row=64):
+def neighbours_order(indptr, indices, xp, passes, long_row, window=None):
     """The rows of a square CSR pattern in the order ``passes`` passes of the neighbours' sort give
     (:meth:`SELL._neighbour_order`'s): rows sharing a neighbour adjacent, groups of them drawn together
     pass by pass, then with ``window`` sorted by length within windows of that many rows
