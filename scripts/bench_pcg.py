@@ -232,7 +232,8 @@ def save(rows, policies, folder, gpu):
     if policies:
         text += ("\nReordering choices, set-up plus solves (ms), a fresh solver each, while mode, float64, Jacobi, "
                  f"rtol {RTOL:g}: 'as numbered' is reorder='none', 'rcm' and 'neighbours' reorder at set-up, "
-                 "'auto' defers RCM until the iterations run as numbered would have paid for it.\n\n"
+                 "'auto' defers the neighbours' renumbering until the iterations run as numbered would have paid "
+                 "for it.\n\n"
                  "| problem | solves | as numbered | rcm at set-up | neighbours at set-up | auto "
                  "| auto's reordering at the end |\n|---|---|---|---|---|---|---|\n")
         for name, out in policies:

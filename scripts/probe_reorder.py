@@ -141,8 +141,8 @@ def deferred(A, fractions=(0.2, 0.5, 0.8)):
         rebuilt = timed("setting the solver up again", lambda: solver._rebuild(permuted, order))
         rebuilt.solve(order.forward(cupy.asarray(b)), None, tol, 10**6, None, False)
         parts.append(f"first reordered solve's capture {rebuilt.last_capture_time * 1e3:.1f}")
-        lines += [f"falling due ({round_}), ms: " + ", ".join(parts) + f" ({note}; levels {order.levels}, "
-                  f"passes {order.passes}; model: {plan.cost * 1e3:.1f} ms)", ""]
+        lines += [f"falling due ({round_}), ms: " + ", ".join(parts) + f" ({note}; model: {plan.cost * 1e3:.1f} ms)",
+                  ""]
     plain = solvers.PCG(A, device="gpu", rtol=1e-8, reorder="none").solve(b)
     lines += ["| due after | iterations | as numbered | solve ms (set-up excluded) | as numbered ms |",
               "|---|---|---|---|---|"]

@@ -2,17 +2,19 @@
 
 A :class:`Reordering` is a symmetric permutation ``P A P^T`` applied once at
 set-up; right-hand sides and initial guesses are permuted on the way in and
-solutions permuted back on the way out, so callers never see it. Reverse
-Cuthill-McKee brings each row's neighbours close in memory, so the product's
-gathers share cache lines: on the GPU our own (:mod:`solvers.cuthill_mckee`,
-milliseconds for millions of rows), on the CPU SciPy's
-(``scipy.sparse.csgraph``). The two break ties differently, so their orders
-differ; both are deterministic.
+solutions permuted back on the way out, so callers never see it. Two orders
+bring each row's neighbours close in memory, so the product's gathers share
+cache lines: reverse Cuthill-McKee, on the GPU our own
+(:mod:`solvers.cuthill_mckee`, milliseconds for millions of rows), on the CPU
+SciPy's (``scipy.sparse.csgraph``; the two break ties differently, so their
+orders differ; both are deterministic), and the neighbours' order that SELL lays
+its rows out in (:func:`solvers.formats.sell.neighbours_order`: a few sorts, the
+same order on the GPU and in NumPy).
 
 :func:`gather_sectors` measures how scattered a product's reads are; the PCG
 solver's ``reorder="auto"`` decides from it (see :func:`choose_reordering`),
-and defers the reordering until the solves have run long enough for it to pay
-(:class:`DeferredReordering`).
+and defers the neighbours' renumbering until the solves have run long enough for
+it to pay (:class:`DeferredReordering`).
 """
 import math
 import time
@@ -36,43 +38,38 @@ NEIGHBOUR_PASSES = 4
 #: 32-byte memory sectors a warp's gathers touch per nonzero above which a matrix counts as scattered.
 SCATTERED = 0.4
 #: Longest row ``auto`` reorders. No numbering brings a hub's columns together (a row of k entries
-#: spans at least k - 1 columns, so its reads stay scattered), and a graph with hubs has few levels
-#: to find locality in.
+#: spans at least k - 1 columns, so its reads stay scattered), and a hub, everyone's neighbour, leaves
+#: little locality to find.
 AUTO_MAX_ROW_LENGTH = 1024
-# The cost model of ``auto``, H200 (scripts/probe_reorder.py at 448832d,
-# scripts/results/probe_reorder_2026-11-30_1955_NVIDIA_H200_448832d.md; MEASUREMENTS.md). Our
-# Cuthill-McKee on the GPU costs GPU_SECONDS_PER_LEVEL a breadth-first level and GPU_SECONDS_PER_PASS
-# a pass (least squares over the random geometric graphs of 50k, 500k and 2M rows: 2.4, 4.4 and 9.6
-# ms for 104, 222 and 367 levels in 2, 2 and 10 passes); permuting A GPU_SECONDS_PER_NONZERO a stored
-# entry (1.2 ms for 29.6M); and counting the sectors the reordered matrix reads, with the launches
-# around it, GPU_SECONDS_FIXED (auto's whole reordering took 8.4 and 13.9 ms at 500k and 2M rows,
-# 3.3 and 3.1 ms more than the ordering and the permutation). A sector of gathered reads saved saves
-# SECONDS_PER_SECTOR_FROM_MEMORY an iteration where an iteration's vectors do not fit in the L2 cache
-# together (2M rows: 283.5 us at 0.95 sectors a nonzero, 212.3 us at 0.16), and
-# SECONDS_PER_SECTOR_FROM_CACHE where they do (500k rows: 58.1 and 51.0 us; 50k rows: 12.6 and 11.7
-# us, 1.6 ps a sector). A reordering that falls due mid-way also sets the solver up again on the
-# reordered matrix (format, diagonal, kernels, the graph's capture): GPU_SECONDS_SET_UP_AGAIN and
-# GPU_SECONDS_SET_UP_AGAIN_PER_NONZERO (3.9 and 6.1 ms at 500k and 2M rows, warm;
-# scripts/results/probe_reorder_deferred_2026-11-30_2223_NVIDIA_H200_ffaa1b2.md).
-GPU_SECONDS_PER_LEVEL = 17e-6
-GPU_SECONDS_PER_PASS = 0.35e-3
+# The cost model of ``auto``, H200 (scripts/probe_reorder.py; MEASUREMENTS.md). The neighbours'
+# renumbering costs GPU_SECONDS_NEIGHBOURS and GPU_SECONDS_NEIGHBOURS_PER_NONZERO a stored entry (1.4
+# and 3.5 ms for the random geometric graphs of 500k and 2M rows, 7.4M and 29.6M nonzeros:
+# scripts/results/probe_row_orders_2026-12-01_0216_NVIDIA_H200_905c59c.md); permuting A
+# GPU_SECONDS_PER_NONZERO a stored entry (1.2 ms for 29.6M); counting the sectors the reordered
+# matrix reads, with the launches around it, GPU_SECONDS_FIXED (auto's whole reordering took 3.3 and
+# 3.1 ms more than the ordering and the permutation at 500k and 2M rows,
+# scripts/results/probe_reorder_2026-11-30_1955_NVIDIA_H200_448832d.md). A sector of gathered reads
+# saved saves SECONDS_PER_SECTOR_FROM_MEMORY an iteration where an iteration's vectors do not fit in
+# the L2 cache together, and SECONDS_PER_SECTOR_FROM_CACHE where they do, counting down to
+# SECTORS_AFTER: fitted to reverse Cuthill-McKee (2M rows: 283.5 us at 0.95 sectors a nonzero, 212.3
+# us at 0.16; 500k rows: 58.1 and 51.0 us; 50k rows: 12.6 and 11.7 us, 1.6 ps a sector), which the
+# neighbours' renumbering beats (2M rows 184.2 us, 500k 46.5 us): the model under-predicts its
+# saving, and plans it later than it could. A reordering that falls due mid-way also sets the solver
+# up again on the reordered matrix (format, diagonal, kernels, the graph's capture):
+# GPU_SECONDS_SET_UP_AGAIN and GPU_SECONDS_SET_UP_AGAIN_PER_NONZERO (3.9 and 6.1 ms at 500k and 2M
+# rows, warm; scripts/results/probe_reorder_deferred_2026-11-30_2223_NVIDIA_H200_ffaa1b2.md).
+GPU_SECONDS_NEIGHBOURS = 0.7e-3
+GPU_SECONDS_NEIGHBOURS_PER_NONZERO = 0.095e-9
 GPU_SECONDS_PER_NONZERO = 0.05e-9
 GPU_SECONDS_FIXED = 3.5e-3
 GPU_SECONDS_SET_UP_AGAIN = 3.2e-3
 GPU_SECONDS_SET_UP_AGAIN_PER_NONZERO = 0.1e-9
 SECONDS_PER_SECTOR_FROM_MEMORY = 3.0e-12
 SECONDS_PER_SECTOR_FROM_CACHE = 1.2e-12
-SECTORS_AFTER_RCM = 0.16
+SECTORS_AFTER = 0.16
 #: Vectors of n float64 entries an iteration streams besides gathering one (x, r, z, p, q, the
 #: inverse diagonal).
 ITERATION_VECTORS = 6
-#: Breadth-first levels of our Cuthill-McKee per cube root of n on the random geometric graphs (104,
-#: 222 and 367 levels at 50k, 500k and 2M rows): the level count :class:`DeferredReordering` predicts
-#: before ordering. A graph with more levels (a 2-D mesh, a long chain) costs more than predicted;
-#: the ordering then stops at twice the predicted cost.
-LEVELS_PER_CUBE_ROOT = 2.9
-#: Passes predicted: the first breadth-first pass and one step of the search for a peripheral start.
-PASSES = 2
 
 
 def gather_sectors(indptr, indices, rows_per_warp=32, itemsize=8, samples=2048, reordering=None):
@@ -235,7 +232,7 @@ def choose_reordering(A, requested, device):
 
     A = canonical(A if is_cupy_sparse(A) else csp.csr_matrix(sp.csr_matrix(A)))
     if requested == "rcm":
-        return _cuthill_mckee_reversed(A, None, None), "rcm"
+        return _cuthill_mckee_reversed(A), "rcm"
     return auto_reordering(A, int(cupy.cuda.Device().attributes["L2CacheSize"]))
 
 
@@ -246,9 +243,9 @@ def auto_reordering(A, cache_bytes):
     the same decisions), for a GPU with an L2 cache of ``cache_bytes``. A matrix
     whose product reads are scattered (:func:`gather_sectors` above
     :data:`SCATTERED`), with no row longer than :data:`AUTO_MAX_ROW_LENGTH`, gets a
-    :class:`DeferredReordering`: the solver runs it as numbered until reverse
-    Cuthill-McKee would have paid for itself, then reorders. Nothing is ordered
-    here, since the iteration count that decides is not known at set-up.
+    :class:`DeferredReordering`: the solver runs it as numbered until the
+    neighbours' renumbering would have paid for itself, then reorders. Nothing is
+    ordered here, since the iteration count that decides is not known at set-up.
     """
     xp = array_module(A.indptr)
     n = A.shape[0]
@@ -265,7 +262,7 @@ def auto_reordering(A, cache_bytes):
 
 
 class DeferredReordering:
-    """Reverse Cuthill-McKee held back until the solves have run long enough for it to pay.
+    """The neighbours' renumbering held back until the solves have run long enough for it to pay.
 
     The iterations a solve will take are unknown at set-up, so the decision is
     made as they run, the way one decides to buy rather than rent: the solver
@@ -298,22 +295,22 @@ class DeferredReordering:
     """
 
     def __init__(self, A, scattered, per_sector):
-        n, nnz = A.shape[0], int(A.nnz)
+        nnz = int(A.nnz)
         self.A, self.scattered, self.per_sector = A, scattered, per_sector
-        self.saving = per_sector * max(scattered - SECTORS_AFTER_RCM, 0.0) * nnz
-        # counting sectors, permuting A, the solver set up again
-        self._besides_ordering = (GPU_SECONDS_FIXED + GPU_SECONDS_SET_UP_AGAIN
-                                  + (GPU_SECONDS_PER_NONZERO + GPU_SECONDS_SET_UP_AGAIN_PER_NONZERO) * nnz)
-        levels = LEVELS_PER_CUBE_ROOT * n ** (1 / 3)
-        self.cost = self._besides_ordering + PASSES * GPU_SECONDS_PER_PASS + levels * GPU_SECONDS_PER_LEVEL
-        self.iterations = max(1, math.ceil(self.cost / self.saving))  # scattered > SCATTERED > SECTORS_AFTER_RCM
+        self.saving = per_sector * max(scattered - SECTORS_AFTER, 0.0) * nnz
+        # the ordering, counting sectors, permuting A, the solver set up again
+        self.cost = (GPU_SECONDS_NEIGHBOURS + GPU_SECONDS_FIXED + GPU_SECONDS_SET_UP_AGAIN
+                     + (GPU_SECONDS_NEIGHBOURS_PER_NONZERO + GPU_SECONDS_PER_NONZERO
+                        + GPU_SECONDS_SET_UP_AGAIN_PER_NONZERO) * nnz)
+        self.iterations = max(1, math.ceil(self.cost / self.saving))  # scattered > SCATTERED > SECTORS_AFTER
         self.left = self.iterations
 
     @property
     def note(self):
         """What is planned, for the report."""
-        return (f"rcm after {self.iterations:,} iterations as numbered ({self.scattered:.2f} sectors a nonzero; "
-                f"predicted to cost {self.cost * 1e3:.1f} ms and save {self.saving * 1e6:.1f} us an iteration)")
+        return (f"neighbours after {self.iterations:,} iterations as numbered ({self.scattered:.2f} sectors a "
+                f"nonzero; predicted to cost {self.cost * 1e3:.1f} ms and save {self.saving * 1e6:.1f} us an "
+                "iteration)")
 
     def ran(self, iterations):
         """Count iterations run as numbered; True once the reordering is due."""
@@ -332,27 +329,19 @@ class DeferredReordering:
         return math.log(tol / current) / rate >= self.iterations
 
     def order(self):
-        """Order now: ``(Reordering or None, note)``, None where the ordering or its locality disappoints.
-
-        The ordering stops past twice its predicted cost; after it, the sectors
-        counted on the reordered pattern must save more than permuting ``A`` costs
-        over another :attr:`iterations` iterations.
-        """
+        """Order now: ``(Reordering or None, note)``, None where the order's locality disappoints: the
+        sectors counted on the reordered pattern must save more than permuting ``A`` costs over another
+        :attr:`iterations` iterations."""
         nnz = int(self.A.nnz)
-        budget = 2 * self.cost - self._besides_ordering
-        max_levels, max_passes = int(budget / GPU_SECONDS_PER_LEVEL), int(budget / GPU_SECONDS_PER_PASS)
-        order = _cuthill_mckee_reversed(self.A, max_levels, max_passes)
-        if order is None:
-            return None, (f"none (RCM would take more than {max_levels:,} levels or {max_passes:,} passes, "
-                          f"twice its predicted cost)")
+        order = _neighbours(self.A)
         t0 = time.perf_counter()
         after = gather_sectors(self.A.indptr, self.A.indices, reordering=order)
         order.seconds += time.perf_counter() - t0
         if self.per_sector * (self.scattered - after) * nnz * self.iterations <= GPU_SECONDS_PER_NONZERO * nnz:
-            return None, (f"none (RCM found little locality: {self.scattered:.2f} -> {after:.2f} sectors a "
-                          f"nonzero, too little to pay for permuting A)")
-        return order, (f"rcm after {self.iterations:,} iterations ({self.scattered:.2f} -> {after:.2f} sectors "
-                       "a nonzero)")
+            return None, (f"none (the neighbours' order found little locality: {self.scattered:.2f} -> "
+                          f"{after:.2f} sectors a nonzero, too little to pay for permuting A)")
+        return order, (f"neighbours after {self.iterations:,} iterations ({self.scattered:.2f} -> {after:.2f} "
+                       "sectors a nonzero)")
 
 
 def _neighbours(A):
@@ -382,13 +371,11 @@ def _scipy_rcm(A):
     return order
 
 
-def _cuthill_mckee_reversed(A, max_levels, max_passes):
-    """Our reverse Cuthill-McKee of a canonical CSR matrix where it is, timed; None past the limits."""
+def _cuthill_mckee_reversed(A):
+    """Our reverse Cuthill-McKee of a canonical CSR matrix where it is, timed."""
     xp = array_module(A.indptr)
     t0 = time.perf_counter()
-    ordering = cuthill_mckee(A.indptr, A.indices, max_levels, max_passes)
-    if ordering is None:
-        return None
+    ordering = cuthill_mckee(A.indptr, A.indices)
     order = Reordering(ordering.order[::-1], "rcm")
     order.levels, order.passes = ordering.levels, ordering.passes
     if xp is not np:

@@ -356,7 +356,7 @@ def test_auto_format_gather_and_reordering_are_reported(cupy):
     A = random_geometric_laplacian(20000, seed=4)
     solver = solvers.PCG(A, device="gpu", rtol=1e-8)
     assert solver.format.startswith("sell") and "gather stored" in solver.format
-    assert solver.reordering.startswith(("rcm after ", "none ("))
+    assert solver.reordering.startswith(("neighbours after ", "none ("))
     b = A @ np.ones(A.shape[0])
     res = solver.solve(b)
     assert res.converged and np.abs(res.x.get() - 1).max() < 1e-5

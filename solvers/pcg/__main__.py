@@ -138,7 +138,7 @@ def build_parser():
     p.add_argument("--reorder", choices=("auto", "none", "rcm", "neighbours"), default="auto",
                    help="symmetric reordering, undone on the solution; rcm: reverse Cuthill-McKee at set-up "
                         "(on the GPU for a GPU solve, SciPy's on the CPU); neighbours: rows sharing a neighbour "
-                        "numbered together, at set-up (a few sorts); auto: RCM on the GPU for a matrix whose product "
+                        "numbered together, at set-up (a few sorts); auto: the latter on the GPU for a matrix whose product "
                         "reads are scattered, once the iterations run as numbered would have paid for it "
                         "(the report says what was planned or done and why)")
     add_timeout_option(p)

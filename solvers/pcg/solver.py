@@ -174,7 +174,8 @@ class PCG:
         together: a few sorts, a third of RCM's time on the 2M-row random geometric
         graph, and an iteration 184 us there against RCM's 209; see
         :func:`solvers.reorder.choose_reordering`). ``auto``
-        plans it on the GPU's grid path, with Jacobi or no preconditioner, where the
+        plans the neighbours' renumbering on the GPU's grid path, with Jacobi or no
+        preconditioner, where the
         product's reads are scattered (:func:`solvers.reorder.auto_reordering`), and
         reorders once the solves have run as many iterations as numbered as it takes
         to pay for itself (:class:`solvers.reorder.DeferredReordering`): in the solve
