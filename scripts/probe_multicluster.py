@@ -76,8 +76,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--iterations", type=int, default=20000)
     args = parser.parse_args()
-    print(f"| team | shared KB | max active clusters | cooperative launch | clusters | (a) cluster us | "
-          f"(b) + cross-cluster counter us | (c) all blocks on one counter us |")
+    print("| team | shared KB | max active clusters | cooperative launch | clusters | (a) cluster us | "
+          "(b) + cross-cluster counter us | (c) all blocks on one counter us |")
     print("|---|---|---|---|---|---|---|---|")
     for team in (16, 8):
         mod = cupy.RawModule(code=SOURCE, options=("-std=c++17", f"-DTEAM={team}"))

@@ -138,9 +138,9 @@ def build_parser():
     p.add_argument("--reorder", choices=("auto", "none", "rcm", "neighbours"), default="auto",
                    help="symmetric reordering, undone on the solution; rcm: reverse Cuthill-McKee at set-up "
                         "(on the GPU for a GPU solve, SciPy's on the CPU); neighbours: rows sharing a neighbour "
-                        "numbered together, at set-up (a few sorts); auto: the latter on the GPU for a matrix whose product "
-                        "reads are scattered, once the iterations run as numbered would have paid for it "
-                        "(the report says what was planned or done and why)")
+                        "numbered together, at set-up (a few sorts); auto: the latter on the GPU for a matrix "
+                        "whose product reads are scattered, once the iterations run as numbered would have paid "
+                        "for it (the report says what was planned or done and why)")
     add_timeout_option(p)
     g = p.add_mutually_exclusive_group()
     g.add_argument("-q", "--quiet", action="store_true", help="print one summary line")

@@ -44,7 +44,9 @@ RESERVED_REGISTERS = {("classic", False): 40, ("classic", True): 64,
 REGISTERS_A_ROW = 6
 TEAM_SUMS = 3  # values one reduction of the kernel adds at most (r.r, r.u, w.u)
 MIRROR_VECTORS = 6  # a system over several clusters: r, s and w of two iterations in global memory
-SPREAD_REGISTERS = 8  # more for a system over several clusters (the mirror's addresses; Poisson 256^2 spilled holding 4)
+# Registers more for a system over several clusters (the mirror's addresses; Poisson 256^2 spilled
+# holding 4).
+SPREAD_REGISTERS = 8
 NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 14  # CUfunction_attribute
 VARIANTS = ("classic", "single-reduction")
 
@@ -385,7 +387,7 @@ def resident_clusters(function, shape, shared_bytes):
         from cuda.bindings import driver
     except ImportError:
         raise ClustersUnavailable("spreading a system over several clusters needs cuda-bindings (pip install "
-                          "graphsolve-cuda[cuda12] or [cuda13]) to count the clusters the GPU holds") from None
+                                  "graphsolve-cuda[cuda12] or [cuda13]) to count the clusters the GPU holds") from None
     config = driver.CUlaunchConfig()
     config.gridDimX, config.gridDimY, config.gridDimZ = shape.team * shape.groups, 1, 1
     config.blockDimX, config.blockDimY, config.blockDimZ = shape.block, 1, 1
@@ -449,7 +451,7 @@ class OnChipKernel:
             resident = resident_clusters(self._function, self.shape, self.shared_bytes)
             if resident < self.shape.groups:
                 raise ClustersUnavailable(f"this GPU holds {resident} clusters of {self.shape.team} blocks at once; "
-                                  f"a system of {int(start[-1]):,} rows on chip needs {self.shape.groups}")
+                                          f"a system of {int(start[-1]):,} rows on chip needs {self.shape.groups}")
             self.spread = dict(mirror=cupy.empty(MIRROR_VECTORS * int(start[-1]), dtype=np.float64
                                                  if real == "double" else np.float32),
                                group_sums=cupy.zeros(2 * self.shape.groups * TEAM_SUMS),
