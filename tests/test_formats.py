@@ -209,6 +209,29 @@ def test_sell_rows_by_neighbours_reproduce_the_product(name):
     np.testing.assert_allclose(layout.product(layout.values(A.data), x), A @ x, rtol=1e-13, atol=1e-12)
 
 
+@pytest.mark.parametrize("name", MATRICES)
+def test_sell_renumbered_rows_reproduce_the_product_in_its_numbering(name):
+    A = MATRICES[name]()
+    layout = SELL(*arrays(A), np, row_order="neighbours", renumber=True)
+    order = layout.numbering
+    assert sorted(order.tolist()) == list(range(A.shape[0]))
+    x = np.random.default_rng(0).standard_normal(A.shape[1])
+    got = layout.product(layout.values(A.data), x[order])  # x and the product in the layout's numbering
+    np.testing.assert_allclose(got, (A @ x)[order], rtol=1e-13, atol=1e-12)
+    lanes_rows = layout.slice_rows[::layout.lanes]
+    short = int((lanes_rows >= 0).sum())
+    assert np.array_equal(lanes_rows[:short], np.arange(short))  # the slices hold consecutive rows
+    assert np.array_equal(layout.long_rows, np.arange(short, A.shape[0]))
+    assert "rows numbered as laid out" in layout.describe()
+
+
+@pytest.mark.parametrize("row_order", ["auto", "length"])
+def test_sell_renumbers_only_a_layout_by_neighbours(row_order):
+    A = MATRICES["power_law" if row_order == "auto" else "geometric"]()
+    layout = SELL(*arrays(A), np, row_order=row_order, renumber=True)
+    assert layout.row_order == "length" and layout.numbering is None
+
+
 def test_sell_rows_of_a_rectangular_matrix_keep_their_length_order():
     A = rectangular()
     assert SELL(*arrays(A), np, row_order="auto").row_order == "length"
@@ -280,15 +303,19 @@ def test_unknown_format_is_refused():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("row_order", ["auto", "length", "neighbours"])
+@pytest.mark.parametrize("row_order, renumber", [("auto", False), ("length", False), ("neighbours", False),
+                                                ("neighbours", True)])
 @pytest.mark.parametrize("lanes", [1, 2, 4, 8])
 @pytest.mark.parametrize("name", ["geometric", "power_law", "one_long_row", "empty_rows"])
-def test_sell_layout_kernels_equal_the_numpy_layout(cupy, name, lanes, row_order):
+def test_sell_layout_kernels_equal_the_numpy_layout(cupy, name, lanes, row_order, renumber):
     A = MATRICES[name]()
-    ref = SELL(*arrays(A), np, lanes=lanes, row_order=row_order)
-    dev = SELL(*(cupy.asarray(a) for a in arrays(A)), cupy, lanes=lanes, row_order=row_order)
+    ref = SELL(*arrays(A), np, lanes=lanes, row_order=row_order, renumber=renumber)
+    dev = SELL(*(cupy.asarray(a) for a in arrays(A)), cupy, lanes=lanes, row_order=row_order, renumber=renumber)
     assert (dev.sigma, dev.size, dev.slices, dev.pieces) == (ref.sigma, ref.size, ref.slices, ref.pieces)
     assert (dev.row_order, dev.sectors, dev.padding) == (ref.row_order, ref.sectors, ref.padding)
+    assert (dev.numbering is None) == (ref.numbering is None) == (not renumber)
+    if renumber:
+        np.testing.assert_array_equal(dev.numbering.get(), ref.numbering)
     for field in ("_pos", "col", "slice_ptr", "slice_rows", "piece_ptr", "piece_row", "long_rows", "row_pieces"):
         np.testing.assert_array_equal(getattr(dev, field).get(), getattr(ref, field), err_msg=field)
 

@@ -27,7 +27,7 @@ def row_lengths(indptr, xp=np):
     return xp.diff(indptr)
 
 
-def choose_format(indptr, indices, xp=np, requested="auto", sell_lanes=None, sell_rows="length"):
+def choose_format(indptr, indices, xp=np, requested="auto", sell_lanes=None, sell_rows="length", renumber=False):
     """The format for a CSR pattern: ``requested``, or by ``auto`` from its row lengths.
 
     ``auto`` takes ELL when every row has nearly the mean length (at most 1.3 times
@@ -44,6 +44,8 @@ def choose_format(indptr, indices, xp=np, requested="auto", sell_lanes=None, sel
         Threads a row of SELL (default :meth:`~.sell.SELL.auto_lanes`).
     sell_rows : {"auto", "neighbours", "length"}
         Row order of SELL (see :class:`~.sell.SELL`); the PCG solver asks for ``auto``.
+    renumber : bool
+        Let SELL number the rows as it lays them out by neighbours (:attr:`~.sell.SELL.numbering`).
 
     Returns
     -------
@@ -57,5 +59,5 @@ def choose_format(indptr, indices, xp=np, requested="auto", sell_lanes=None, sel
     if requested == "auto":
         requested = "ell" if ELL.suits(stats.width, stats.nnz, int(indptr.size) - 1) else "sell"
     if requested == "sell":
-        return SELL(indptr, indices, xp, sell_lanes, sell_rows, stats)
+        return SELL(indptr, indices, xp, sell_lanes, sell_rows, stats, renumber)
     return FORMATS[requested](indptr, indices, xp, stats)

@@ -69,11 +69,16 @@ class MatrixFormat:
     n, nnz : int
     defines : tuple of (str, str)
         Preprocessor definitions the format's kernel file needs.
+    numbering : int array or None
+        Where the layout numbers the rows its own way: row ``i`` of its numbering is
+        row ``numbering[i]`` of the CSR pattern (its products read and write vectors
+        in that numbering); None where it keeps the given one.
     """
 
     name = None
     fields = ()
     defines = ()
+    numbering = None
 
     def __init__(self, indptr, xp, nnz):
         self.xp = xp
@@ -113,7 +118,8 @@ class MatrixFormat:
         return self.name
 
     def product(self, val, v):
-        """NumPy meaning of ``for_each_row_product``: ``A @ v`` from the layout's arrays (host arrays)."""
+        """NumPy meaning of ``for_each_row_product``: ``A @ v`` from the layout's arrays (host arrays), in the
+        layout's numbering."""
         raise NotImplementedError
 
 

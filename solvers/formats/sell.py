@@ -178,6 +178,14 @@ class SELL(MatrixFormat):
     many warps instead of holding one back; the pieces' sums are added in a fixed
     order.
 
+    With ``renumber=True`` a layout by neighbours also numbers the rows (and so the
+    columns and the vectors) by their place in it: the slices then write runs of
+    consecutive rows and gather columns numbered near their own, where as numbered
+    both are scattered. :attr:`numbering` is the order (row ``i`` of the layout's
+    numbering is row ``numbering[i]`` of the given one); the solver carries its
+    vectors across. H200, PCG on a random geometric graph of 2M rows numbered at
+    random: MEASUREMENTS.md, 2026-12-01.
+
     On the device the layout is a few sorts and kernel passes
     (``kernels/sell_layout.cu``), with two or three reads back to the host (the
     pattern's sizes, auto's sample, the layout's sizes); the NumPy path computes
@@ -210,9 +218,10 @@ class SELL(MatrixFormat):
         mean = nnz / max(n, 1)
         return int(min(8, max(1, 2 ** round(np.log2(max(mean / 4, 1.0))))))
 
-    def __init__(self, indptr, indices, xp, lanes=None, row_order="length", stats=None):
+    def __init__(self, indptr, indices, xp, lanes=None, row_order="length", stats=None, renumber=False):
         """``stats``: the pattern's :class:`~.base.Pattern` where known (long rows counted for
-        :attr:`LONG_ROW`, its columns counted unless ``row_order`` is ``"length"``)."""
+        :attr:`LONG_ROW`, its columns counted unless ``row_order`` is ``"length"``); ``renumber``: number
+        the rows by their place in a layout by neighbours (:attr:`numbering`)."""
         stats = stats or pattern_stats(indptr, indices, xp, self.LONG_ROW, columns=row_order != "length")
         super().__init__(indptr, xp, stats.nnz)
         if lanes is None:
@@ -235,7 +244,11 @@ class SELL(MatrixFormat):
         if order is None:
             order = stable_argsort(length_key, xp).astype(xp.int32)
         self.sigma = self.NEIGHBOUR_WINDOW if self.row_order == "neighbours" else max(self.short, 1)
-        self._lay_out(indptr, indices, self._longest_first(indptr, order))
+        order = self._longest_first(indptr, order)
+        self._lay_out(indptr, indices, order)
+        self.numbering = None
+        if renumber and self.row_order == "neighbours":
+            self._renumber(order)
 
     # -- row order ------------------------------------------------------------
     def _neighbour_order(self, indptr, indices, rank, row_order):
@@ -302,6 +315,18 @@ class SELL(MatrixFormat):
             long_rows = order[ns:]
             order[ns:] = long_rows[stable_argsort(indptr[long_rows] - indptr[long_rows + 1], xp)]
         return order
+
+    def _renumber(self, order):
+        """Rows and columns numbered by place in the layout: ``order`` (short rows, then long ones) becomes
+        :attr:`numbering`, and the layout's row and column numbers are mapped through its inverse (the
+        padding keeps pointing at its lane's own row)."""
+        xp, n = self.xp, self.n
+        self.numbering = order.copy()  # long_rows is a view of it
+        place = xp.empty(n, dtype=xp.int32)
+        place[order] = xp.arange(n, dtype=xp.int32)
+        self.col = place[self.col]
+        self.slice_rows = xp.where(self.slice_rows >= 0, place[xp.maximum(self.slice_rows, 0)], -1).astype(xp.int32)
+        self.long_rows = xp.arange(self.short, n, dtype=xp.int32)
 
     # -- layout ---------------------------------------------------------------
     def _lay_out(self, indptr, indices, order):
@@ -440,6 +465,8 @@ class SELL(MatrixFormat):
         if self.sectors:
             text += f" ({self.sectors[0]:.2f} sectors a nonzero given, {self.sectors[1]:.2f} by neighbours)"
         text += f", sigma={'all rows' if self.row_order == 'length' else self.sigma}, {self.padding:.1%} padding"
+        if self.numbering is not None:
+            text += ", rows numbered as laid out"
         if self.pieces:
             text += f"; {int(self.long_rows.size)} rows over {self.LONG_ROW} entries in {self.pieces} pieces"
         return text + ")"

@@ -23,6 +23,7 @@ from ..errors import DeviceError, InputError
 from ..formats import choose_format
 from ..kernels.pcg_ref import RUNNING
 from ..kernels.structs import PROGRESS, SLOT, STATE, Struct
+from ..reorder import Reordering
 from .cpu import resolve_variant
 from .preconditioners import as_preconditioner, jacobi_inverse_diagonal, make_preconditioner, refuse_unsupported
 from .preconditioners.device import DeviceProgram
@@ -208,11 +209,18 @@ class GPUPCG:
         Threads per block of the persistent kernel (default :func:`run_block`).
     reordering : solvers.reorder.Reordering, optional
         The permutation the caller applied to ``A`` (for the preconditioner's set-up).
+    renumber : bool
+        With a pointwise preconditioner, let SELL number the rows as it lays them out
+        by neighbours (:class:`solvers.formats.SELL`): the solver then keeps its
+        vectors in that numbering and carries ``b``, ``x0`` and ``x`` across, so
+        callers never see it (:attr:`numbering`).
 
     Attributes
     ----------
     M : Preconditioner or None
         The set-up preconditioner when it is not pointwise (its details and timing).
+    numbering : solvers.reorder.Reordering or None
+        The format's own numbering of the rows, where it has one.
     """
 
     device = "gpu"
@@ -220,7 +228,7 @@ class GPUPCG:
 
     def __init__(self, A, preconditioner, dtype, mode, unroll, record_history, variant="auto",
                  matrix_format="auto", gather="auto", stream_matrix=None, sell_lanes=None, block=None,
-                 reordering=None, sell_rows="auto"):
+                 reordering=None, sell_rows="auto", renumber=False):
         cupy = require_cupy()
         spec = as_preconditioner(preconditioner)
         refuse_unsupported(spec, "gpu", variant, dtype)
@@ -232,6 +240,7 @@ class GPUPCG:
         self.requested_gather = gather
         self.requested_stream = stream_matrix
         self.sell_lanes, self.sell_rows, self.requested_block = sell_lanes, sell_rows, block
+        self.renumber = renumber
         self.dtype = np.dtype(dtype)
         self.spec, self.preconditioner, self.reordering = spec, spec.name, reordering
         self.split = not spec.pointwise
@@ -273,8 +282,12 @@ class GPUPCG:
         self._pattern = (indptr, indices)
         cupy.cuda.Device().synchronize()
         t0 = time.perf_counter()
-        self.format = choose_format(indptr, indices, cupy, self.requested_format, self.sell_lanes, self.sell_rows)
+        # the split body's preconditioner works on A as numbered: only the fused kernels take a numbering
+        self.format = choose_format(indptr, indices, cupy, self.requested_format, self.sell_lanes, self.sell_rows,
+                                    self.renumber and not self.split)
         self.val = self.format.values(data)
+        numbering = self.format.numbering
+        self.numbering = None if numbering is None else Reordering(numbering, "the format's layout")
         cupy.cuda.Device().synchronize()
         self.format_time = time.perf_counter() - t0
         gather = self.requested_gather
@@ -381,7 +394,7 @@ class GPUPCG:
     def _set_diagonal(self, M):
         if self.dinv is None:
             return
-        self.dinv[...] = jacobi_inverse_diagonal(M.diagonal().astype(self.dtype))  # in place: captured address
+        self.dinv[...] = self._inward(jacobi_inverse_diagonal(M.diagonal().astype(self.dtype)))  # captured address
 
     @property
     def mode(self):
@@ -502,14 +515,33 @@ class GPUPCG:
         self.k_prepare((1,), (1024,), (self.state, np.uint64(self.progress.device_ptr), self.b, np.int32(self.n),
                                        np.float64(rtol), np.float64(atol), np.int32(maxiter)))  # PREPARE_BLOCK
 
+    def _inward(self, v, out=None):
+        """A vector as the caller numbers it, in the solver's numbering (into ``out`` when given)."""
+        if self.numbering is None:
+            if out is None:
+                return v
+            out[...] = v
+            return out
+        return self.cupy.take(v, self.numbering.perm, out=out)
+
+    def _outward(self, v, out=None):
+        """A vector in the solver's numbering, as the caller numbers it (a new array unless ``out``)."""
+        if self.numbering is None:
+            if out is None:
+                return v.copy()
+            out[...] = v
+            return out
+        return self.cupy.take(v, self.numbering.inverse, out=out)
+
     def _load(self, b, x0):
-        """b, x (x0 or zero) and r = b - A x into the fixed buffers, on the current stream."""
-        self.b[...] = b
+        """b, x (x0 or zero) and r = b - A x into the fixed buffers, in the solver's numbering, on the current
+        stream."""
+        self._inward(b, self.b)
         if x0 is None:
             self.x.fill(0)
             self.r[...] = self.b
         else:
-            self.x[...] = x0
+            self._inward(x0, self.x)
             self._residual(self.x, self.r)
 
     def enqueue(self, b, out, x0, rtol, atol, maxiter):
@@ -521,7 +553,7 @@ class GPUPCG:
         self._load(b, x0)
         self._prepare_on_device(rtol, atol, maxiter)
         self.launch_run(2**31 - 1, 0, stream)  # to the stop: the kernel ends at the State's maxiter
-        out[...] = self.x
+        self._outward(self.x, out)
 
     def enqueued_result(self):
         """``(reason, iterations, rnorm, tol)`` of the last enqueued solve (reads the device State)."""
@@ -550,7 +582,7 @@ class GPUPCG:
             st = STATE.read(self.state.get())  # exact every iteration, for the callback
             if int(st["iteration"]) > seen[0]:
                 seen[0] = int(st["iteration"])
-                callback(self.x)
+                callback(self.x if self.numbering is None else self._outward(self.x))
             return int(st["status"]) != RUNNING
 
         def on_wait():
@@ -574,9 +606,9 @@ class GPUPCG:
             raise RuntimeError("device loop ended without a stop reason (engine bound reached)")
         its = int(st["iteration"])
         history = self.history[: its + 1].get() if self.record_history else None
-        return self.x.copy(), reason, its, float(st["rnorm"]), history
+        return self._outward(self.x), reason, its, float(st["rnorm"]), history
 
     def true_residual_norm(self, b, x):
         w = self.cupy.empty_like(self.r)
-        self._residual(x, w)
+        self._residual(self._inward(x), w)
         return float(self.cupy.linalg.norm(w))

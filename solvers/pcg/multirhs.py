@@ -82,7 +82,8 @@ class GPUMultiRHS:
             position = solver.format._pos  # where each CSR entry sits in the format's values
             self.rowptr, self.col = indptr, indices
             self.val = solver.val[position] if position is not None else solver.val.copy()
-        self.dinv = solver.dinv
+        numbering = solver.numbering  # the fused solver's own numbering of its vectors, where its format has one
+        self.dinv = solver.dinv if numbering is None or solver.dinv is None else numbering.backward(solver.dinv)
         mod = kernels.module(**kernel_program(kernels.ctype(self.dtype), self.columns,
                                               solver.format.width if ell else None))
         self._direction, self._update, self._residual = (mod.get_function(k) for k in

@@ -23,6 +23,8 @@ from .preconditioners import Preconditioner, as_preconditioner, make_preconditio
 from .result import Reason, SolveResult, confirmed, confirmed_each
 
 DTYPES = ("float64", "float32")
+#: ``reordering`` where the GPU solver's SELL layout numbers the rows (``GPUPCG.numbering``).
+FORMAT_NUMBERING = "neighbours, as SELL lays the rows out (the format's own numbering, no cost beyond its set-up)"
 # Vectors a solve holds besides the matrix: x, b, r, z, p, q and the true residual on the CPU;
 # single-reduction's extra pairs and the history on the GPU stay below this count.
 _WORK_VECTORS = 12
@@ -173,9 +175,11 @@ class PCG:
         ``neighbours`` by SELL's neighbours' order (rows sharing a neighbour
         together: a few sorts, a third of RCM's time on the 2M-row random geometric
         graph, and an iteration 184 us there against RCM's 209; see
-        :func:`solvers.reorder.choose_reordering`). ``auto``
-        plans the neighbours' renumbering on the GPU's grid path, with Jacobi or no
-        preconditioner, where the
+        :func:`solvers.reorder.choose_reordering`). ``auto``, on the GPU's grid path
+        with Jacobi or no preconditioner: where SELL lays the rows out by neighbours
+        (:class:`solvers.formats.SELL`), the solver numbers its rows as they are laid
+        out, at no cost beyond the format's set-up; otherwise it
+        plans the neighbours' renumbering where the
         product's reads are scattered (:func:`solvers.reorder.auto_reordering`), and
         reorders once the solves have run as many iterations as numbered as it takes
         to pay for itself (:class:`solvers.reorder.DeferredReordering`): in the solve
@@ -264,10 +268,13 @@ class PCG:
                     self.path, self.path_note = "grid", f"auto: {exc}; the whole GPU"
             if self.path == "grid":  # any preconditioner that runs on the GPU
                 unroll = GPUPCG.default_unroll if unroll is None else unroll
+                renumber = reorder == "auto"  # SELL's layout by neighbours may number the rows its way
                 self._impl = GPUPCG(A, spec, self.dtype, mode, unroll, record_history, variant, matrix_format,
-                                    reordering=self._order)
+                                    reordering=self._order, renumber=renumber)
                 self._rebuild = lambda A, order: GPUPCG(A, spec, self.dtype, mode, unroll, record_history,
-                                                        self._impl.variant, matrix_format, reordering=order)
+                                                        self._impl.variant, matrix_format, reordering=order,
+                                                        renumber=renumber)
+                self._note_numbering()
             self._keep_plan(self.path == "grid" and not self._impl.split, n, nnz)
             self.shape = self._impl.shape
             variant = self._impl.variant
@@ -295,6 +302,14 @@ class PCG:
         if reorder == "auto" and given_on_device:
             return None, "none (the matrix is on the GPU)"
         return choose_reordering(A, reorder, self.device)
+
+    def _note_numbering(self):
+        """Where the GPU solver's format numbers the rows as it lays them out, say so in ``reordering`` and give
+        up a deferred reordering: the layout already brings each row's neighbours together."""
+        if getattr(self._impl, "numbering", None) is not None:
+            self._plan, self.reordering = None, FORMAT_NUMBERING
+        elif self.reordering == FORMAT_NUMBERING:  # a new pattern's layout keeps the given numbering
+            self.reordering = "none"
 
     def _keep_plan(self, fused_grid, n, nnz):
         """Drop a deferred reordering the solver cannot carry out, saying why in ``reordering``.
@@ -470,6 +485,7 @@ class PCG:
         else:
             self._impl.update_values(A)
             self._column_solvers.clear()  # they copied the old values
+            self._note_numbering()
         if self._plan is not None:
             if sp.issparse(given) or is_cupy_sparse(given):
                 self._plan.A = canonical(self._where_solved(given))
