@@ -187,7 +187,9 @@ extern "C" __global__ void sell_cut_pieces(const SellPieces a) {
 // struct SellLayout (generated): lanes, rows (the short rows: the first `rows` of `order`), positions
 // (the slices' rows, 32 / lanes a slice), sliced (the slices' slots), indptr, indices, order, slice_ptr,
 // long_start (offset of each long row after the slices), long_rows (order's rows from `rows` on), longs,
-// col, pos (out: place of entry e), slice_rows (out: the row of every lane).
+// places (null, or each row's number in the layout's numbering: its position in `order`; rows and columns
+// are then written as numbered by it), col, pos (out: place of entry e), slice_rows (out: the row of
+// every lane).
 //
 // sell_place, one thread a position j of the slices: the row r = order[j] (none from `rows` on) at
 // position j of slice s = j / R (R = 32 / lanes) owns lanes (j % R) lanes + l, l < lanes, of the slice;
@@ -199,16 +201,18 @@ extern "C" __global__ void sell_place(const SellLayout a) {
     for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < a.positions; j += gridDim.x * blockDim.x) {
         const int s = j / rows_per_slice, lane = (j % rows_per_slice) * a.lanes;
         const int r = j < a.rows ? a.order[j] : -1;
+        const int own = a.places && r >= 0 ? j : r;  // the row's number in the layout's numbering
         const int first = r >= 0 ? a.indptr[r] : 0, length = r >= 0 ? a.indptr[r + 1] - first : 0;
         const int base = a.slice_ptr[s] + lane, width = (a.slice_ptr[s + 1] - a.slice_ptr[s]) / 32 * a.lanes;
-        for (int l = 0; l < a.lanes; ++l) a.slice_rows[32 * s + lane + l] = r;
+        for (int l = 0; l < a.lanes; ++l) a.slice_rows[32 * s + lane + l] = own;
         for (int k = 0; k < width; ++k) {
             const int p = base + k + spread * (k / a.lanes);
             if (k < length) {
-                a.col[p] = a.indices[first + k];
+                const int c = a.indices[first + k];
+                a.col[p] = a.places ? a.places[c] : c;
                 a.pos[first + k] = p;
             } else {
-                a.col[p] = max(r, 0);
+                a.col[p] = max(own, 0);
             }
         }
     }
@@ -227,7 +231,8 @@ extern "C" __global__ void sell_place_long(const SellLayout a) {
             else hi = mid - 1;
         }
         const int source = a.indptr[a.long_rows[lo]] + e - a.long_start[lo];
-        a.col[a.sliced + e] = a.indices[source];
+        const int c = a.indices[source];
+        a.col[a.sliced + e] = a.places ? a.places[c] : c;
         a.pos[source] = a.sliced + e;
     }
 }

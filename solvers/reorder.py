@@ -101,6 +101,8 @@ class Reordering:
         What produced it (for reports).
     seconds : float
         Time it took to compute and apply (set by :func:`choose_reordering`).
+    inverse : ndarray of int, optional
+        ``perm``'s inverse, where it is known already (of ``perm``'s type and module).
 
     Attributes
     ----------
@@ -108,11 +110,13 @@ class Reordering:
         Breadth-first levels and passes the GPU's Cuthill-McKee took (None for SciPy's).
     """
 
-    def __init__(self, perm, name, seconds=0.0):
+    def __init__(self, perm, name, seconds=0.0, inverse=None):
         xp = array_module(perm)
         self.perm = xp.ascontiguousarray(perm, dtype=np.int64 if xp is np else xp.int32)
-        self.inverse = xp.empty_like(self.perm)
-        self.inverse[self.perm] = xp.arange(self.perm.size, dtype=self.perm.dtype)
+        if inverse is None:
+            inverse = xp.empty_like(self.perm)
+            inverse[self.perm] = xp.arange(self.perm.size, dtype=self.perm.dtype)
+        self.inverse = xp.ascontiguousarray(inverse, dtype=self.perm.dtype)
         self.name = name
         self.seconds = seconds
         self.levels = self.passes = None

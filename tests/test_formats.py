@@ -215,6 +215,7 @@ def test_sell_renumbered_rows_reproduce_the_product_in_its_numbering(name):
     layout = SELL(*arrays(A), np, row_order="neighbours", renumber=True)
     order = layout.numbering
     assert sorted(order.tolist()) == list(range(A.shape[0]))
+    assert np.array_equal(layout.places[order], np.arange(A.shape[0]))  # each row's number: its place
     x = np.random.default_rng(0).standard_normal(A.shape[1])
     got = layout.product(layout.values(A.data), x[order])  # x and the product in the layout's numbering
     np.testing.assert_allclose(got, (A @ x)[order], rtol=1e-13, atol=1e-12)
@@ -316,6 +317,7 @@ def test_sell_layout_kernels_equal_the_numpy_layout(cupy, name, lanes, row_order
     assert (dev.numbering is None) == (ref.numbering is None) == (not renumber)
     if renumber:
         np.testing.assert_array_equal(dev.numbering.get(), ref.numbering)
+        np.testing.assert_array_equal(dev.places.get(), ref.places)
     for field in ("_pos", "col", "slice_ptr", "slice_rows", "piece_ptr", "piece_row", "long_rows", "row_pieces"):
         np.testing.assert_array_equal(getattr(dev, field).get(), getattr(ref, field), err_msg=field)
 

@@ -125,7 +125,7 @@ def test_auto_numbers_a_scattered_graph_as_sell_lays_it_out_out_of_sight(cupy):
     plain = solvers.PCG(A, device="gpu", rtol=1e-9, reorder="none")
     assert plain._impl.numbering is None and plain.reordering == "none"
     expected = plain.solve(b)
-    solver = solvers.PCG(A, device="gpu", rtol=1e-9, record_history=True)
+    solver = solvers.PCG(A, device="gpu", rtol=1e-9)
     assert solver.reordering == FORMAT_NUMBERING and solver._plan is None and solver._order is None
     assert solver.reorder_time == 0 and "rows by neighbours" in solver.format and "numbered as laid out" in solver.format
     res = solver.solve(b)

@@ -28,7 +28,8 @@ PIECES = Struct("SellPieces", [("longs", "int"), ("sliced", "int"), ("piece_leng
 LAYOUT = Struct("SellLayout", [("lanes", "int"), ("rows", "int"), ("positions", "int"), ("sliced", "int"),
                                ("indptr", "const int*"), ("indices", "const int*"), ("order", "const int*"),
                                ("slice_ptr", "const int*"), ("long_start", "const int*"), ("long_rows", "const int*"),
-                               ("longs", "int"), ("col", "int*"), ("pos", "int*"), ("slice_rows", "int*")])
+                               ("longs", "int"), ("places", "const int*"), ("col", "int*"), ("pos", "int*"),
+                               ("slice_rows", "int*")])
 LAYOUT_STRUCTS = (ROWS, KEY, SAMPLE, RANKS, WINDOW, SIZES, PIECES, LAYOUT)
 ROW_ORDERS = ("auto", "neighbours", "length")
 
@@ -245,10 +246,10 @@ class SELL(MatrixFormat):
             order = stable_argsort(length_key, xp).astype(xp.int32)
         self.sigma = self.NEIGHBOUR_WINDOW if self.row_order == "neighbours" else max(self.short, 1)
         order = self._longest_first(indptr, order)
+        self.numbering = self.places = None
+        if renumber and self.row_order == "neighbours":  # a row's number becomes its place
+            self.numbering, self.places = order, order_ranks(order, self.n, xp)
         self._lay_out(indptr, indices, order)
-        self.numbering = None
-        if renumber and self.row_order == "neighbours":
-            self._renumber(order)
 
     # -- row order ------------------------------------------------------------
     def _neighbour_order(self, indptr, indices, rank, row_order):
@@ -316,21 +317,10 @@ class SELL(MatrixFormat):
             order[ns:] = long_rows[stable_argsort(indptr[long_rows] - indptr[long_rows + 1], xp)]
         return order
 
-    def _renumber(self, order):
-        """Rows and columns numbered by place in the layout: ``order`` (short rows, then long ones) becomes
-        :attr:`numbering`, and the layout's row and column numbers are mapped through its inverse (the
-        padding keeps pointing at its lane's own row)."""
-        xp, n = self.xp, self.n
-        self.numbering = order.copy()  # long_rows is a view of it
-        place = xp.empty(n, dtype=xp.int32)
-        place[order] = xp.arange(n, dtype=xp.int32)
-        self.col = place[self.col]
-        self.slice_rows = xp.where(self.slice_rows >= 0, place[xp.maximum(self.slice_rows, 0)], -1).astype(xp.int32)
-        self.long_rows = xp.arange(self.short, n, dtype=xp.int32)
-
     # -- layout ---------------------------------------------------------------
     def _lay_out(self, indptr, indices, order):
-        """The slices and pieces of the rows in ``order`` (short rows first), and every entry's place."""
+        """The slices and pieces of the rows in ``order`` (short rows first), and every entry's place; with
+        :attr:`places`, the rows and columns numbered by them."""
         xp, n, ns = self.xp, self.n, self.short
         self.slices = -(-ns // (SLICE // self.lanes))
         slice_ptr, long_start, row_pieces, (sliced, long_entries, self.pieces) = self._offsets(indptr, order)
@@ -342,6 +332,8 @@ class SELL(MatrixFormat):
         self.slice_ptr, self.long_rows, self.row_pieces = slice_ptr, order[ns:], row_pieces
         self.piece_ptr, self.piece_row = self._cut_pieces(long_start, row_pieces, sliced)
         self._pos, self.col, self.slice_rows = self._place_entries(indptr, indices, order, long_start, sliced)
+        if self.places is not None:  # the long rows come last: numbered from the short rows' count on
+            self.long_rows = xp.arange(ns, n, dtype=xp.int32)
         self.tickets = xp.zeros(max(n - ns, 1), dtype=xp.uint32)
         self._piece_sums = {}
 
@@ -389,7 +381,8 @@ class SELL(MatrixFormat):
 
     def _place_entries(self, indptr, indices, order, long_start, sliced):
         """``(pos, col, slice_rows)``: the place of every CSR entry in the layout, the columns with the padding,
-        and the row of every lane of the slices (-1 for none).
+        and the row of every lane of the slices (-1 for none); with :attr:`places`, rows and columns as
+        numbered by them (a short row's number its position).
 
         The NumPy meaning of ``sell_place`` (a thread a position of the slices)
         and ``sell_place_long`` (a thread an entry of the long rows), which the
@@ -404,14 +397,14 @@ class SELL(MatrixFormat):
             slice_rows = xp.empty(self.slices * SLICE, dtype=xp.int32)
             fields = dict(lanes=lanes, rows=ns, positions=self.slices * rows_per_slice, sliced=sliced, indptr=indptr,
                           indices=indices, order=order, slice_ptr=self.slice_ptr, long_start=long_start,
-                          long_rows=self.long_rows, longs=int(self.long_rows.size), col=col, pos=pos,
-                          slice_rows=slice_rows)
+                          long_rows=self.long_rows, longs=int(self.long_rows.size), places=self.places, col=col,
+                          pos=pos, slice_rows=slice_rows)
             if self.long_rows.size:
                 launch("sell_place_long", self.size - sliced, LAYOUT, **fields)
             launch("sell_place", self.slices * rows_per_slice, LAYOUT, **fields)
             return pos, col, slice_rows
         slot_rows = np.full(self.slices * rows_per_slice, -1, dtype=np.int32)
-        slot_rows[:ns] = order[:ns]
+        slot_rows[:ns] = order[:ns] if self.places is None else np.arange(ns)
         slice_rows = np.repeat(slot_rows, lanes)  # the row of every lane
         slot = np.empty(self.n, dtype=np.int32)
         slot[order] = np.arange(self.n, dtype=np.int32)
@@ -430,7 +423,7 @@ class SELL(MatrixFormat):
         pad_col = np.maximum(slice_rows[slice_of.astype(np.int64) * SLICE + np.arange(sliced) % SLICE], 0)
         col = np.zeros(self.size, dtype=np.int32)
         col[:sliced] = pad_col
-        col[pos] = indices
+        col[pos] = indices if self.places is None else self.places[indices]
         return pos, col, slice_rows
 
     @property

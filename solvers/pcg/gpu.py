@@ -287,7 +287,8 @@ class GPUPCG:
                                     self.renumber and not self.split)
         self.val = self.format.values(data)
         numbering = self.format.numbering
-        self.numbering = None if numbering is None else Reordering(numbering, "the format's layout")
+        self.numbering = (None if numbering is None else
+                          Reordering(numbering, "the format's layout", inverse=self.format.places))
         cupy.cuda.Device().synchronize()
         self.format_time = time.perf_counter() - t0
         gather = self.requested_gather
