@@ -226,11 +226,24 @@ def test_sell_renumbered_rows_reproduce_the_product_in_its_numbering(name):
     assert "rows numbered as laid out" in layout.describe()
 
 
-@pytest.mark.parametrize("row_order", ["auto", "length"])
-def test_sell_renumbers_only_a_layout_by_neighbours(row_order):
-    A = MATRICES["power_law" if row_order == "auto" else "geometric"]()
+LARGER = {"geometric 20k": lambda: random_geometric_laplacian(20000, seed=2),
+          "power-law 20k": lambda: power_law_laplacian(20000, seed=3)}  # scattered at the sample's scale
+
+
+@pytest.mark.parametrize("name, row_order, numbered", [
+    ("geometric 20k", "auto", True), ("geometric 20k", "length", False),  # rows by length asked for: as given
+    ("power-law 20k", "auto", True),  # rows by length over a scattered numbering: renumbered too
+    ("geometric", "auto", False), ("poisson2d", "auto", False)])  # local at the sample's scale: kept
+def test_sell_renumbers_by_neighbours_or_over_a_scattered_numbering(name, row_order, numbered):
+    A = {**MATRICES, **LARGER}[name]()
     layout = SELL(*arrays(A), np, row_order=row_order, renumber=True)
-    assert layout.row_order == "length" and layout.numbering is None
+    assert (layout.numbering is not None) == numbered
+    if numbered and layout.row_order == "length":
+        assert layout.sectors[0] > SELL.SCATTERED
+    x = np.random.default_rng(1).standard_normal(A.shape[0])
+    order = np.arange(A.shape[0]) if layout.numbering is None else layout.numbering
+    got = layout.product(layout.values(A.data), x[order])
+    np.testing.assert_allclose(got, (A @ x)[order], rtol=1e-13, atol=1e-12)
 
 
 def test_sell_rows_of_a_rectangular_matrix_keep_their_length_order():
@@ -319,6 +332,17 @@ def test_sell_layout_kernels_equal_the_numpy_layout(cupy, name, lanes, row_order
         np.testing.assert_array_equal(dev.numbering.get(), ref.numbering)
         np.testing.assert_array_equal(dev.places.get(), ref.places)
     for field in ("_pos", "col", "slice_ptr", "slice_rows", "piece_ptr", "piece_row", "long_rows", "row_pieces"):
+        np.testing.assert_array_equal(getattr(dev, field).get(), getattr(ref, field), err_msg=field)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", LARGER)
+def test_sell_numbered_layout_on_the_device_is_numpys(cupy, name):
+    A = LARGER[name]()
+    ref = SELL(*arrays(A), np, row_order="auto", renumber=True)
+    dev = SELL(*(cupy.asarray(a) for a in arrays(A)), cupy, row_order="auto", renumber=True)
+    assert (dev.row_order, dev.sectors) == (ref.row_order, ref.sectors) and ref.numbering is not None
+    for field in ("numbering", "places", "_pos", "col", "slice_ptr", "slice_rows", "piece_ptr", "long_rows"):
         np.testing.assert_array_equal(getattr(dev, field).get(), getattr(ref, field), err_msg=field)
 
 

@@ -179,13 +179,19 @@ class SELL(MatrixFormat):
     many warps instead of holding one back; the pieces' sums are added in a fixed
     order.
 
-    With ``renumber=True`` a layout by neighbours also numbers the rows (and so the
-    columns and the vectors) by their place in it: the slices then write runs of
-    consecutive rows and gather columns numbered near their own, where as numbered
-    both are scattered. :attr:`numbering` is the order (row ``i`` of the layout's
-    numbering is row ``numbering[i]`` of the given one); the solver carries its
-    vectors across. H200, PCG on a random geometric graph of 2M rows numbered at
-    random: MEASUREMENTS.md, 2026-12-01.
+    With ``renumber=True`` a layout by neighbours (of :attr:`NUMBERED_PASSES`
+    passes) also numbers the rows (and so the columns and the vectors) by their
+    place in it: the slices then write runs of consecutive rows and gather columns
+    numbered near their own, where as numbered both are scattered. So does a
+    layout by length that ``"auto"`` chose over a given order whose sample reads
+    more than :attr:`SCATTERED` sectors a nonzero (a power-law graph numbered at
+    random: rows of equal length together, the hubs' columns first), not one
+    numbered well, whose locality the sort by length would scatter.
+    :attr:`numbering` is the order (row ``i`` of the layout's numbering is row
+    ``numbering[i]`` of the given one), :attr:`places` its inverse; the solver
+    carries its vectors across. H200, PCG us an iteration, as numbered and
+    renumbered: random geometric graph of 2M rows 283.2 and 201.3 (two passes),
+    power-law graph of 1M rows 89.0 and 80.1 (MEASUREMENTS.md, 2026-12-01).
 
     On the device the layout is a few sorts and kernel passes
     (``kernels/sell_layout.cu``), with two or three reads back to the host (the
@@ -204,6 +210,8 @@ class SELL(MatrixFormat):
     NEIGHBOUR_GAIN = 0.6
     NEIGHBOUR_PASSES = 2  # passes of _neighbour_order (random geometric graph, 256 rows: 0.92 -> 0.36 -> 0.26
     #                       distinct 32-byte sectors of gathered columns a nonzero after one and two passes)
+    NUMBERED_PASSES = 4  # passes where the layout numbers the rows (renumber): measured in MEASUREMENTS.md
+    SCATTERED = 0.4  # sectors a nonzero of the given order's sample above which rows by length are renumbered too
     SAMPLE_WINDOWS = 64
     SAMPLE_TABLE = 2 ** 14  # hash slots of the sample kernel: at least NEIGHBOUR_WINDOW * LONG_ROW keys fit
 
@@ -240,19 +248,20 @@ class SELL(MatrixFormat):
             if row_order == "neighbours":
                 raise InputError("SELL rows by neighbours need a square matrix (columns numbered as rows)")
             by_neighbours = False  # auto: a rectangular matrix's columns are not its rows
-        order = self._neighbour_order(indptr, indices, rank, row_order) if by_neighbours else None
+        passes = self.NUMBERED_PASSES if renumber else self.NEIGHBOUR_PASSES
+        order = self._neighbour_order(indptr, indices, rank, row_order, passes) if by_neighbours else None
         self.row_order = "length" if order is None else "neighbours"
         if order is None:
             order = stable_argsort(length_key, xp).astype(xp.int32)
         self.sigma = self.NEIGHBOUR_WINDOW if self.row_order == "neighbours" else max(self.short, 1)
         order = self._longest_first(indptr, order)
         self.numbering = self.places = None
-        if renumber and self.row_order == "neighbours":  # a row's number becomes its place
+        if renumber and (self.row_order == "neighbours" or self.sectors and self.sectors[0] > self.SCATTERED):
             self.numbering, self.places = order, order_ranks(order, self.n, xp)
         self._lay_out(indptr, indices, order)
 
     # -- row order ------------------------------------------------------------
-    def _neighbour_order(self, indptr, indices, rank, row_order):
+    def _neighbour_order(self, indptr, indices, rank, row_order, passes):
         """Every row by position in the layout (short rows first), or None where ``"auto"`` does not take the
         neighbours' order.
 
@@ -267,13 +276,13 @@ class SELL(MatrixFormat):
         :attr:`NEIGHBOUR_WINDOW` rows.
         """
         xp = self.xp
-        for done in range(self.NEIGHBOUR_PASSES):
+        for done in range(passes):
             order = neighbour_pass(indptr, indices, rank, xp, self.LONG_ROW)
             if done == 0 and row_order == "auto":
                 self.sectors = self._sample_sectors(indptr, indices, order)
                 if self.sectors[1] > self.NEIGHBOUR_GAIN * self.sectors[0]:
                     return None
-            if done + 1 < self.NEIGHBOUR_PASSES:
+            if done + 1 < passes:
                 rank = order_ranks(order, self.short, xp)
         return self._window_sort(indptr, order)
 
