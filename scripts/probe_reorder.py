@@ -19,6 +19,12 @@ neighbours' order (``SELL._neighbour_order``'s passes, as the format computes it
 two and after four passes, and by our reverse Cuthill-McKee: what each ordering and the permutation
 of A cost, the sectors a nonzero, and us an iteration.
 
+``--numbered`` instead measures SELL's own numbering (``GPUPCG(..., renumber=True)``, what
+``reorder="auto"`` gets) on the random geometric graphs of 50k, 500k and 2M rows and the power-law
+graphs of 100k and 1M rows: PCG us an iteration (each variant) and the format's conversion (the
+best of three set-ups) as numbered and numbered by the layout after 2, 3 and 4 passes of the
+neighbours' order (``SELL.NUMBERED_PASSES``).
+
 ``--deferred`` instead takes ``reorder="auto"``'s deferred reordering apart on
 the random geometric graphs of 500k and 2M rows: set-up as numbered and with the plan (alternating,
 best of three), what falling due costs (ordering and counting, permuting A,
@@ -192,15 +198,56 @@ def row_orders(name, A):
     return rows
 
 
+def numbered(name, A):
+    """Markdown rows of ``--numbered``'s table for ``A``."""
+    import cupy
+
+    from probe_formats import timed_solves
+    from solvers.formats.sell import SELL
+    from solvers.pcg.gpu import GPUPCG
+    b = cupy.asarray(A @ np.ones(A.shape[0]))
+    default, rows = SELL.NUMBERED_PASSES, []
+    for label, renumber, passes in (("as numbered", False, default), ("2 passes", True, 2), ("3 passes", True, 3),
+                                    ("4 passes", True, 4)):
+        SELL.NUMBERED_PASSES = passes
+        try:
+            cells = []
+            for variant in ("classic", "single-reduction"):
+                set_ups = [GPUPCG(A, "jacobi", np.float64, "while", 32, False, variant, renumber=renumber)
+                           for _ in range(REPEATS)]
+                cells += [timed_solves(set_ups[-1], b)[0] * 1e6, min(g.format_time for g in set_ups) * 1e3]
+                layout = set_ups[-1].describe()
+                del set_ups
+        finally:
+            SELL.NUMBERED_PASSES = default
+        rows.append(f"| {name} | {label} | {cells[0]:.1f} | {cells[2]:.1f} | {min(cells[1], cells[3]):.2f} "
+                    f"| {layout} |")
+        print(rows[-1], flush=True)
+    return rows
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", nargs="*", help="matrix names to run (substring match)")
     ap.add_argument("--deferred", action="store_true", help="auto's deferred reordering of the geometric graphs")
     ap.add_argument("--row-orders", action="store_true",
                     help="the geometric graphs renumbered by SELL's neighbours' order against RCM")
+    ap.add_argument("--numbered", action="store_true", help="SELL's own numbering by passes, and its set-up")
     ap.add_argument("--out", default=str(pathlib.Path(__file__).resolve().parent / "results"))
     args = ap.parse_args(argv)
     import cupy
+    if args.numbered:
+        rows = ["| matrix | numbering | classic us/it | single-reduction us/it | format ms | format |",
+                "|---|---|---|---|---|---|"]
+        for name, make in [*matrices(), ("power-law 100k", lambda: power_law_laplacian(100_000))]:
+            if args.only and not any(o in name for o in args.only):
+                continue
+            rows += numbered(name, make())
+            cupy.get_default_memory_pool().free_all_blocks()
+        return save(args.out, cupy, "probe_numbered", "SELL's own numbering of the rows, by passes",
+                    f"PCG: while mode, Jacobi, float64, {ITERATIONS} iterations that do not stop (the fastest of "
+                    f"three solves), automatic format; the conversion the best of {REPEATS} set-ups.\n\n"
+                    + "\n".join(rows))
     if args.deferred:
         return save_deferred(args.out, cupy)
     if args.row_orders:
