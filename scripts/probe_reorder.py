@@ -23,7 +23,7 @@ of A cost, the sectors a nonzero, and us an iteration.
 ``reorder="auto"`` gets) on the random geometric graphs of 50k, 500k and 2M rows and the power-law
 graphs of 100k and 1M rows: PCG us an iteration (each variant) and the format's conversion (the
 best of three set-ups) as numbered and numbered by the layout after 2, 3 and 4 passes of the
-neighbours' order (``SELL.NUMBERED_PASSES``).
+neighbours' order (``SELL.NEIGHBOUR_PASSES``).
 
 ``--deferred`` instead takes ``reorder="auto"``'s deferred reordering apart on
 the random geometric graphs of 500k and 2M rows: set-up as numbered and with the plan (alternating,
@@ -206,10 +206,10 @@ def numbered(name, A):
     from solvers.formats.sell import SELL
     from solvers.pcg.gpu import GPUPCG
     b = cupy.asarray(A @ np.ones(A.shape[0]))
-    default, rows = SELL.NUMBERED_PASSES, []
+    default, rows = SELL.NEIGHBOUR_PASSES, []
     for label, renumber, passes in (("as numbered", False, default), ("2 passes", True, 2), ("3 passes", True, 3),
                                     ("4 passes", True, 4)):
-        SELL.NUMBERED_PASSES = passes
+        SELL.NEIGHBOUR_PASSES = passes
         try:
             cells = []
             for variant in ("classic", "single-reduction"):
@@ -219,7 +219,7 @@ def numbered(name, A):
                 layout = set_ups[-1].describe()
                 del set_ups
         finally:
-            SELL.NUMBERED_PASSES = default
+            SELL.NEIGHBOUR_PASSES = default
         rows.append(f"| {name} | {label} | {cells[0]:.1f} | {cells[2]:.1f} | {min(cells[1], cells[3]):.2f} "
                     f"| {layout} |")
         print(rows[-1], flush=True)

@@ -179,8 +179,7 @@ class SELL(MatrixFormat):
     many warps instead of holding one back; the pieces' sums are added in a fixed
     order.
 
-    With ``renumber=True`` a layout by neighbours (of :attr:`NUMBERED_PASSES`
-    passes) also numbers the rows (and so the columns and the vectors) by their
+    With ``renumber=True`` a layout by neighbours also numbers the rows (and so the columns and the vectors) by their
     place in it: the slices then write runs of consecutive rows and gather columns
     numbered near their own, where as numbered both are scattered. So does a
     layout by length that ``"auto"`` chose over a given order whose sample reads
@@ -190,8 +189,9 @@ class SELL(MatrixFormat):
     :attr:`numbering` is the order (row ``i`` of the layout's numbering is row
     ``numbering[i]`` of the given one), :attr:`places` its inverse; the solver
     carries its vectors across. H200, PCG us an iteration, as numbered and
-    renumbered: random geometric graph of 2M rows 283.2 and 201.3 (two passes),
-    power-law graph of 1M rows 89.0 and 80.1 (MEASUREMENTS.md, 2026-12-01).
+    renumbered: random geometric graph of 2M rows 280.8 and 199.9, power-law graph
+    of 1M rows 87.2 and 80.1 (classic;
+    scripts/results/probe_numbered_2026-12-01_0326_NVIDIA_H200_d8b1ffe.md).
 
     On the device the layout is a few sorts and kernel passes
     (``kernels/sell_layout.cu``), with two or three reads back to the host (the
@@ -208,9 +208,13 @@ class SELL(MatrixFormat):
     LONG_ROW = 64
     PIECE_LENGTH = 512
     NEIGHBOUR_GAIN = 0.6
-    NEIGHBOUR_PASSES = 2  # passes of _neighbour_order (random geometric graph, 256 rows: 0.92 -> 0.36 -> 0.26
-    #                       distinct 32-byte sectors of gathered columns a nonzero after one and two passes)
-    NUMBERED_PASSES = 4  # passes where the layout numbers the rows (renumber): measured in MEASUREMENTS.md
+    # Passes of _neighbour_order. Random geometric graph, 256 rows: 0.92 -> 0.36 -> 0.26 distinct 32-byte
+    # sectors of gathered columns a nonzero after one and two passes. H200, PCG (classic) with the rows
+    # numbered as laid out after 2 / 3 / 4 passes, us an iteration and the conversion's ms: 2M rows
+    # 199.9 / 197.1 / 196.3 us, 3.75 / 4.21 / 4.59 ms; 50k rows 10.7 / 10.7 / 10.4 us, 0.95 / 1.05 / 1.19 ms
+    # (scripts/results/probe_numbered_2026-12-01_0326_NVIDIA_H200_d8b1ffe.md): more passes gain less than
+    # they cost a set-up within 20 iterations.
+    NEIGHBOUR_PASSES = 2
     SCATTERED = 0.4  # sectors a nonzero of the given order's sample above which rows by length are renumbered too
     SAMPLE_WINDOWS = 64
     SAMPLE_TABLE = 2 ** 14  # hash slots of the sample kernel: at least NEIGHBOUR_WINDOW * LONG_ROW keys fit
@@ -248,8 +252,7 @@ class SELL(MatrixFormat):
             if row_order == "neighbours":
                 raise InputError("SELL rows by neighbours need a square matrix (columns numbered as rows)")
             by_neighbours = False  # auto: a rectangular matrix's columns are not its rows
-        passes = self.NUMBERED_PASSES if renumber else self.NEIGHBOUR_PASSES
-        order = self._neighbour_order(indptr, indices, rank, row_order, passes) if by_neighbours else None
+        order = self._neighbour_order(indptr, indices, rank, row_order) if by_neighbours else None
         self.row_order = "length" if order is None else "neighbours"
         if order is None:
             order = stable_argsort(length_key, xp).astype(xp.int32)
@@ -261,7 +264,7 @@ class SELL(MatrixFormat):
         self._lay_out(indptr, indices, order)
 
     # -- row order ------------------------------------------------------------
-    def _neighbour_order(self, indptr, indices, rank, row_order, passes):
+    def _neighbour_order(self, indptr, indices, rank, row_order):
         """Every row by position in the layout (short rows first), or None where ``"auto"`` does not take the
         neighbours' order.
 
@@ -276,13 +279,13 @@ class SELL(MatrixFormat):
         :attr:`NEIGHBOUR_WINDOW` rows.
         """
         xp = self.xp
-        for done in range(passes):
+        for done in range(self.NEIGHBOUR_PASSES):
             order = neighbour_pass(indptr, indices, rank, xp, self.LONG_ROW)
             if done == 0 and row_order == "auto":
                 self.sectors = self._sample_sectors(indptr, indices, order)
                 if self.sectors[1] > self.NEIGHBOUR_GAIN * self.sectors[0]:
                     return None
-            if done + 1 < passes:
+            if done + 1 < self.NEIGHBOUR_PASSES:
                 rank = order_ranks(order, self.short, xp)
         return self._window_sort(indptr, order)
 
