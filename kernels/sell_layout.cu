@@ -191,22 +191,24 @@ extern "C" __global__ void sell_cut_pieces(const SellPieces a) {
 // are then written as numbered by it), col, pos (out: place of entry e), slice_rows (out: the row of
 // every lane).
 //
-// sell_place, one thread a position j of the slices: the row r = order[j] (none from `rows` on) at
-// position j of slice s = j / R (R = 32 / lanes) owns lanes (j % R) lanes + l, l < lanes, of the slice;
-// its entry k sits at slice_ptr[s] + (j % R) lanes + k + (32 - lanes)(k / lanes), and its slots up to
-// the slice's width are padding, whose column is the row itself (it gathers nothing new; column 0 and
-// row -1 for a position without a row).
+// sell_place, one warp a slice s, lane l its slot l of every step of 32: the lane serves the row at
+// position j = s R + l / lanes of the slice (R = 32 / lanes rows; none from `rows` on), r = order[j], and
+// its entries k = w lanes + l % lanes, w the step, which sit at slice_ptr[s] + 32 w + l. So a step's
+// column writes are one run of 32 slots, and its reads of `indices` runs of `lanes` entries. Slots past
+// a row's end are padding, whose column is the row itself (it gathers nothing new; column 0 and row -1
+// for a position without a row).
 extern "C" __global__ void sell_place(const SellLayout a) {
-    const int rows_per_slice = 32 / a.lanes, spread = 32 - a.lanes;
-    for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < a.positions; j += gridDim.x * blockDim.x) {
-        const int s = j / rows_per_slice, lane = (j % rows_per_slice) * a.lanes;
+    const int rows_per_slice = 32 / a.lanes, lane = threadIdx.x & 31, slices = a.positions / rows_per_slice;
+    const int warps = gridDim.x * blockDim.x / 32;
+    for (int s = (blockIdx.x * blockDim.x + threadIdx.x) / 32; s < slices; s += warps) {
+        const int j = s * rows_per_slice + lane / a.lanes, sub = lane % a.lanes;
         const int r = j < a.rows ? a.order[j] : -1;
         const int own = a.places && r >= 0 ? j : r;  // the row's number in the layout's numbering
         const int first = r >= 0 ? a.indptr[r] : 0, length = r >= 0 ? a.indptr[r + 1] - first : 0;
-        const int base = a.slice_ptr[s] + lane, width = (a.slice_ptr[s + 1] - a.slice_ptr[s]) / 32 * a.lanes;
-        for (int l = 0; l < a.lanes; ++l) a.slice_rows[32 * s + lane + l] = own;
-        for (int k = 0; k < width; ++k) {
-            const int p = base + k + spread * (k / a.lanes);
+        const int start = a.slice_ptr[s], steps = (a.slice_ptr[s + 1] - start) / 32;
+        a.slice_rows[32 * s + lane] = own;
+        for (int w = 0; w < steps; ++w) {
+            const int k = w * a.lanes + sub, p = start + 32 * w + lane;
             if (k < length) {
                 const int c = a.indices[first + k];
                 a.col[p] = a.places ? a.places[c] : c;

@@ -396,7 +396,7 @@ class SELL(MatrixFormat):
         and the row of every lane of the slices (-1 for none); with :attr:`places`, rows and columns as
         numbered by them (a short row's number its position).
 
-        The NumPy meaning of ``sell_place`` (a thread a position of the slices)
+        The NumPy meaning of ``sell_place`` (a warp a slice)
         and ``sell_place_long`` (a thread an entry of the long rows), which the
         CuPy path runs. Entry e of row r, k = e - indptr[r] its place in the row,
         goes to base[r] + 32 (k // lanes) + k % lanes = base[r] + k + (32 - lanes)
@@ -413,7 +413,7 @@ class SELL(MatrixFormat):
                           pos=pos, slice_rows=slice_rows)
             if self.long_rows.size:
                 launch("sell_place_long", self.size - sliced, LAYOUT, **fields)
-            launch("sell_place", self.slices * rows_per_slice, LAYOUT, **fields)
+            launch("sell_place", self.slices * SLICE, LAYOUT, **fields)  # a warp a slice
             return pos, col, slice_rows
         slot_rows = np.full(self.slices * rows_per_slice, -1, dtype=np.int32)
         slot_rows[:ns] = order[:ns] if self.places is None else np.arange(ns)
