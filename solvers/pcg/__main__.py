@@ -138,7 +138,9 @@ def build_parser():
     p.add_argument("--reorder", choices=("auto", "none", "rcm", "neighbours"), default="auto",
                    help="symmetric reordering, undone on the solution; rcm: reverse Cuthill-McKee at set-up "
                         "(on the GPU for a GPU solve, SciPy's on the CPU); neighbours: rows sharing a neighbour "
-                        "numbered together, at set-up (a few sorts); auto: the latter on the GPU for a matrix "
+                        "numbered together, at set-up (a few sorts); auto, on the GPU: where SELL lays the rows "
+                        "out by neighbours, or by length over a scattered numbering, the rows numbered as laid "
+                        "out (no cost beyond the format's set-up), else the neighbours' renumbering for a matrix "
                         "whose product reads are scattered, once the iterations run as numbered would have paid "
                         "for it (the report says what was planned or done and why)")
     add_timeout_option(p)

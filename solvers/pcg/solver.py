@@ -24,7 +24,7 @@ from .result import Reason, SolveResult, confirmed, confirmed_each
 
 DTYPES = ("float64", "float32")
 #: ``reordering`` where the GPU solver's SELL layout numbers the rows (``GPUPCG.numbering``).
-FORMAT_NUMBERING = "neighbours, as SELL lays the rows out (the format's own numbering, no cost beyond its set-up)"
+FORMAT_NUMBERING = "the format's own: rows numbered as SELL lays them out (no cost beyond its set-up)"
 # Vectors a solve holds besides the matrix: x, b, r, z, p, q and the true residual on the CPU;
 # single-reduction's extra pairs and the history on the GPU stay below this count.
 _WORK_VECTORS = 12
@@ -176,9 +176,10 @@ class PCG:
         together: a few sorts, a third of RCM's time on the 2M-row random geometric
         graph, and an iteration 184 us there against RCM's 209; see
         :func:`solvers.reorder.choose_reordering`). ``auto``, on the GPU's grid path
-        with Jacobi or no preconditioner: where SELL lays the rows out by neighbours
-        (:class:`solvers.formats.SELL`), the solver numbers its rows as they are laid
-        out, at no cost beyond the format's set-up; otherwise it
+        with Jacobi or no preconditioner: where SELL lays the rows out by neighbours,
+        or by length over a scattered numbering (:class:`solvers.formats.SELL`), the
+        solver numbers its rows as they are laid out, at no cost beyond the format's
+        set-up; otherwise it
         plans the neighbours' renumbering where the
         product's reads are scattered (:func:`solvers.reorder.auto_reordering`), and
         reorders once the solves have run as many iterations as numbered as it takes
@@ -305,7 +306,7 @@ class PCG:
 
     def _note_numbering(self):
         """Where the GPU solver's format numbers the rows as it lays them out, say so in ``reordering`` and give
-        up a deferred reordering: the layout already brings each row's neighbours together."""
+        up a deferred reordering: the layout's numbering already takes the place of one."""
         if getattr(self._impl, "numbering", None) is not None:
             self._plan, self.reordering = None, FORMAT_NUMBERING
         elif self.reordering == FORMAT_NUMBERING:  # a new pattern's layout keeps the given numbering
