@@ -211,7 +211,8 @@ class GPUPCG:
         The permutation the caller applied to ``A`` (for the preconditioner's set-up).
     renumber : bool
         With a pointwise preconditioner, let SELL number the rows as it lays them out
-        by neighbours (:class:`solvers.formats.SELL`): the solver then keeps its
+        (by neighbours, or by length over a scattered numbering:
+        :class:`solvers.formats.SELL`): the solver then keeps its
         vectors in that numbering and carries ``b``, ``x0`` and ``x`` across, so
         callers never see it (:attr:`numbering`).
 
