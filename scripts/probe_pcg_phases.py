@@ -107,7 +107,8 @@ class Variant:
 
 
 def solver(A):
-    return pcg_gpu.GPUPCG(A, "jacobi", np.float64, "while", 32, False)
+    """The solver as ``PCG`` sets it up (SELL's own numbering where its layout takes one)."""
+    return pcg_gpu.GPUPCG(A, "jacobi", np.float64, "while", 32, False, renumber=True)
 
 
 def phases(A, b, staged, say):
@@ -144,7 +145,7 @@ def main(argv=None):
     if args.ncu:
         for label, make in chosen:
             A = make()
-            g = pcg_gpu.GPUPCG(A, "jacobi", np.float64, "eager", 32, False)
+            g = pcg_gpu.GPUPCG(A, "jacobi", np.float64, "eager", 32, False, renumber=True)
             print(f"# {label}: {g.variant}, {g.describe()}, {g.grid} x {g.run_block}", flush=True)
             g.solve(g.check_vector(A @ np.ones(A.shape[0]), "b"), None, 0.0, 96, None, False)
         return 0
