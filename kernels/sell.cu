@@ -135,10 +135,8 @@ __device__ MatrixStage stage_matrix(const Matrix& A) {
 // partial sum lands in the same thread whatever the scheduling; the warp's staged slices (`stage`)
 // come first, from shared memory.
 //
-// A slice's loads wait for its row and bounds, and its gathers for its columns: the rows and bounds
-// of the warp's slice after next and the first step of its next slice are loaded while it multiplies
-// this one (H200, PCG on a power-law graph of 1M rows: rows and bounds one slice ahead, 96.3 -> 92.7
-// us an iteration, MEASUREMENTS.md). The sum is made in the same order: the same bits.
+// A slice's loads wait for its row and bounds, so those of the warp's next slice are loaded while it
+// multiplies this one (H200, PCG on a power-law graph of 1M rows: 96.3 -> 92.7 us an iteration).
 template <typename V, typename F>
 __device__ __forceinline__ void for_each_row_product(const Matrix& A, const MatrixStage& stage, V v, F finish) {
     const int lane = threadIdx.x & 31;
@@ -160,44 +158,25 @@ __device__ __forceinline__ void for_each_row_product(const Matrix& A, const Matr
         for (int o = SELL_LANES / 2; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
         if (r >= 0 && lane % SELL_LANES == 0) finish(r, sum, WHOLE_ROW);
     }
-    // A slice's row and bounds (row -1 past the last slice), and the first step of its entries.
-    struct Slice {
-        int row = -1, begin = 0, end = 0, col = 0;
-        real_t val = 0;
-    };
-    auto bounds = [&](int slice) {
-        Slice n;
-        if (slice < A.slices) {
-            n.row = A.slice_rows[32 * slice + lane];
-            n.begin = A.slice_ptr[slice];
-            n.end = A.slice_ptr[slice + 1];
-        }
-        return n;
-    };
-    auto first_step = [&](Slice& n) {
-        if (n.begin < n.end) {
-            n.val = matrix_load(&A.val[n.begin + lane]);
-            n.col = matrix_load(&A.col[n.begin + lane]);
-        }
-    };
-    int s = w.slice(round);
-    Slice current = bounds(s), next = bounds(w.slice(round + 1));
-    first_step(current);
+    int s = w.slice(round), row = -1, begin = 0, end = 0;
+    if (s < A.slices) {
+        row = A.slice_rows[32 * s + lane];
+        begin = A.slice_ptr[s];
+        end = A.slice_ptr[s + 1];
+    }
     while (s < A.slices) {
-        const Slice item = current;
-        current = next;
+        const int r = row, first = begin, last = end;
         s = w.slice(++round);
-        next = bounds(w.slice(round + 1));
-        first_step(current);
-        real_t sum = 0;
-        if (item.begin < item.end) {
-            sum += item.val * v(item.col);
-#pragma unroll 4
-            for (int k = item.begin + 32 + lane; k < item.end; k += 32)
-                sum += matrix_load(&A.val[k]) * v(matrix_load(&A.col[k]));
+        if (s < A.slices) {
+            row = A.slice_rows[32 * s + lane];
+            begin = A.slice_ptr[s];
+            end = A.slice_ptr[s + 1];
         }
+        real_t sum = 0;
+#pragma unroll 4
+        for (int k = first + lane; k < last; k += 32) sum += matrix_load(&A.val[k]) * v(matrix_load(&A.col[k]));
 #pragma unroll
         for (int o = SELL_LANES / 2; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-        if (item.row >= 0 && lane % SELL_LANES == 0) finish(item.row, sum, WHOLE_ROW);
+        if (r >= 0 && lane % SELL_LANES == 0) finish(r, sum, WHOLE_ROW);
     }
 }
