@@ -56,8 +56,8 @@ def problems(quick, data_dir):
     yield (f"geometric {big // 1000}k, rcm", lambda: random_geometric_laplacian(big), {"reorder": "rcm"})
     yield (f"geometric {big // 1000}k, neighbours", lambda: random_geometric_laplacian(big),
            {"reorder": "neighbours"})
-    yield (f"power-law {big // 2000}k" if not quick else "power-law 100k, second", lambda: power_law_laplacian(big // 2),
-           {})
+    yield (f"power-law {big // 2000}k" if not quick else "power-law 100k, second",
+           lambda: power_law_laplacian(big // 2), {})
     side = 48 if quick else 128
     yield (f"27-point {side}^3", lambda: stencil27((side, side, side)), {})
     if not quick:

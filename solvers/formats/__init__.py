@@ -45,7 +45,7 @@ def choose_format(indptr, indices, xp=np, requested="auto", sell_lanes=None, sel
     sell_rows : {"auto", "neighbours", "length"}
         Row order of SELL (see :class:`~.sell.SELL`); the PCG solver asks for ``auto``.
     renumber : bool
-        Let SELL number the rows as it lays them out by neighbours (:attr:`~.sell.SELL.numbering`).
+        Let SELL number the rows as it lays them out, where that pays (:attr:`~.sell.SELL.numbering`).
 
     Returns
     -------

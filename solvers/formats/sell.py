@@ -179,9 +179,10 @@ class SELL(MatrixFormat):
     many warps instead of holding one back; the pieces' sums are added in a fixed
     order.
 
-    With ``renumber=True`` a layout by neighbours also numbers the rows (and so the columns and the vectors) by their
-    place in it: the slices then write runs of consecutive rows and gather columns
-    numbered near their own, where as numbered both are scattered. So does a
+    With ``renumber=True`` a layout by neighbours also numbers the rows (and so
+    the columns and the vectors) by their place in it: the slices then write runs
+    of consecutive rows and gather columns numbered near their own, where as
+    numbered both are scattered. So does a
     layout by length that ``"auto"`` chose over a given order whose sample reads
     more than :attr:`SCATTERED` sectors a nonzero (a power-law graph numbered at
     random: rows of equal length together, the hubs' columns first), not one
@@ -234,7 +235,7 @@ class SELL(MatrixFormat):
     def __init__(self, indptr, indices, xp, lanes=None, row_order="length", stats=None, renumber=False):
         """``stats``: the pattern's :class:`~.base.Pattern` where known (long rows counted for
         :attr:`LONG_ROW`, its columns counted unless ``row_order`` is ``"length"``); ``renumber``: number
-        the rows by their place in a layout by neighbours (:attr:`numbering`)."""
+        the rows by their place in the layout where it pays (:attr:`numbering`)."""
         stats = stats or pattern_stats(indptr, indices, xp, self.LONG_ROW, columns=row_order != "length")
         super().__init__(indptr, xp, stats.nnz)
         if lanes is None:

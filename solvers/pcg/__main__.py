@@ -85,8 +85,8 @@ def build_parser():
                    help="steps of the jacobi AMG smoother before and after the coarse correction (default 1)")
     p.add_argument("--amg-coarse-size", type=int, metavar="N",
                    help="AMG coarsening stops at this many nodes; the coarsest level is solved with a dense "
-                        f"inverse (default {COARSE_ROWS:,} rows' worth: {COARSE_ROWS:,} / k nodes with k near-nullspace "
-                        f"vectors; at most {MAX_COARSE_ROWS})")
+                        f"inverse (default {COARSE_ROWS:,} rows' worth: {COARSE_ROWS:,} / k nodes with k "
+                        f"near-nullspace vectors; at most {MAX_COARSE_ROWS})")
     p.add_argument("--amg-setup", choices=SETUPS,
                    help="where the AMG hierarchy is built: cpu (PyAMG), gpu (on the device, MIS(2) aggregation; "
                         "the levels come back for a CPU solve) or auto (the GPU for a matrix on the device, "

@@ -519,21 +519,21 @@ class GPUPCG:
 
     def _inward(self, v, out=None):
         """A vector as the caller numbers it, in the solver's numbering (into ``out`` when given)."""
-        if self.numbering is None:
-            if out is None:
-                return v
-            out[...] = v
-            return out
-        return self.cupy.take(v, self.numbering.perm, out=out)
+        return self._carried(v, "perm", out, copy=False)
 
     def _outward(self, v, out=None):
         """A vector in the solver's numbering, as the caller numbers it (a new array unless ``out``)."""
-        if self.numbering is None:
-            if out is None:
-                return v.copy()
-            out[...] = v
-            return out
-        return self.cupy.take(v, self.numbering.inverse, out=out)
+        return self._carried(v, "inverse", out, copy=True)
+
+    def _carried(self, v, which, out, copy):
+        """``v`` gathered by :attr:`numbering`'s ``which`` index where the solver has a numbering of its own,
+        else ``v`` itself (or a copy); into ``out`` when given (no allocation: stream capture can hold it)."""
+        if self.numbering is not None:
+            return self.cupy.take(v, getattr(self.numbering, which), out=out)
+        if out is None:
+            return v.copy() if copy else v
+        out[...] = v
+        return out
 
     def _load(self, b, x0):
         """b, x (x0 or zero) and r = b - A x into the fixed buffers, in the solver's numbering, on the current

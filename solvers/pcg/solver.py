@@ -240,7 +240,8 @@ class PCG:
             if matrix_format != "auto":
                 raise InputError(f"{matrix_format!r} is a GPU storage; the CPU solver takes 'auto'", "--format")
             if mode not in ("auto", "eager"):
-                raise DeviceError(f"mode {mode!r} runs CUDA graphs and needs a GPU; use --mode eager or auto on the CPU")
+                raise DeviceError(f"mode {mode!r} runs CUDA graphs and needs a GPU; "
+                                  "use --mode eager or auto on the CPU")
             copies = not (sp.isspmatrix_csr(A) and A.dtype == self.dtype)
             require_host_memory(host_bytes(n, nnz, self.dtype, copies), f"a PCG solve of {n:,} rows")
             A = _host_matrix(A, self.dtype)
