@@ -62,7 +62,7 @@ def sweep(A):
     """SELL with a stored gather: lanes a row and threads a block of the persistent kernel."""
     out = []
     for variant in ("classic", "single-reduction"):
-        for lanes in (2, 4, 8):
+        for lanes in (1, 2, 4, 8):
             for block in (256, 512, 1024):
                 out.append(("sell", "stored", variant, None, lanes, block))
     return out
@@ -92,9 +92,9 @@ def configs(A):
 
 def per_iteration(A, b, fmt, gather, variant, stream=None, lanes=None, block=None, rows="auto", solver=False):
     """Seconds an iteration (the fastest of three solves of ITERATIONS), the format conversion, the layout;
-    with ``solver``, the set-up solver too."""
+    with ``solver``, the set-up solver too. SELL numbers the rows as it lays them out where ``PCG`` lets it."""
     g = GPUPCG(A, "jacobi", np.float64, "while", 32, False, variant, fmt, gather, stream, lanes, block=block,
-               sell_rows=rows)
+               sell_rows=rows, renumber=True)
     out = (timed_solves(g, b)[0], g.format_time, g.describe())
     return out + (g,) if solver else out
 
