@@ -188,35 +188,57 @@ extern "C" __global__ void sell_cut_pieces(const SellPieces a) {
 // (the slices' rows, 32 / lanes a slice), sliced (the slices' slots), indptr, indices, order, slice_ptr,
 // long_start (offset of each long row after the slices), long_rows (order's rows from `rows` on), longs,
 // places (null, or each row's number in the layout's numbering: its position in `order`; rows and columns
-// are then written as numbered by it), col, pos (out: place of entry e), slice_rows (out: the row of
-// every lane).
+// are then written as numbered by it), max_steps (the most steps of 32 slots a slice has), col, pos
+// (out: place of entry e), slice_rows (out: the row of every lane).
 //
-// sell_place, one warp a slice s, lane l its slot l of every step of 32: the lane serves the row at
-// position j = s R + l / lanes of the slice (R = 32 / lanes rows; none from `rows` on), r = order[j], and
-// its entries k = w lanes + l % lanes, w the step, which sit at slice_ptr[s] + 32 w + l. So a step's
-// column writes are one run of 32 slots, and its reads of `indices` runs of `lanes` entries. Slots past
-// a row's end are padding, whose column is the row itself (it gathers nothing new; column 0 and row -1
-// for a position without a row).
+// sell_place, one warp a slice s at a time, its R = 32 / lanes rows those at positions j = s R + q, q < R,
+// of `order` (none from `rows` on); entry k of the row at q sits at slot 32 (k / lanes) + q lanes +
+// k % lanes of the slice, from slice_ptr[s] on. The warp reads the rows' entries one after the other (a
+// load of the warp's 32 lanes spans two or three rows), places their columns in a copy of the slice in
+// shared memory (`max_steps` steps of 32 slots a warp, after the rows' bounds) and writes the slice out
+// in runs of 32: reads, pos and col all coalesced, whatever the lanes a row. Slots past a row's end are
+// padding, whose column is the row itself (it gathers nothing new; column 0 and row -1 for a position
+// without a row). Dynamic shared memory: (3 * 32 + 32 max_steps) ints a warp.
 extern "C" __global__ void sell_place(const SellLayout a) {
+    extern __shared__ int shared[];
     const int rows_per_slice = 32 / a.lanes, lane = threadIdx.x & 31, slices = a.positions / rows_per_slice;
+    int* bounds = shared + (threadIdx.x >> 5) * (3 * 32 + 32 * a.max_steps);  // ends, starts, firsts
+    int* slots = bounds + 3 * 32;
     const int warps = gridDim.x * blockDim.x / 32;
     for (int s = (blockIdx.x * blockDim.x + threadIdx.x) / 32; s < slices; s += warps) {
-        const int j = s * rows_per_slice + lane / a.lanes, sub = lane % a.lanes;
-        const int r = j < a.rows ? a.order[j] : -1;
+        // lane q < R: the row at position q of the slice, its first entry and length
+        const int j = s * rows_per_slice + lane;
+        const int r = lane < rows_per_slice && j < a.rows ? a.order[j] : -1;
         const int own = a.places && r >= 0 ? j : r;  // the row's number in the layout's numbering
         const int first = r >= 0 ? a.indptr[r] : 0, length = r >= 0 ? a.indptr[r + 1] - first : 0;
-        const int start = a.slice_ptr[s], steps = (a.slice_ptr[s + 1] - start) / 32;
-        a.slice_rows[32 * s + lane] = own;
-        for (int w = 0; w < steps; ++w) {
-            const int k = w * a.lanes + sub, p = start + 32 * w + lane;
-            if (k < length) {
-                const int c = a.indices[first + k];
-                a.col[p] = a.places ? a.places[c] : c;
-                a.pos[first + k] = p;
-            } else {
-                a.col[p] = max(own, 0);
-            }
+        int end = length;  // the rows' entries one after the other: where row q's end
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const int before = __shfl_up_sync(0xffffffffu, end, o);
+            if (lane >= o) end += before;
         }
+        bounds[lane] = end;
+        bounds[32 + lane] = end - length;
+        bounds[64 + lane] = first;
+        const int total = __shfl_sync(0xffffffffu, end, 31);
+        const int lane_row = __shfl_sync(0xffffffffu, own, lane / a.lanes);  // the row of this lane's slots
+        const int start = a.slice_ptr[s], slots_n = a.slice_ptr[s + 1] - start;
+        for (int t = lane; t < slots_n; t += 32) slots[t] = max(lane_row, 0);
+        a.slice_rows[32 * s + lane] = lane_row;
+        __syncwarp();
+        for (int i = lane; i < total; i += 32) {
+            int q = 0;  // the row holding entry i: the first whose end is past i
+            for (int step = 16; step > 0; step >>= 1)
+                if (q + step < rows_per_slice && bounds[q + step - 1] <= i) q += step;
+            const int k = i - bounds[32 + q], e = bounds[64 + q] + k;
+            const int c = a.indices[e];
+            const int slot = 32 * (k / a.lanes) + q * a.lanes + k % a.lanes;
+            slots[slot] = a.places ? a.places[c] : c;
+            a.pos[e] = start + slot;
+        }
+        __syncwarp();
+        for (int t = lane; t < slots_n; t += 32) a.col[start + t] = slots[t];
+        __syncwarp();
     }
 }
 

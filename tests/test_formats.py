@@ -238,6 +238,8 @@ def test_sell_renumbers_by_neighbours_or_over_a_scattered_numbering(name, row_or
     A = {**MATRICES, **LARGER}[name]()
     layout = SELL(*arrays(A), np, row_order=row_order, renumber=True)
     assert (layout.numbering is not None) == numbered
+    lanes = SELL.auto_lanes(A.nnz, A.shape[0])
+    assert layout.lanes == (min(lanes, SELL.NUMBERED_LANES) if numbered else lanes)
     if numbered and layout.row_order == "length":
         assert layout.sectors[0] > SELL.SCATTERED
     x = np.random.default_rng(1).standard_normal(A.shape[0])

@@ -7,6 +7,7 @@ from . import base
 from .base import MatrixFormat, entry_rows, host, pattern_stats, window_sectors
 
 SLICE = 32  # rows a slice: one warp, a thread a row
+PLACE_WARPS = 4  # warps a block of the placing kernel (sell_place): 34 KiB of shared memory at one lane a row
 # The arguments of the layout kernels (kernels/sell_layout.cu), one struct each.
 ROWS = Struct("SellRows", [("n", "int"), ("long_row", "int"), ("indptr", "const int*"), ("key", "unsigned char*"),
                            ("rank", "int*")])
@@ -28,8 +29,8 @@ PIECES = Struct("SellPieces", [("longs", "int"), ("sliced", "int"), ("piece_leng
 LAYOUT = Struct("SellLayout", [("lanes", "int"), ("rows", "int"), ("positions", "int"), ("sliced", "int"),
                                ("indptr", "const int*"), ("indices", "const int*"), ("order", "const int*"),
                                ("slice_ptr", "const int*"), ("long_start", "const int*"), ("long_rows", "const int*"),
-                               ("longs", "int"), ("places", "const int*"), ("col", "int*"), ("pos", "int*"),
-                               ("slice_rows", "int*")])
+                               ("longs", "int"), ("places", "const int*"), ("max_steps", "int"), ("col", "int*"),
+                               ("pos", "int*"), ("slice_rows", "int*")])
 LAYOUT_STRUCTS = (ROWS, KEY, SAMPLE, RANKS, WINDOW, SIZES, PIECES, LAYOUT)
 ROW_ORDERS = ("auto", "neighbours", "length")
 
@@ -217,6 +218,11 @@ class SELL(MatrixFormat):
     # they cost a set-up within 20 iterations.
     NEIGHBOUR_PASSES = 2
     SCATTERED = 0.4  # sectors a nonzero of the given order's sample above which rows by length are renumbered too
+    # Lanes a row at most where the layout numbers the rows: a warp then covers more consecutive rows, whose
+    # gathers share sectors. H200, PCG us an iteration with 1 / 2 / 4 lanes (classic, 1024 threads a block):
+    # random geometric graph 2M rows 169.0 / 170.3 / 199.5, power-law graph 1M rows 82.4 / 79.1 / 87.3; 50k
+    # rows (single-reduction, 512 threads) 12.0 / 8.1 / 8.1 (scripts/probe_formats.py --sweep, MEASUREMENTS.md).
+    NUMBERED_LANES = 2
     SAMPLE_WINDOWS = 64
     SAMPLE_TABLE = 2 ** 14  # hash slots of the sample kernel: at least NEIGHBOUR_WINDOW * LONG_ROW keys fit
 
@@ -238,14 +244,11 @@ class SELL(MatrixFormat):
         the rows by their place in the layout where it pays (:attr:`numbering`)."""
         stats = stats or pattern_stats(indptr, indices, xp, self.LONG_ROW, columns=row_order != "length")
         super().__init__(indptr, xp, stats.nnz)
-        if lanes is None:
-            lanes = self.auto_lanes(self.nnz, self.n)
-        if lanes not in (1, 2, 4, 8):
+        if lanes is not None and lanes not in (1, 2, 4, 8):
             raise InputError(f"SELL lanes a row must be 1, 2, 4 or 8, not {lanes}")
         if row_order not in ROW_ORDERS:
             raise InputError(f"SELL row order must be one of {', '.join(ROW_ORDERS)}, not {row_order!r}")
-        self.lanes, self.sectors = lanes, None
-        self.defines = (("SELL_LANES", str(lanes)),)
+        self.sectors = None
         by_neighbours = row_order != "length" and self.nnz > 0
         length_key, rank = row_keys(indptr, xp, self.LONG_ROW)
         self.short = self.n - stats.longs
@@ -262,6 +265,12 @@ class SELL(MatrixFormat):
         self.numbering = self.places = None
         if renumber and (self.row_order == "neighbours" or self.sectors and self.sectors[0] > self.SCATTERED):
             self.numbering, self.places = order, order_ranks(order, self.n, xp)
+        if lanes is None:
+            lanes = self.auto_lanes(self.nnz, self.n)
+            if self.numbering is not None:
+                lanes = min(lanes, self.NUMBERED_LANES)
+        self.lanes = lanes
+        self.defines = (("SELL_LANES", str(lanes)),)
         self._lay_out(indptr, indices, order)
 
     # -- row order ------------------------------------------------------------
@@ -408,13 +417,17 @@ class SELL(MatrixFormat):
         if xp is not np:
             pos, col = xp.empty(self.nnz, dtype=xp.int32), xp.empty(self.size, dtype=xp.int32)
             slice_rows = xp.empty(self.slices * SLICE, dtype=xp.int32)
+            max_steps = -(-self.LONG_ROW // lanes)  # a slice's first row is its longest, and short
             fields = dict(lanes=lanes, rows=ns, positions=self.slices * rows_per_slice, sliced=sliced, indptr=indptr,
                           indices=indices, order=order, slice_ptr=self.slice_ptr, long_start=long_start,
-                          long_rows=self.long_rows, longs=int(self.long_rows.size), places=self.places, col=col,
-                          pos=pos, slice_rows=slice_rows)
+                          long_rows=self.long_rows, longs=int(self.long_rows.size), places=self.places,
+                          max_steps=max_steps, col=col, pos=pos, slice_rows=slice_rows)
             if self.long_rows.size:
                 launch("sell_place_long", self.size - sliced, LAYOUT, **fields)
-            launch("sell_place", self.slices * SLICE, LAYOUT, **fields)  # a warp a slice
+            if self.slices:  # a warp a slice, PLACE_WARPS a block
+                layout_kernel("sell_place")((min(-(-self.slices // PLACE_WARPS), 4096),), (32 * PLACE_WARPS,),
+                                            (LAYOUT.pack(**fields),),
+                                            shared_mem=4 * PLACE_WARPS * (3 * SLICE + SLICE * max_steps))
             return pos, col, slice_rows
         slot_rows = np.full(self.slices * rows_per_slice, -1, dtype=np.int32)
         slot_rows[:ns] = order[:ns] if self.places is None else np.arange(ns)
