@@ -11,7 +11,8 @@
 // distributed shared memory.
 //
 // The matrix: the first ONCHIP_HELD entries of a thread's rows sit in its registers (the warp's rows
-// padded to the warp's longest, with zeros on the row's own column). The rest of a block's rows are
+// padded to the warp's longest, with zeros on the row's own column; a row past the system's end on the
+// system's last row, a column of the same block). The rest of a block's rows are
 // laid out as slices of 32 rows (a warp's rows for one k), each slice as many columns wide as its
 // longest row's remainder, entry w of a slice's lane-th row at slice start + 32 w + lane
 // (conflict-free reads, a warp's loop the same length in every lane). A block's slices hold
@@ -24,7 +25,8 @@
 //   direction p = beta p_old + z is stored for the block's own rows behind a block barrier, and the
 //   product reads it there; at rows of other blocks it forms it from their z and p_old, which the
 //   last reduction published. Shared memory: z and the two directions, or with ONCHIP_ZP_REGISTERS
-//   (one block, batches) the new direction only, the thread's rows of z and p_old in its registers.
+//   (one block, batches) the new direction only, the thread's rows of p_old in its registers and z
+//   made again from r where read.
 // * single-reduction (1), pcg_ref.pcg1_step (Chronopoulos-Gear), one reduction an iteration. u = M^-1 r
 //   is stored for the block's own rows behind a block barrier; at rows of other blocks the product
 //   forms it from their r, s and w of the previous iteration (double-buffered by iteration parity)
@@ -65,8 +67,9 @@
 // ||b - A x|| and ||b|| in norms[2s], norms[2s + 1].
 //
 // Compiled after grid.cu and stopping.cu, with ONCHIP_BLOCK, ONCHIP_ROWS, ONCHIP_TEAM, ONCHIP_HELD,
-// ONCHIP_GROUPS, ONCHIP_MAX_SUMS, ONCHIP_MIRROR_VECTORS, ONCHIP_SINGLE, ONCHIP_GLOBAL (1 when some slices live in the global workspace), ONCHIP_ZP_REGISTERS
-// (classic, one block: z and p_old in registers), ONCHIP_SHARED_VECTORS
+// ONCHIP_GROUPS, ONCHIP_MAX_SUMS, ONCHIP_MIRROR_VECTORS, ONCHIP_SINGLE, ONCHIP_SLICED (0 when every entry
+// is held: no slice code), ONCHIP_GLOBAL (1 when some slices live in the global workspace), ONCHIP_ZP_REGISTERS
+// (classic, one block: p_old in registers, z made from r where read), ONCHIP_SHARED_VECTORS
 // and ONCHIP_MIN_BLOCKS (blocks an SM should hold:
 // the registers a thread may use follow) defined and the structs State, Progress, OnchipRun generated
 // (solvers/pcg/onchip.py). A team of more than 8 blocks needs the non-portable cluster size allowed
@@ -78,6 +81,7 @@
 #define ONCHIP_SLICES (CHUNK / 32)
 #define FULL_WARP 0xffffffffu
 #define MAX_SUMS ONCHIP_MAX_SUMS  // values a reduction adds at most (solvers/pcg/onchip.py's TEAM_SUMS)
+#define ROW_GROUP 4  // rows of a slice step whose loads are issued together (more spill a batch's registers)
 #define HELD_SIZE (ONCHIP_HELD > 0 ? ONCHIP_HELD : 1)
 // Vectors of CHUNK entries in a block's shared memory, ahead of its matrix slices (ONCHIP_SHARED_VECTORS,
 // from solvers/pcg/onchip.py's shared_vectors: what iterate() below keeps there).
@@ -295,35 +299,66 @@ __device__ __forceinline__ unsigned rank_of(unsigned owner) {
     return ONCHIP_GROUPS > 1 ? owner % ONCHIP_TEAM : owner;
 }
 
-// (A v) at the thread's rows, v(j) giving entry j of the system's vector. The held entries of all rows
-// first, interleaved (their gathers in flight together), then the slices, whose rows also advance
-// together; each row adds its entries in CSR order. `split` is a multiple of 32 and slices start at
-// multiples of 32: a warp's entries are on one side together.
+// A load from shared memory that the compiler keeps where it is written (a volatile access) instead of
+// moving it next to its use: loads issued together stay together.
+template <typename T>
+__device__ __forceinline__ T ahead(const T* p) { return *(const volatile T*)p; }
+
+// (A v) at the thread's rows, v(j) giving entry j of the system's vector; each row adds its entries in
+// CSR order, the held ones first, then its slice steps. The loads are issued before their uses: every
+// held entry's gather, then the products added (padding entries gathered too: their columns are valid
+// and local, and their products are not added); at each slice step, for ROW_GROUP rows at a time, the
+// columns and values, then the gathers, then the products (a row past its width loads nothing). Each
+// row loading and adding in turn, in a branch of its own, made the rows' chains wait on each other's
+// loads: H200, us an iteration, 1138_bus 2.39 -> 2.30, lap2D_5pt_n100 2.26 -> 2.06, 10,000 batched
+// systems of 1,024 rows 15.2 -> 12.5 ms (MEASUREMENTS.md). `split` is a multiple of 32 and slices start
+// at multiples of 32: a warp's entries are on one side together.
 template <typename V>
 __device__ __forceinline__ void rows_product(const ThreadRows& m, V v, real_t (&out)[ONCHIP_ROWS]) {
+    real_t gathered[ONCHIP_ROWS][HELD_SIZE];
+#pragma unroll
+    for (int w = 0; w < ONCHIP_HELD; ++w) {
+#pragma unroll
+        for (int k = 0; k < ONCHIP_ROWS; ++k) gathered[k][w] = v(m.held_col[k][w]);
+    }
 #pragma unroll
     for (int k = 0; k < ONCHIP_ROWS; ++k) out[k] = 0;
 #pragma unroll
     for (int w = 0; w < ONCHIP_HELD; ++w) {
 #pragma unroll
-        for (int k = 0; k < ONCHIP_ROWS; ++k)
-            if (w < m.held[k])
-                out[k] = fma(m.held_val[k][w], v(m.held_col[k][w]), out[k]);
+        for (int k = 0; k < ONCHIP_ROWS; ++k) {
+            const real_t sum = fma(m.held_val[k][w], gathered[k][w], out[k]);
+            out[k] = w < m.held[k] ? sum : out[k];
+        }
     }
+#if ONCHIP_SLICED
     int widest = 0;
 #pragma unroll
     for (int k = 0; k < ONCHIP_ROWS; ++k) widest = max(widest, m.width[k]);
 #pragma unroll 1
     for (int w = 0; w < widest; ++w) {
 #pragma unroll
-        for (int k = 0; k < ONCHIP_ROWS; ++k) {
-            if (w >= m.width[k]) continue;
-            const int e = m.at[k] + 32 * w;
-            const bool shared = !ONCHIP_GLOBAL || e < m.split;
-            const int j = shared ? m.col_s[e] : m.col_g[e];
-            out[k] = fma(shared ? m.val_s[e] : m.val_g[e], v(j), out[k]);
+        for (int g = 0; g < ONCHIP_ROWS; g += ROW_GROUP) {  // ROW_GROUP rows' loads in flight together
+            int col[ROW_GROUP];
+            real_t val[ROW_GROUP], step[ROW_GROUP];
+#pragma unroll
+            for (int k = g; k < g + ROW_GROUP && k < ONCHIP_ROWS; ++k) {
+                const int e = m.at[k] + 32 * w;
+                const bool shared = !ONCHIP_GLOBAL || e < m.split;
+                if (w < m.width[k]) {
+                    col[k - g] = shared ? ahead(m.col_s + e) : m.col_g[e];
+                    val[k - g] = shared ? ahead(m.val_s + e) : m.val_g[e];
+                }
+            }
+#pragma unroll
+            for (int k = g; k < g + ROW_GROUP && k < ONCHIP_ROWS; ++k)
+                if (w < m.width[k]) step[k - g] = v(col[k - g]);
+#pragma unroll
+            for (int k = g; k < g + ROW_GROUP && k < ONCHIP_ROWS; ++k)
+                if (w < m.width[k]) out[k] = fma(val[k - g], step[k - g], out[k]);
         }
     }
+#endif
 }
 
 // Lay out the block's rows of the system (rows lo.. of the stacked CSR, n of them): the held entries
@@ -345,7 +380,7 @@ __device__ __forceinline__ void lay_out_rows(const OnchipRun& a, int lo, int n, 
 #pragma unroll
         for (int w = 0; w < ONCHIP_HELD; ++w) {
             m.held_val[k][w] = w < length[k] ? a.val[begin[k] + w] : real_t(0);
-            m.held_col[k][w] = w < length[k] ? a.col[begin[k] + w] - lo : (i < n ? i : 0);
+            m.held_col[k][w] = w < length[k] ? a.col[begin[k] + w] - lo : min(i, n - 1);
         }
     }
     __syncthreads();
@@ -367,7 +402,7 @@ __device__ __forceinline__ void lay_out_rows(const OnchipRun& a, int lo, int n, 
             const int e = m.at[k] + 32 * w, entry = m.held[k] + w;
             if (e >= m.split && !build_global) break;
             const real_t v = entry < length[k] ? a.val[begin[k] + entry] : real_t(0);
-            const int j = entry < length[k] ? a.col[begin[k] + entry] - lo : (i < n ? i : 0);
+            const int j = entry < length[k] ? a.col[begin[k] + entry] - lo : min(i, n - 1);
             if (e < m.split) {
                 m.val_s[e] = v, m.col_s[e] = j;
             } else {
@@ -526,7 +561,7 @@ __device__ __forceinline__ int iterate(SystemRun& sr, real_t (&x)[ONCHIP_ROWS]) 
             if (owner == sr.member) return u_s[at];
             return other_u(owner, at);
 #else
-            return u_s[j];
+            return ahead(u_s + j);
 #endif
         }, w);
         double sums[3] = {0.0, 0.0, 0.0};  // r.r, r.u, w.u
@@ -575,21 +610,25 @@ __device__ __forceinline__ int iterate(SystemRun& sr, real_t (&x)[ONCHIP_ROWS]) 
 __device__ __forceinline__ int iterate(SystemRun& sr, real_t (&x)[ONCHIP_ROWS]) {
     const OnchipRun& a = sr.a;
     // The product reads the new direction from shared memory. With ONCHIP_ZP_REGISTERS (one block of a
-    // batch) a thread keeps its rows of z and of the previous direction in registers and shared memory
-    // holds only the new direction; otherwise shared memory holds z and the two directions (the other
-    // blocks of a team form the new direction from them; one system's registers hold matrix entries).
+    // batch) a thread keeps its rows of the previous direction in registers and makes z = M^-1 r again
+    // where it is read (the same bits as stored: registers kept across the product spill), and shared
+    // memory holds only the new direction; otherwise shared memory holds z and the two directions (the
+    // other blocks of a team form the new direction from them; one system's registers hold matrix
+    // entries).
     real_t* z_s = sr.vec;
     auto direction = [&](int which) { return ONCHIP_ZP_REGISTERS ? sr.vec : z_s + CHUNK * (1 + which); };
     int parity = 0;  // p_old is direction(parity), the new direction goes to direction(parity ^ 1)
+    real_t r[ONCHIP_ROWS], q[ONCHIP_ROWS], dv[ONCHIP_ROWS];
 #if ONCHIP_ZP_REGISTERS
-    real_t z[ONCHIP_ROWS] = {}, p[ONCHIP_ROWS] = {};
-    auto zr = [&](int k) -> real_t& { return z[k]; };
+    real_t p[ONCHIP_ROWS] = {};
+    auto z_of = [&](int k) { return dv[k] * r[k]; };
+    auto set_z = [&](int, real_t) {};
     auto pr = [&](int k) -> real_t& { return p[k]; };
 #else
-    auto zr = [&](int k) -> real_t& { return z_s[sr.own(k)]; };
+    auto z_of = [&](int k) { return z_s[sr.own(k)]; };
+    auto set_z = [&](int k, real_t v) { z_s[sr.own(k)] = v; };
     auto pr = [&](int k) -> real_t& { return direction(parity)[sr.own(k)]; };
 #endif
-    real_t r[ONCHIP_ROWS], q[ONCHIP_ROWS], dv[ONCHIP_ROWS];
     double tol, rz, beta, rnorm;
     int it, maxiter, status;
 #pragma unroll
@@ -608,10 +647,11 @@ __device__ __forceinline__ int iterate(SystemRun& sr, real_t (&x)[ONCHIP_ROWS]) 
             const real_t bi = a.b[sr.row(k)];
             x[k] = x0[sr.first + sr.own(k)];
             r[k] = bi - ax[k];
-            zr(k) = dv[k] * r[k];
+            const real_t z = dv[k] * r[k];
+            set_z(k, z);
             pr(k) = 0;
             sums[0] += (double)bi * (double)bi;
-            sums[1] += (double)r[k] * (double)zr(k);
+            sums[1] += (double)r[k] * (double)z;
             sums[2] += (double)r[k] * (double)r[k];
         }
         team_sums(sums, sr.sc, sr.round);
@@ -628,7 +668,7 @@ __device__ __forceinline__ int iterate(SystemRun& sr, real_t (&x)[ONCHIP_ROWS]) 
             const int i = sr.row(k);
             x[k] = a.x[i];
             r[k] = a.r[i];
-            zr(k) = a.z[i];
+            set_z(k, a.z[i]);
             pr(k) = a.p[i];
         }
         const State* st = sr.st;
@@ -654,7 +694,7 @@ __device__ __forceinline__ int iterate(SystemRun& sr, real_t (&x)[ONCHIP_ROWS]) 
         real_t p_new[ONCHIP_ROWS];
 #pragma unroll
         for (int k = 0; k < ONCHIP_ROWS; ++k) {
-            p_new[k] = fma(b_, pr(k), zr(k));
+            p_new[k] = fma(b_, pr(k), z_of(k));
             if (sr.owns(k)) pn[sr.own(k)] = p_new[k];
         }
         (void)po;
@@ -666,7 +706,7 @@ __device__ __forceinline__ int iterate(SystemRun& sr, real_t (&x)[ONCHIP_ROWS]) 
             if (owner != sr.rank) return fma(b_, *team_peer(po + at, owner), *team_peer(z_s + at, owner));
             return (real_t)pn[at];
 #else
-            return (real_t)pn[j];
+            return ahead(pn + j);
 #endif
         }, q);
         double pq[1] = {0.0};
@@ -690,8 +730,9 @@ __device__ __forceinline__ int iterate(SystemRun& sr, real_t (&x)[ONCHIP_ROWS]) 
             if (!sr.owns(k)) continue;
             x[k] = fma(alpha, p_new[k], x[k]);
             r[k] = fma(-alpha, q[k], r[k]);
-            zr(k) = dv[k] * r[k];
-            sums[0] += (double)r[k] * (double)zr(k);
+            const real_t z = dv[k] * r[k];
+            set_z(k, z);
+            sums[0] += (double)r[k] * (double)z;
             sums[1] += (double)r[k] * (double)r[k];
         }
         team_sums(sums, sr.sc, sr.round);
@@ -714,7 +755,7 @@ __device__ __forceinline__ int iterate(SystemRun& sr, real_t (&x)[ONCHIP_ROWS]) 
         for (int k = 0; k < ONCHIP_ROWS; ++k) {
             if (!sr.owns(k)) continue;
             const int i = sr.row(k);
-            a.r[i] = r[k], a.z[i] = zr(k), a.p[i] = pr(k);
+            a.r[i] = r[k], a.z[i] = z_of(k), a.p[i] = pr(k);
         }
         if (sr.recorder) {
             sr.st->rz = rz;

@@ -374,6 +374,7 @@ def kernel_program(layout, variant, real, min_blocks):
                ("ONCHIP_GROUPS", str(shape.groups)), ("ONCHIP_MAX_SUMS", str(TEAM_SUMS)),
                ("ONCHIP_MIRROR_VECTORS", str(MIRROR_VECTORS)),
                ("ONCHIP_HELD", str(layout.held)), ("ONCHIP_SINGLE", str(int(variant != "classic"))),
+               ("ONCHIP_SLICED", str(int(layout.entries > 0))),
                ("ONCHIP_GLOBAL", str(int(layout.in_shared < layout.entries))),
                ("ONCHIP_ZP_REGISTERS", str(int(layout.zp_registers))),
                ("ONCHIP_SHARED_VECTORS", str(shared_vectors(variant, shape.team, layout.zp_registers))),
