@@ -44,6 +44,9 @@ class Reason(enum.IntEnum):
         return -1 if self is Reason.BREAKDOWN else -2
 
 
+REASON_OF_CODE = {int(r): r for r in Reason}
+
+
 def confirmed(reason, true_residual_norm, tolerance):
     """``reason``, unless the true residual contradicts it (then INACCURATE or NOT_FINITE).
 
@@ -70,7 +73,8 @@ def confirmed_each(status, true_residual_norms, tolerances):
     status[converged & ~finite] = Reason.NOT_FINITE
     status[converged & finite & (true_residual_norms > TRUE_RESIDUAL_SLACK * np.asarray(tolerances))] = \
         Reason.INACCURATE
-    return [Reason(int(c)) for c in status]
+    # a lookup, not Reason(code): the enum's call costs about 0.4 us, 4 ms for a batch of 10,000
+    return [REASON_OF_CODE[c] for c in status.tolist()]
 
 
 @dataclasses.dataclass
