@@ -68,7 +68,8 @@
 //
 // Compiled after grid.cu and stopping.cu, with ONCHIP_BLOCK, ONCHIP_ROWS, ONCHIP_TEAM, ONCHIP_HELD,
 // ONCHIP_GROUPS, ONCHIP_MAX_SUMS, ONCHIP_MIRROR_VECTORS, ONCHIP_SINGLE, ONCHIP_SLICED (0 when every entry
-// is held: no slice code), ONCHIP_GLOBAL (1 when some slices live in the global workspace), ONCHIP_ZP_REGISTERS
+// is held: no slice code), ONCHIP_SPLIT (1 where slices share their long rows: see share_slice),
+// ONCHIP_GLOBAL (1 when some slices live in the global workspace), ONCHIP_ZP_REGISTERS
 // (classic, one block: p_old in registers, z made from r where read), ONCHIP_SHARED_VECTORS
 // and ONCHIP_MIN_BLOCKS (blocks an SM should hold:
 // the registers a thread may use follow) defined and the structs State, Progress, OnchipRun generated
@@ -292,7 +293,29 @@ struct ThreadRows {
     int split;
     int at[ONCHIP_ROWS];
     int width[ONCHIP_ROWS];
+#if ONCHIP_SPLIT
+    int share[ONCHIP_ROWS];  // how the k-th rows of the warp share their slices (see share_pull)
+#endif
 };
+
+#if ONCHIP_SPLIT
+// A slice's long rows shared with the warp's other lanes. The slice of the k-th rows of a warp is as
+// wide as their longest row less the held entries, and its warp walks it step by step, each step a
+// column, a gather and an add (1138_bus: a row of 18 entries, 8 held, made its warp walk 10 steps
+// where the others walked at most 7). So a row longer than held + W entries, W the slice's width,
+// gives its entries past held + W to helpers, W at a time: lanes of the warp whose own row has no
+// entry past held. After the slice steps each helper's sum reaches its row's lane by shuffles, added
+// in the helpers' order (the same bits every run), a shuffle and an add each. W is the width with
+// the fewest slice steps and shuffles for which the warp has helpers enough (1138_bus: 2 steps and 4
+// shuffles for that row's warp). A row's word: the lane to pull from, whose helper rank is this lane (bits 0-4); the
+// rank of this row's first helper (5-9) and its count (10-14); whether this lane helps (15); the
+// shuffles the warp makes (16-20, the most helpers of its rows).
+__device__ __forceinline__ int share_pull(int w) { return w & 31; }
+__device__ __forceinline__ int share_first(int w) { return (w >> 5) & 31; }
+__device__ __forceinline__ int share_helpers(int w) { return (w >> 10) & 31; }
+__device__ __forceinline__ bool share_helps(int w) { return (w >> 15) & 1; }
+__device__ __forceinline__ int share_rounds(int w) { return (w >> 16) & 31; }
+#endif
 
 // The rank in its team of the system's block `owner` (unsigned arithmetic: fewer instructions).
 __device__ __forceinline__ unsigned rank_of(unsigned owner) {
@@ -332,6 +355,14 @@ __device__ __forceinline__ void rows_product(const ThreadRows& m, V v, real_t (&
         }
     }
 #if ONCHIP_SLICED
+#if ONCHIP_SPLIT
+    real_t own[ONCHIP_ROWS];  // a helper's own row: its held entries' sum, put aside while it helps
+#pragma unroll
+    for (int k = 0; k < ONCHIP_ROWS; ++k) {
+        own[k] = out[k];
+        if (share_helps(m.share[k])) out[k] = 0;
+    }
+#endif
     int widest = 0;
 #pragma unroll
     for (int k = 0; k < ONCHIP_ROWS; ++k) widest = max(widest, m.width[k]);
@@ -358,8 +389,66 @@ __device__ __forceinline__ void rows_product(const ThreadRows& m, V v, real_t (&
                 if (w < m.width[k]) out[k] = fma(val[k - g], step[k - g], out[k]);
         }
     }
+#if ONCHIP_SPLIT
+#pragma unroll
+    for (int k = 0; k < ONCHIP_ROWS; ++k) {
+        const int share = m.share[k], rounds = share_rounds(share);  // the same in the warp
+        if (rounds == 0) continue;
+        const bool helps = share_helps(share);
+        const real_t lent = helps ? out[k] : real_t(0);
+        out[k] = helps ? own[k] : out[k];
+        const real_t ranked = __shfl_sync(FULL_WARP, lent, share_pull(share));  // lane q: helper q's sum
+        const int first = share_first(share), helpers = share_helpers(share);
+        for (int q = 0; q < rounds; ++q) {
+            const real_t sum = __shfl_sync(FULL_WARP, ranked, first + q);
+            if (q < helpers) out[k] += sum;
+        }
+    }
+#endif
 #endif
 }
+
+#if ONCHIP_SPLIT
+// The sharing of a slice whose rows (this lane's: `begin`, `length`) keep `held` entries in registers
+// and whose width, `width`, is their longest row less `held`: its width W, this lane's word (see
+// share_pull), and its slice's row and first entry there (a helper's: a piece of W entries of the row
+// it helps).
+__device__ __forceinline__ void share_slice(int lane, int held, int& width, int& share, int& begin, int& length,
+                                            int& from) {
+    const int tail = max(length - held, 0);
+    const unsigned idle = __ballot_sync(FULL_WARP, tail == 0);
+    int least = width;  // slice steps and shuffles: unshared, the slice's steps
+    for (int w = 1; w < least; ++w) {  // the same trips in the warp; a wider W could not take fewer
+        const int need = tail > w ? (tail - 1) / w : 0;  // helpers of W = w entries each
+        if (__reduce_add_sync(FULL_WARP, need) > __popc(idle)) continue;
+        const int cost = w + __reduce_max_sync(FULL_WARP, need);
+        if (cost < least) least = cost, width = w;
+    }
+    const int helpers = tail > width ? (tail - 1) / width : 0;
+    int ranks = helpers;  // the helpers of this lane and the lanes before it
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const int before = __shfl_up_sync(FULL_WARP, ranks, o);
+        if (lane >= o) ranks += before;
+    }
+    const int first = ranks - helpers, rounds = __reduce_max_sync(FULL_WARP, helpers);
+    const int rank = __popc(idle & ((1u << lane) - 1));  // among the idle lanes, if this one is
+    bool helps = false;
+    int help_begin = begin, help_length = length, help_from = from;
+    for (unsigned long_rows = __ballot_sync(FULL_WARP, helpers > 0); long_rows; long_rows &= long_rows - 1) {
+        const int j = __ffs(long_rows) - 1;
+        const int j_first = __shfl_sync(FULL_WARP, first, j), j_helpers = __shfl_sync(FULL_WARP, helpers, j);
+        const int j_begin = __shfl_sync(FULL_WARP, begin, j), j_length = __shfl_sync(FULL_WARP, length, j);
+        if (tail == 0 && rank >= j_first && rank < j_first + j_helpers) {
+            helps = true;
+            help_begin = j_begin, help_length = j_length, help_from = held + width * (1 + rank - j_first);
+        }
+    }
+    begin = help_begin, length = help_length, from = help_from;
+    const int pull = lane < __popc(idle) ? (int)__fns(idle, 0, lane + 1) : lane;
+    share = rounds == 0 ? 0 : pull | first << 5 | helpers << 10 | (int)helps << 15 | rounds << 16;
+}
+#endif
 
 // Lay out the block's rows of the system (rows lo.. of the stacked CSR, n of them): the held entries
 // in registers, the slices' widths and this thread's places always, their entries in shared memory,
@@ -367,7 +456,7 @@ __device__ __forceinline__ void rows_product(const ThreadRows& m, V v, real_t (&
 __device__ __forceinline__ void lay_out_rows(const OnchipRun& a, int lo, int n, int first, real_t* shared,
                                              bool build_global, TeamScratch& sc, ThreadRows& m) {
     const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
-    int begin[ONCHIP_ROWS], length[ONCHIP_ROWS];
+    int begin[ONCHIP_ROWS], length[ONCHIP_ROWS], from[ONCHIP_ROWS];  // a slice's row and its first entry there
 #pragma unroll
     for (int k = 0; k < ONCHIP_ROWS; ++k) {
         const int i = first + t + k * ONCHIP_BLOCK;
@@ -376,12 +465,16 @@ __device__ __forceinline__ void lay_out_rows(const OnchipRun& a, int lo, int n, 
         const int longest = __reduce_max_sync(FULL_WARP, length[k]);
         m.held[k] = min(longest, ONCHIP_HELD);
         m.width[k] = longest - m.held[k];
-        if (lane == 0) sc.slice_width[k * ONCHIP_WARPS + warp] = m.width[k];
 #pragma unroll
         for (int w = 0; w < ONCHIP_HELD; ++w) {
             m.held_val[k][w] = w < length[k] ? a.val[begin[k] + w] : real_t(0);
             m.held_col[k][w] = w < length[k] ? a.col[begin[k] + w] - lo : min(i, n - 1);
         }
+        from[k] = m.held[k];
+#if ONCHIP_SPLIT
+        share_slice(lane, m.held[k], m.width[k], m.share[k], begin[k], length[k], from[k]);
+#endif
+        if (lane == 0) sc.slice_width[k * ONCHIP_WARPS + warp] = m.width[k];
     }
     __syncthreads();
 #pragma unroll
@@ -399,7 +492,7 @@ __device__ __forceinline__ void lay_out_rows(const OnchipRun& a, int lo, int n, 
     for (int k = 0; k < ONCHIP_ROWS; ++k) {
         const int i = first + t + k * ONCHIP_BLOCK;
         for (int w = 0; w < m.width[k]; ++w) {
-            const int e = m.at[k] + 32 * w, entry = m.held[k] + w;
+            const int e = m.at[k] + 32 * w, entry = from[k] + w;
             if (e >= m.split && !build_global) break;
             const real_t v = entry < length[k] ? a.val[begin[k] + entry] : real_t(0);
             const int j = entry < length[k] ? a.col[begin[k] + entry] - lo : min(i, n - 1);

@@ -263,6 +263,45 @@ def test_slice_capacity_counts_each_block_s_slices_at_their_longest_row():
     assert slice_capacity(rowptr, [0, 74], Shape(64, 1, 2), held=5) == 0
 
 
+@pytest.mark.parametrize("tails, expected", [
+    ([0] * 31 + [10], (2, 4)),  # 1138_bus's widest slice: 2 steps, 4 helpers of 2 entries, not 10 steps
+    ([0] * 30 + [10, 10], (2, 4)),  # two long rows, 8 of the 30 idle lanes helping
+    ([1] * 31 + [10], (10, 0)),  # no idle lane: the row walks alone
+    ([0] * 31 + [400], (20, 19)),  # 19 helpers of 20 entries: 39, where 13 entries (30 helpers) make 43
+    ([0] * 32, (0, 0)),
+    ([0] * 31 + [2], (2, 0)),  # 1 step and 1 shuffle is no better than 2 steps
+])
+def test_a_slice_shares_its_long_rows_with_idle_lanes_at_the_fewest_steps_and_shuffles(tails, expected):
+    from solvers.pcg.onchip import shared_slice
+    steps, shuffles = shared_slice(tails)
+    assert (steps, shuffles) == expected
+    # every entry past the held ones has a place: the row's own W and its helpers' W each
+    assert all(t <= steps * (1 + (t - 1) // steps) for t in tails if t > steps)
+
+
+def test_auto_keeps_on_chip_only_matrices_that_stay_on_chip_with_short_slices(monkeypatch):
+    from solvers.gallery import power_law_laplacian
+    from solvers.pcg import onchip
+
+    def star(n, spokes):  # a path of n vertices, its middle joined to `spokes` others
+        others = np.random.default_rng(0).choice(np.delete(np.arange(n), n // 2), spokes, replace=False)
+        edges = sp.coo_matrix((np.ones(spokes), (np.full(spokes, n // 2), others)), shape=(n, n))
+        adjacency = (sp.diags([np.ones(n - 1), np.ones(n - 1)], [-1, 1]) + edges + edges.T).tocsr()
+        return (sp.diags(np.asarray(adjacency.sum(axis=1)).ravel() + 1e-2) - adjacency).tocsr()
+
+    A = star(1000, 120)  # one block, 8 entries a row held: 115 steps, 21 with the idle lanes' help
+    layout = onchip.choose_layout(A.indptr, np.array([0, 1000]), 8, True, "single-reduction", A.indices)
+    assert layout.shares_rows and onchip.slice_walk(A.indptr, layout) <= onchip.ONCHIP_MAX_WALK
+    assert onchip.choose_path("auto", 1000, "single-reduction", A=A)[0] == "on-chip"
+    # rows holding fewer entries than they have leave no lane idle: the long row walks alone
+    monkeypatch.setattr(onchip, "held_entries", lambda *args: 2)
+    path, note = onchip.choose_path("auto", 1000, "single-reduction", A=A)
+    assert path == "grid" and "would take 121 steps of a warp" in note
+    monkeypatch.undo()
+    path, note = onchip.choose_path("auto", 1000, A=power_law_laplacian(1000))
+    assert path == "grid" and "in global memory on chip" in note
+
+
 def test_auto_kernel_path_follows_size_variant_and_preconditioner():
     from solvers.pcg.onchip import ONCHIP_MAX_ROWS, choose_path
     assert choose_path("auto", ONCHIP_MAX_ROWS)[0] == "on-chip"

@@ -83,6 +83,36 @@ def test_on_chip_iterations_follow_the_numpy_reference(cupy, matrices_dir, varia
         np.testing.assert_allclose(res.x.get(), x, rtol=1e-9, atol=1e-12 * np.abs(x).max(), err_msg=name)
 
 
+def test_long_rows_shared_with_other_lanes_follow_the_numpy_reference(cupy):
+    """Rows longer than a slice's width give pieces to lanes of their warp that have no entry in the
+    slice (kernels/onchip.cu's share_slice): two long rows in one warp, a row of 400 entries (classic:
+    4 held, its warp's slice 21 steps wide instead of 400), long rows in each of a thread's rows."""
+    from solvers.kernels.onchip_ref import solve_system
+    base = variable_diffusion(np.exp(np.random.default_rng(11).normal(size=(600, 2))))  # 1,200 rows of 3 or 4
+    edges = [(5, j) for j in range(100, 140)] + [(9, j) for j in range(200, 230)] + \
+        [(700, j) for j in range(300, 321)] + [(1100, j) for j in range(0, 400)] + [(40, 41), (40, 900)]
+    rows, cols = np.array(edges).T
+    E = sp.coo_matrix((np.full(rows.size, 0.3), (rows, cols)), shape=base.shape).tocsr()
+    E = E + E.T
+    A = (base + sp.diags(np.asarray(E.sum(axis=1)).ravel()) - E).tocsr()
+    n = A.shape[0]
+    b = np.random.default_rng(12).standard_normal(n)
+    x0 = np.random.default_rng(13).standard_normal(n)
+    for variant in ("classic", "single-reduction"):
+        runs = {(mode, unroll): solvers.PCG(A, device="gpu", path="on-chip", variant=variant, rtol=0.0, maxiter=25,
+                                            reorder="none", mode=mode, unroll=unroll).solve(b, x0)
+                for mode in MODES for unroll in (1, 7, 4096)}
+        ref = runs[("while", 4096)]
+        for key, res in runs.items():
+            assert res.iterations == 25 and cupy.array_equal(res.x, ref.x), (variant, key)
+        x = x0.copy()
+        code, its, _ = solve_system(A, 1.0 / A.diagonal(), b, x, 0.0, 25, variant)
+        assert its == 25
+        np.testing.assert_allclose(ref.x.get(), x, rtol=1e-9, atol=1e-12 * np.abs(x).max(), err_msg=variant)
+    solver = solvers.PCG(A, device="gpu", path="on-chip", reorder="none")
+    assert "entries a row in registers, the rest" in solver.format  # held entries and slices: the sharing's case
+
+
 @pytest.mark.parametrize("shape", [(256, 4, 1), (192, 6, 1), (256, 2, 8), (128, 4, 8), (256, 4, 16), (256, 3, 14)])
 def test_other_on_chip_layouts_follow_the_numpy_reference(cupy, monkeypatch, shape):
     from solvers.kernels.onchip_ref import solve_system

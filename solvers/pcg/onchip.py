@@ -66,6 +66,16 @@ SPREAD_MAX_ROWS = MAX_GROUPS * MAX_TEAM * ONE_ROW_BLOCK
 ONCHIP_MAX_REMOTE = 0.15
 # ... and over several clusters (spread_shape), where blocks hold 2.4 lines of a 256^2 grid: Poisson 256^2 reads 17%.
 SPREAD_MAX_REMOTE = 0.25
+# ... and only while the matrix stays on chip (registers and shared memory; each slice step in the
+# global workspace took about 0.25 us) and the steps a warp takes one after another in a product past
+# its held entries (slice_walk) are at most this many, each about 0.054 us. H200, float64, us an
+# iteration on chip / on the grid, before slices shared their long rows: a path of 1,000 vertices whose
+# middle is joined to 30, 50, 60, 90, 120 others (25 to 115 steps) 2.88, 3.98, 4.49, 6.14, 7.75 / 6.5 to
+# 7.4; a power-law graph Laplacian of 500 rows (420 steps) 22.6 / 6.5, of 1,000 rows (65% of the slices
+# in global memory) 148.6 / 7.2; the geometric graph of 2,000 rows (63% in global memory) 12.4 / 4.8.
+# Shared with idle lanes: the star of 120 spokes (21 steps and shuffles) 2.94, the power-law graph of
+# 500 rows (40) 3.88 (MEASUREMENTS.md).
+ONCHIP_MAX_WALK = 64
 
 
 ONCHIP_PRECONDITIONERS = ("jacobi", "none")  # what the kernel applies (an inverse diagonal or nothing)
@@ -91,11 +101,12 @@ def host_pattern(A):
     return tuple(np.asarray(v.get() if hasattr(v, "get") else v) for v in (A.indptr, A.indices))
 
 
-def choose_path(path, n, variant="auto", preconditioner="jacobi", A=None):
+def choose_path(path, n, variant="auto", preconditioner="jacobi", A=None, itemsize=8):
     """``(path, note)``: the GPU kernel for ``n`` rows, ``grid`` or ``on-chip`` (``path`` "auto" or one of
     them); with the matrix ``A`` (CSR), auto also weighs where its product reads fall (:func:`remote_fraction`
-    in :func:`latency_shape`'s layout).
-    Both PCG variants run on either path; ``variant`` is the one asked for."""
+    in :func:`latency_shape`'s layout) and whether its layout keeps it on chip with short slices
+    (ONCHIP_MAX_WALK). Both PCG variants run on either path; ``variant`` is the one asked for, in
+    ``itemsize``-byte reals."""
     if path not in PATHS:
         raise InputError(f"path must be one of {', '.join(PATHS)}, not {path!r}")
     if path == "on-chip" and preconditioner not in ONCHIP_PRECONDITIONERS:
@@ -117,6 +128,17 @@ def choose_path(path, n, variant="auto", preconditioner="jacobi", A=None):
     if remote > limit:
         return "grid", (f"auto: {remote:.0%} of the entries would be read from another block of a cluster "
                         f"(> {limit:.0%}), the whole GPU")
+    if pattern is not None:
+        start = np.array([0, n])
+        chosen = variant if variant in VARIANTS else auto_variant(pattern[0], start, itemsize, pattern[1])
+        layout = choose_layout(pattern[0], start, itemsize, True, chosen, pattern[1])
+        if layout.in_shared < layout.entries:
+            return "grid", (f"auto: {1 - layout.in_shared / layout.entries:.0%} of the matrix's slices would lie in "
+                            f"global memory on chip, the whole GPU")
+        walk = slice_walk(pattern[0], layout)
+        if walk > ONCHIP_MAX_WALK:
+            return "grid", (f"auto: its longest rows would take {walk:,} steps of a warp a product on chip "
+                            f"(> {ONCHIP_MAX_WALK}), the whole GPU")
     if spread:
         return "on-chip", f"auto: {n:,} rows <= {SPREAD_MAX_ROWS:,}, solved inside {shape.groups} clusters"
     return "on-chip", f"auto: {n:,} rows <= {ONCHIP_MAX_ROWS:,}, solved inside one block or cluster"
@@ -158,6 +180,12 @@ class Layout:
     in_shared: int
     zp_registers: bool = False
 
+    @property
+    def shares_rows(self):
+        """Whether slices give their long rows' entries to lanes with none (``share_slice``): where rows
+        keep entries in registers, so that short rows leave lanes idle in the slices."""
+        return self.entries > 0 and self.held > 0
+
     def describe(self):
         if self.entries == 0:
             where = "in registers"
@@ -183,7 +211,8 @@ def slice_capacity(rowptr, start, shape, held=0):
 
     A block's rows fall into slices of 32 consecutive rows of a system, each as wide as
     its longest row less the ``held`` entries a thread keeps in registers; a block holds
-    ``32 * (sum of its slices' widths)`` entries.
+    ``32 * (sum of its slices' widths)`` entries. (Where the kernel shares a slice's long rows
+    with other lanes, ``share_slice``, the slice is narrower: this bounds what it holds.)
     """
     start = np.asarray(start, dtype=np.int64)
     sizes = np.diff(start)
@@ -203,6 +232,43 @@ def slice_capacity(rowptr, start, shape, held=0):
         shape.chunk // 32)
     block_sums = np.add.reduceat(widths, np.flatnonzero(np.r_[True, np.diff(block_of_slice) != 0]))
     return 32 * int(block_sums.max())
+
+
+def shared_slice(tails):
+    """``(steps, shuffles)`` of a slice whose 32 rows have ``tails`` entries past the held ones, its long
+    rows shared with its idle lanes as ``kernels/onchip.cu``'s ``share_slice`` does: the width W with the
+    fewest steps and shuffles (a row of t > W entries takes (t - 1) // W helpers)."""
+    tails = np.asarray(tails, dtype=np.int64)
+    least, best = int(tails.max(initial=0)), (int(tails.max(initial=0)), 0)
+    idle, w = int((tails == 0).sum()), 1
+    while w < least:
+        need = np.where(tails > w, (tails - 1) // w, 0)
+        if need.sum() <= idle and w + need.max() < least:
+            least, best = int(w + need.max()), (w, int(need.max()))
+        w += 1
+    return best
+
+
+def slice_walk(rowptr, layout):
+    """The most steps a warp of ``layout`` takes in a product past its held entries, one system of
+    CSR ``rowptr`` (host): the widest of its slices (each as wide as its longest row less the held
+    entries) and, where the layout shares long rows (:attr:`Layout.shares_rows`), its slices' shuffles."""
+    shape = layout.shape
+    lengths = np.diff(np.asarray(rowptr, dtype=np.int64))
+    padded = np.zeros(-(-lengths.size // shape.chunk) * shape.chunk, dtype=np.int64)
+    padded[:lengths.size] = lengths
+    slices = padded.reshape(-1, 32)  # slice s: rows 32 s.., warp s % (block / 32) of block s // (chunk / 32)
+    tails = np.maximum(slices - np.minimum(slices.max(axis=1), layout.held)[:, None], 0)
+    steps, shuffles = tails.max(axis=1), np.zeros(len(tails), dtype=np.int64)
+    if layout.shares_rows:
+        for s in np.flatnonzero(steps > 1):
+            steps[s], shuffles[s] = shared_slice(tails[s])
+    slices_a_block, warps = shape.chunk // 32, shape.block // 32
+    warp = np.arange(len(tails)) // slices_a_block * warps + np.arange(len(tails)) % slices_a_block % warps
+    most = np.zeros(warp.max() + 1, dtype=np.int64)
+    np.maximum.at(most, warp, steps)
+    np.add.at(most, warp, shuffles)
+    return int(most.max())
 
 
 def shared_vectors(variant, team, zp_registers=False):
@@ -375,6 +441,7 @@ def kernel_program(layout, variant, real, min_blocks):
                ("ONCHIP_MIRROR_VECTORS", str(MIRROR_VECTORS)),
                ("ONCHIP_HELD", str(layout.held)), ("ONCHIP_SINGLE", str(int(variant != "classic"))),
                ("ONCHIP_SLICED", str(int(layout.entries > 0))),
+               ("ONCHIP_SPLIT", str(int(layout.shares_rows))),
                ("ONCHIP_GLOBAL", str(int(layout.in_shared < layout.entries))),
                ("ONCHIP_ZP_REGISTERS", str(int(layout.zp_registers))),
                ("ONCHIP_SHARED_VECTORS", str(shared_vectors(variant, shape.team, layout.zp_registers))),

@@ -259,7 +259,7 @@ class PCG:
             from .onchip import ClustersUnavailable, OnChipPCG, choose_path
             refuse_unsupported(spec, "gpu", variant, self.dtype)
             require_device_memory(device_bytes(n, nnz, self.dtype), f"a PCG solve of {n:,} rows")
-            self.path, self.path_note = choose_path(path, n, variant, spec.name, A)
+            self.path, self.path_note = choose_path(path, n, variant, spec.name, A, np.dtype(self.dtype).itemsize)
             if self.path == "on-chip":  # the pointwise preconditioners only (choose_path refuses the others)
                 try:
                     self._impl = OnChipPCG(A, spec.name, self.dtype, mode, OnChipPCG.default_unroll
