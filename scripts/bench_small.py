@@ -32,7 +32,7 @@ import numpy as np  # noqa: E402
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 import provenance  # noqa: E402
 import solvers  # noqa: E402
-from solvers.gallery import poisson, random_geometric_laplacian, variable_diffusion  # noqa: E402
+from solvers.gallery import poisson, power_law_laplacian, random_geometric_laplacian, variable_diffusion  # noqa: E402
 from solvers.mmio import read_matrix  # noqa: E402
 
 RTOL = 1e-8
@@ -55,6 +55,8 @@ def small_matrices():
     for name in ("1138_bus", "gr_900_900_crg", "lap2D_5pt_n100"):
         out.append((name, read_matrix(str(DATA / f"{name}.mtx")), "none"))
     out += [("2D Poisson 128^2", poisson((128, 128)), "none"), ("2D Poisson 256^2", poisson((256, 256)), "none")]
+    # graph Laplacians with a hub row (scripts/bench_pcg.py's class, small): one on chip, one too large for it
+    out += [(f"power-law graph {n}", power_law_laplacian(n), "none") for n in (500, 2000)]
     geometric = random_geometric_laplacian(50_000)  # scripts/bench_pcg.py's "geometric 50k"
     out += [("3D geometric graph 50k", geometric, "none"), ("3D geometric graph 50k, rcm", geometric, "rcm")]
     return out
