@@ -278,14 +278,15 @@ __device__ __forceinline__ void system_barrier(TeamScratch& sc, int& round) {
 #endif
 }
 
-// This thread's rows of a system's matrix. Entry w < held[k] of its k-th row is held_val[k][w] (column
-// held_col[k][w]); entry held[k] + w, w < width[k], is entry e = at[k] + 32 w of the block's slices:
-// val_s[e] below `split` (shared memory), else val_g[e] (global; the pointers are offset by -split),
-// and likewise for the columns (within the system). held and width are the same in a warp.
+// This thread's rows of a system's matrix. Entry w < held of its k-th row is held_val[k][w] (column
+// held_col[k][w]; past the row's end value 0 and column the row's own), held = min(ONCHIP_HELD, the
+// longest of the warp's k-th rows); entry held + w, w < width[k], is entry e = at[k] + 32 w of the
+// block's slices (where the slice shares long rows, see share_slice): val_s[e] below `split` (shared
+// memory), else val_g[e] (global; the pointers are offset by -split), and likewise for the columns
+// (within the system). width is the same in a warp.
 struct ThreadRows {
     real_t held_val[ONCHIP_ROWS][HELD_SIZE];
     int held_col[ONCHIP_ROWS][HELD_SIZE];
-    int held[ONCHIP_ROWS];
     real_t* val_s;
     int* col_s;
     real_t* val_g;
@@ -329,8 +330,10 @@ __device__ __forceinline__ T ahead(const T* p) { return *(const volatile T*)p; }
 
 // (A v) at the thread's rows, v(j) giving entry j of the system's vector; each row adds its entries in
 // CSR order, the held ones first, then its slice steps. The loads are issued before their uses: every
-// held entry's gather, then the products added (padding entries gathered too: their columns are valid
-// and local, and their products are not added); at each slice step, for ROW_GROUP rows at a time, the
+// held entry's gather, then the products added (padding entries too: their value 0 and their column
+// the row's own, whose entry of v the row reads anyway, so that adding 0 v_i changes no bit while v_i
+// is finite; selecting the products to add took two instructions an entry: 1138_bus 2.23 -> 2.11 us
+// an iteration without them, MEASUREMENTS.md); at each slice step, for ROW_GROUP rows at a time, the
 // columns and values, then the gathers, then the products (a row past its width loads nothing). Each
 // row loading and adding in turn, in a branch of its own, made the rows' chains wait on each other's
 // loads: H200, us an iteration, 1138_bus 2.39 -> 2.30, lap2D_5pt_n100 2.26 -> 2.06, 10,000 batched
@@ -349,10 +352,7 @@ __device__ __forceinline__ void rows_product(const ThreadRows& m, V v, real_t (&
 #pragma unroll
     for (int w = 0; w < ONCHIP_HELD; ++w) {
 #pragma unroll
-        for (int k = 0; k < ONCHIP_ROWS; ++k) {
-            const real_t sum = fma(m.held_val[k][w], gathered[k][w], out[k]);
-            out[k] = w < m.held[k] ? sum : out[k];
-        }
+        for (int k = 0; k < ONCHIP_ROWS; ++k) out[k] = fma(m.held_val[k][w], gathered[k][w], out[k]);
     }
 #if ONCHIP_SLICED
 #if ONCHIP_SPLIT
@@ -463,16 +463,16 @@ __device__ __forceinline__ void lay_out_rows(const OnchipRun& a, int lo, int n, 
         begin[k] = i < n ? a.rowptr[lo + i] : 0;
         length[k] = i < n ? a.rowptr[lo + i + 1] - begin[k] : 0;
         const int longest = __reduce_max_sync(FULL_WARP, length[k]);
-        m.held[k] = min(longest, ONCHIP_HELD);
-        m.width[k] = longest - m.held[k];
+        const int held = min(longest, ONCHIP_HELD);
+        m.width[k] = longest - held;
 #pragma unroll
         for (int w = 0; w < ONCHIP_HELD; ++w) {
             m.held_val[k][w] = w < length[k] ? a.val[begin[k] + w] : real_t(0);
             m.held_col[k][w] = w < length[k] ? a.col[begin[k] + w] - lo : min(i, n - 1);
         }
-        from[k] = m.held[k];
+        from[k] = held;
 #if ONCHIP_SPLIT
-        share_slice(lane, m.held[k], m.width[k], m.share[k], begin[k], length[k], from[k]);
+        share_slice(lane, held, m.width[k], m.share[k], begin[k], length[k], from[k]);
 #endif
         if (lane == 0) sc.slice_width[k * ONCHIP_WARPS + warp] = m.width[k];
     }
