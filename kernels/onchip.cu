@@ -301,16 +301,17 @@ struct ThreadRows {
 
 #if ONCHIP_SPLIT
 // A slice's long rows shared with the warp's other lanes. The slice of the k-th rows of a warp is as
-// wide as their longest row less the held entries, and its warp walks it step by step, each step a
-// column, a gather and an add (1138_bus: a row of 18 entries, 8 held, made its warp walk 10 steps
-// where the others walked at most 7). So a row longer than held + W entries, W the slice's width,
-// gives its entries past held + W to helpers, W at a time: lanes of the warp whose own row has no
-// entry past held. After the slice steps each helper's sum reaches its row's lane by shuffles, added
-// in the helpers' order (the same bits every run), a shuffle and an add each. W is the width with
-// the fewest slice steps and shuffles for which the warp has helpers enough (1138_bus: 2 steps and 4
-// shuffles for that row's warp). A row's word: the lane to pull from, whose helper rank is this lane (bits 0-4); the
-// rank of this row's first helper (5-9) and its count (10-14); whether this lane helps (15); the
-// shuffles the warp makes (16-20, the most helpers of its rows).
+// wide as their longest row less the held entries, and the warp walks it step by step, each step a
+// column, a gather and an add: one long row makes its warp walk alone (a power-law graph of 500 rows:
+// a row of 444 entries, 420 steps a product, 22.6 us an iteration). So a row longer than held + W
+// entries, W the slice's width, gives its entries past held + W to helpers, W at a time: lanes of
+// the warp whose own row has no entry past held. After the slice steps each helper's sum reaches its
+// row's lane by a shuffle and is added there in the helpers' order (the same bits every run). W is
+// the width with the fewest slice steps and shuffles for which the warp has helpers enough (that
+// graph: 40, 3.9 us an iteration; solvers/pcg/onchip.py's shared_slice does the same count).
+// A row's word: the lane to pull from, whose helper rank is this lane (bits 0-4); the rank of this
+// row's first helper (5-9) and its count (10-14); whether this lane helps (15); the shuffles the warp
+// makes (16-20, the most helpers of its rows).
 __device__ __forceinline__ int share_pull(int w) { return w & 31; }
 __device__ __forceinline__ int share_first(int w) { return (w >> 5) & 31; }
 __device__ __forceinline__ int share_helpers(int w) { return (w >> 10) & 31; }
