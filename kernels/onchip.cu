@@ -10,6 +10,13 @@
 // form it) live in the block's shared memory, where the team's other blocks read them through
 // distributed shared memory.
 //
+// Thread slots: slot i of a system holds its row a.order[lo + i] (counted from the system's first row
+// lo), or row i where a.order is null; a.slot is the inverse (a.slot[lo + j]: the slot of row j). The
+// kernel works in slots (its columns are slots, its shared vectors indexed by slot) and reads b, x0
+// and the inverse diagonal and keeps x and its state at the given rows, so the order is invisible
+// outside. solvers/pcg/onchip.py's length_order sets one for a system in one block: its rows by
+// length, each thread's k-th rows holding held_of(k) entries in registers.
+//
 // The matrix: the first ONCHIP_HELD entries of a thread's rows sit in its registers (the warp's rows
 // padded to the warp's longest, with zeros on the row's own column; a row past the system's end on the
 // system's last row, a column of the same block). The rest of a block's rows are
@@ -84,6 +91,16 @@
 #define MAX_SUMS ONCHIP_MAX_SUMS  // values a reduction adds at most (solvers/pcg/onchip.py's TEAM_SUMS)
 #define ROW_GROUP 4  // rows of a slice step whose loads are issued together (more spill a batch's registers)
 #define HELD_SIZE (ONCHIP_HELD > 0 ? ONCHIP_HELD : 1)
+// Entries held in registers of a thread's k-th rows: ONCHIP_HELD, or where ONCHIP_HELD_K lists one
+// count a row k (rows laid out by length, the k-th rows shorter as k grows), that count.
+__host__ __device__ constexpr int held_of(int k) {
+#ifdef ONCHIP_HELD_K
+    constexpr int counts[ONCHIP_ROWS] = {ONCHIP_HELD_K};
+    return counts[k];
+#else
+    return (void)k, ONCHIP_HELD;
+#endif
+}
 // Vectors of CHUNK entries in a block's shared memory, ahead of its matrix slices (ONCHIP_SHARED_VECTORS,
 // from solvers/pcg/onchip.py's shared_vectors: what iterate() below keeps there).
 #define SHARED_VECTORS ONCHIP_SHARED_VECTORS
@@ -278,6 +295,10 @@ __device__ __forceinline__ void system_barrier(TeamScratch& sc, int& round) {
 #endif
 }
 
+// The system's row (counted from its first row lo) in slot i, and the slot of column (stacked row) j.
+__device__ __forceinline__ int given_row(const OnchipRun& a, int lo, int i) { return a.order ? a.order[lo + i] : i; }
+__device__ __forceinline__ int slot_of(const OnchipRun& a, int lo, int j) { return a.slot ? a.slot[j] : j - lo; }
+
 // This thread's rows of a system's matrix. Entry w < held of its k-th row is held_val[k][w] (column
 // held_col[k][w]; past the row's end value 0 and column the row's own), held = min(ONCHIP_HELD, the
 // longest of the warp's k-th rows); entry held + w, w < width[k], is entry e = at[k] + 32 w of the
@@ -346,14 +367,16 @@ __device__ __forceinline__ void rows_product(const ThreadRows& m, V v, real_t (&
 #pragma unroll
     for (int w = 0; w < ONCHIP_HELD; ++w) {
 #pragma unroll
-        for (int k = 0; k < ONCHIP_ROWS; ++k) gathered[k][w] = v(m.held_col[k][w]);
+        for (int k = 0; k < ONCHIP_ROWS; ++k)
+            if (w < held_of(k)) gathered[k][w] = v(m.held_col[k][w]);
     }
 #pragma unroll
     for (int k = 0; k < ONCHIP_ROWS; ++k) out[k] = 0;
 #pragma unroll
     for (int w = 0; w < ONCHIP_HELD; ++w) {
 #pragma unroll
-        for (int k = 0; k < ONCHIP_ROWS; ++k) out[k] = fma(m.held_val[k][w], gathered[k][w], out[k]);
+        for (int k = 0; k < ONCHIP_ROWS; ++k)
+            if (w < held_of(k)) out[k] = fma(m.held_val[k][w], gathered[k][w], out[k]);
     }
 #if ONCHIP_SLICED
 #if ONCHIP_SPLIT
@@ -461,15 +484,16 @@ __device__ __forceinline__ void lay_out_rows(const OnchipRun& a, int lo, int n, 
 #pragma unroll
     for (int k = 0; k < ONCHIP_ROWS; ++k) {
         const int i = first + t + k * ONCHIP_BLOCK;
-        begin[k] = i < n ? a.rowptr[lo + i] : 0;
-        length[k] = i < n ? a.rowptr[lo + i + 1] - begin[k] : 0;
+        const int row = i < n ? lo + given_row(a, lo, i) : 0;
+        begin[k] = i < n ? a.rowptr[row] : 0;
+        length[k] = i < n ? a.rowptr[row + 1] - begin[k] : 0;
         const int longest = __reduce_max_sync(FULL_WARP, length[k]);
-        const int held = min(longest, ONCHIP_HELD);
+        const int held = min(longest, held_of(k));
         m.width[k] = longest - held;
 #pragma unroll
         for (int w = 0; w < ONCHIP_HELD; ++w) {
             m.held_val[k][w] = w < length[k] ? a.val[begin[k] + w] : real_t(0);
-            m.held_col[k][w] = w < length[k] ? a.col[begin[k] + w] - lo : min(i, n - 1);
+            m.held_col[k][w] = w < length[k] ? slot_of(a, lo, a.col[begin[k] + w]) : min(i, n - 1);
         }
         from[k] = held;
 #if ONCHIP_SPLIT
@@ -496,7 +520,7 @@ __device__ __forceinline__ void lay_out_rows(const OnchipRun& a, int lo, int n, 
             const int e = m.at[k] + 32 * w, entry = from[k] + w;
             if (e >= m.split && !build_global) break;
             const real_t v = entry < length[k] ? a.val[begin[k] + entry] : real_t(0);
-            const int j = entry < length[k] ? a.col[begin[k] + entry] - lo : min(i, n - 1);
+            const int j = entry < length[k] ? slot_of(a, lo, a.col[begin[k] + entry]) : min(i, n - 1);
             if (e < m.split) {
                 m.val_s[e] = v, m.col_s[e] = j;
             } else {
@@ -523,7 +547,8 @@ struct SystemRun {
     double b_norm;
     __device__ bool owns(int k) const { return first + t + k * ONCHIP_BLOCK < n; }
     __device__ int own(int k) const { return t + k * ONCHIP_BLOCK; }
-    __device__ int row(int k) const { return lo + first + t + k * ONCHIP_BLOCK; }
+    __device__ int row(int k) const { return given(first + t + k * ONCHIP_BLOCK); }
+    __device__ int given(int j) const { return lo + given_row(a, lo, j); }  // the row in slot j
     // The stopping rule and iteration limit of a starting system, from its ||b||.
     __device__ void take_rule(double bb, double& tol, int& maxiter) {
         b_norm = sqrt(bb);
@@ -565,15 +590,14 @@ __device__ __forceinline__ int iterate(SystemRun& sr, real_t (&x)[ONCHIP_ROWS]) 
         d_s[sr.own(k)] = sr.owns(k) && a.dinv ? a.dinv[sr.row(k)] : real_t(1);  // others read it after a barrier
     }
     if (sr.start) {  // r = b - A x0
-        const real_t* x0 = a.x + sr.lo;
         real_t ax[ONCHIP_ROWS];
-        rows_product(sr.m, [&](int j) { return x0[j]; }, ax);
+        rows_product(sr.m, [&](int j) { return a.x[sr.given(j)]; }, ax);
         double bb[1] = {0.0};
 #pragma unroll
         for (int k = 0; k < ONCHIP_ROWS; ++k) {
             if (!sr.owns(k)) continue;
             const real_t bi = a.b[sr.row(k)];
-            xr(k) = x0[sr.first + sr.own(k)];
+            xr(k) = a.x[sr.row(k)];
             r[k] = bi - ax[k];
             bb[0] += (double)bi * (double)bi;
             if (ONCHIP_TEAM > 1) r_b[CHUNK + sr.own(k)] = r[k], s_b[CHUNK + sr.own(k)] = 0, w_b[CHUNK + sr.own(k)] = 0;
@@ -623,7 +647,7 @@ __device__ __forceinline__ int iterate(SystemRun& sr, real_t (&x)[ONCHIP_ROWS]) 
                 const int j = (int)owner * CHUNK + at;
                 const real_t* m = mirror + (parity ^ 1) * n3;
                 const real_t sj = fma(beta, __ldcg(m + sr.n + j), __ldcg(m + 2 * sr.n + j));
-                return (a.dinv ? __ldg(&a.dinv[sr.lo + j]) : real_t(1)) * fma(-alpha, sj, __ldcg(m + j));
+                return (a.dinv ? __ldg(&a.dinv[sr.given(j)]) : real_t(1)) * fma(-alpha, sj, __ldcg(m + j));
             }
 #endif
             const unsigned rank = rank_of(owner);
@@ -731,15 +755,14 @@ __device__ __forceinline__ int iterate(SystemRun& sr, real_t (&x)[ONCHIP_ROWS]) 
         dv[k] = sr.owns(k) && a.dinv ? a.dinv[sr.row(k)] : real_t(1);
     }
     if (sr.start) {  // r = b - A x0, z = M^-1 r, p_old = 0: the set-up pass
-        const real_t* x0 = a.x + sr.lo;
         real_t ax[ONCHIP_ROWS];
-        rows_product(sr.m, [&](int j) { return x0[j]; }, ax);
+        rows_product(sr.m, [&](int j) { return a.x[sr.given(j)]; }, ax);
         double sums[3] = {0.0, 0.0, 0.0};  // b.b, r.z, r.r
 #pragma unroll
         for (int k = 0; k < ONCHIP_ROWS; ++k) {
             if (!sr.owns(k)) continue;
             const real_t bi = a.b[sr.row(k)];
-            x[k] = x0[sr.first + sr.own(k)];
+            x[k] = a.x[sr.row(k)];
             r[k] = bi - ax[k];
             const real_t z = dv[k] * r[k];
             set_z(k, z);
@@ -921,7 +944,7 @@ __launch_bounds__(ONCHIP_BLOCK, ONCHIP_MIN_BLOCKS) onchip_pcg(const OnchipRun a,
         rows_product(sr.m, [&](int j) {
             const unsigned owner = (unsigned)j / CHUNK;
 #if ONCHIP_GROUPS > 1
-            if (owner / ONCHIP_TEAM != member / ONCHIP_TEAM) return __ldcg(&a.x[lo + j]);
+            if (owner / ONCHIP_TEAM != member / ONCHIP_TEAM) return __ldcg(&a.x[sr.given(j)]);
 #endif
             const real_t* at = vec + (j - (int)owner * CHUNK);
             return owner == member ? *at : *team_peer(at, rank_of(owner));

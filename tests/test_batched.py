@@ -261,6 +261,42 @@ def test_slice_capacity_counts_each_block_s_slices_at_their_longest_row():
     # the first `held` entries of each row sit in registers: slices as wide as the rest
     assert slice_capacity(rowptr, [0, 74], Shape(64, 1, 2), held=2) == 32 * (3 + 1)
     assert slice_capacity(rowptr, [0, 74], Shape(64, 1, 2), held=5) == 0
+    # held counts by a thread's k-th rows: block 0's slices are its threads' first and second rows
+    assert slice_capacity(rowptr, [0, 74], Shape(32, 2, 2), held=(4, 1)) == 32 * ((5 - 4) + (3 - 1))
+    assert slice_capacity(rowptr, [0, 74], Shape(32, 2, 2), held=(1, 4)) == 32 * ((5 - 1) + 0)
+
+
+def test_one_block_lays_its_rows_out_by_length_where_that_holds_fewer_padding_entries():
+    from solvers.mmio import read_matrix
+    from solvers.pcg.onchip import Shape, choose_layout, length_order, slice_capacity, slice_walk
+    shape = Shape(64, 3, 1)  # 2 warps, 3 rows a thread: 192 slots
+    lengths = np.random.default_rng(1).integers(2, 9, 180)
+    lengths[[7, 90]] = 20
+    order, held_k = length_order(lengths, shape, 8)
+    assert sorted(order) == list(range(180))
+    slots = np.zeros(shape.chunk, dtype=np.int64)
+    slots[:180] = lengths[order]
+    by_k = slots.reshape(3, 64)
+    # each row group's rows are the next longest, dealt lane by lane over the warps (a warp's rows as long)
+    assert by_k[0].min() >= by_k[1].max() and by_k[1].min() >= by_k[2][by_k[2] > 0].max()
+    assert list(by_k[0][[0, 32]]) == [20, 20]  # the two longest rows: lane 0 of either warp
+    assert held_k == tuple(min(8, int(g.max())) for g in by_k) and sum(held_k) < 3 * 8
+    # rows of one length, or one row a thread, or a cluster: nothing to gain
+    assert length_order(np.full(180, 5), shape, 5) == (None, None)
+    assert length_order(lengths[:60], Shape(64, 1, 1), 8) == (None, None)
+    assert length_order(lengths, Shape(32, 3, 2), 8) == (None, None)
+    # 1138_bus: its k-th rows hold 8, 4 and 3 entries instead of 8 each; the slices are those of the
+    # rows in the slots' order, their walk as short
+    A = read_matrix(str(__import__("pathlib").Path(__file__).resolve().parent / "data" / "matrices" / "1138_bus.mtx"))
+    n = A.shape[0]
+    layout = choose_layout(A.indptr, [0, n], 8, True, "single-reduction", A.indices)
+    assert layout.held_k == (8, 4, 3) and "rows by length" in layout.describe()
+    ordered = np.r_[0, np.cumsum(np.diff(A.indptr)[layout.order])]
+    assert layout.entries == slice_capacity(ordered, [0, n], layout.shape, layout.held_k)
+    assert slice_walk(A.indptr, layout) <= 6
+    # a batch keeps every system's rows as given
+    batch = choose_layout(sp.block_diag([A] * 2, format="csr").indptr, [0, n, 2 * n], 8, False)
+    assert batch.order is None and batch.held_k is None
 
 
 @pytest.mark.parametrize("tails, expected", [

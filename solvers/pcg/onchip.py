@@ -20,7 +20,7 @@ ONCHIP_RUN = Struct("OnchipRun", [
     ("p", "real_t*"), ("s", "real_t*"), ("w", "real_t*"), ("st", "State*"), ("norms", "double*"),
     ("history", "double*"), ("progress", "Progress*"), ("sell_val", "real_t*"), ("sell_col", "int*"),
     ("mirror", "real_t*"), ("group_sums", "double*"), ("group_arrivals", "unsigned long long*"),
-    ("rtol", "double"), ("atol", "double"), ("maxiter", "int"), ("systems", "int"), ("count", "int"),
+    ("order", "const int*"), ("slot", "const int*"), ("rtol", "double"), ("atol", "double"), ("maxiter", "int"), ("systems", "int"), ("count", "int"),
     ("fresh", "int"), ("matrix_capacity", "int"), ("matrix_shared", "int")])
 
 MAX_TEAM = 16          # blocks a system: the largest cluster (above 8 a non-portable size)
@@ -179,6 +179,12 @@ class Layout:
     entries: int
     in_shared: int
     zp_registers: bool = False
+    held_k: tuple = None  # where length_order lays the rows out: the entries held of each thread's k-th rows
+    order: np.ndarray = dataclasses.field(default=None, compare=False, repr=False)  # length_order's rows
+
+    def held_of(self, k):
+        """Entries a thread holds in registers of its k-th rows."""
+        return self.held_k[k] if self.held_k else self.held
 
     @property
     def shares_rows(self):
@@ -195,9 +201,13 @@ class Layout:
             where = f"{self.in_shared / self.entries:.0%} in shared memory, the rest in global memory"
         else:
             where = "in global memory"
+        held = "/".join(map(str, self.held_k)) if self.held_k else str(self.held)
         if self.held and self.entries:
-            where = f"{self.held} entries a row in registers, the rest {where}"
-        return f"{self.shape.describe()}, matrix {where}"
+            where = f"{held} entries a row in registers, the rest {where}"
+        elif self.held_k:
+            where = f"{where} ({held} entries a row)"
+        order = ", rows by length" if self.order is not None else ""
+        return f"{self.shape.describe()}{order}, matrix {where}"
 
 
 def row_lengths(rowptr, start):
@@ -210,9 +220,11 @@ def slice_capacity(rowptr, start, shape, held=0):
     """The most matrix entries the slices of any block hold (``kernels/onchip.cu``'s layout).
 
     A block's rows fall into slices of 32 consecutive rows of a system, each as wide as
-    its longest row less the ``held`` entries a thread keeps in registers; a block holds
-    ``32 * (sum of its slices' widths)`` entries. (Where the kernel shares a slice's long rows
-    with other lanes, ``share_slice``, the slice is narrower: this bounds what it holds.)
+    its longest row less the ``held`` entries a thread keeps in registers (one count, or one for each
+    of a thread's ``shape.rows`` rows: slice ``s`` of a block holds its threads' k-th rows, k = s //
+    (block / 32)); a block holds ``32 * (sum of its slices' widths)`` entries. (Where the kernel shares
+    a slice's long rows with other lanes, ``share_slice``, the slice is narrower: this bounds what it
+    holds.)
     """
     start = np.asarray(start, dtype=np.int64)
     sizes = np.diff(start)
@@ -224,14 +236,46 @@ def slice_capacity(rowptr, start, shape, held=0):
     system = np.repeat(np.arange(sizes.size), sizes)
     slice_of_row = first_slice[system] + (np.arange(lengths.size) - (start[system] - start[0])) // 32
     widths = np.maximum.reduceat(lengths, np.flatnonzero(np.r_[True, np.diff(slice_of_row) != 0]))
-    widths = np.maximum(widths - held, 0)
     slice_system = np.repeat(np.arange(sizes.size), per_system)
+    within = np.arange(widths.size) - first_slice[slice_system]  # the slice's place in its system
+    slices_a_block = shape.chunk // 32
+    k = within % slices_a_block // (shape.block // 32)
+    widths = np.maximum(widths - np.broadcast_to(np.asarray(held), (shape.rows,))[k], 0)
     blocks = -(-sizes // shape.chunk)
     first_block = np.concatenate(([0], np.cumsum(blocks)))
-    block_of_slice = first_block[slice_system] + (np.arange(widths.size) - first_slice[slice_system]) // (
-        shape.chunk // 32)
+    block_of_slice = first_block[slice_system] + within // slices_a_block
     block_sums = np.add.reduceat(widths, np.flatnonzero(np.r_[True, np.diff(block_of_slice) != 0]))
     return 32 * int(block_sums.max())
+
+
+def length_order(lengths, shape, held):
+    """One block's system with its rows in the threads' slots by length: ``(order, held_k)``, the row
+    in each slot and the entries a thread holds in registers of its k-th rows; ``(None, None)`` where
+    that holds no fewer than ``held`` entries of every row.
+
+    Slot ``t + k * block`` (thread t's k-th row) takes the rows longest first: k = 0 first and,
+    within k, lane by lane across the warps, so that a warp's k-th rows are about equally long and its
+    longest rows spread over the warps (a slice's long rows are shared with its idle lanes). The k-th
+    rows then hold at most their longest (compiled per row group, ``ONCHIP_HELD_K``): shorter groups
+    gather and add fewer padding entries. H200, 1138_bus (384 threads, 3 rows a thread, 8 entries
+    held), us an iteration: rows as given 2.10, by length alone 2.12, by length holding 8, 4 and 3
+    entries 1.94-1.96 (MEASUREMENTS.md).
+    """
+    lengths = np.asarray(lengths, dtype=np.int64)
+    n = lengths.size
+    if shape.team != 1 or shape.groups != 1 or shape.rows == 1 or held == 0 or n > shape.chunk:
+        return None, None
+    slot = np.arange(n)
+    thread, k = slot % shape.block, slot // shape.block
+    slots = np.lexsort((thread // 32, thread % 32, k))  # by k, then lane, then warp
+    order = np.empty(n, dtype=np.int64)
+    order[slots] = np.argsort(-lengths, kind="stable")
+    grouped = np.zeros(shape.chunk, dtype=np.int64)
+    grouped[:n] = lengths[order]
+    held_k = tuple(int(v) for v in np.minimum(grouped.reshape(shape.rows, shape.block).max(axis=1), held))
+    if sum(held_k) >= shape.rows * held:
+        return None, None
+    return order, held_k
 
 
 def shared_slice(tails):
@@ -255,15 +299,18 @@ def slice_walk(rowptr, layout):
     entries) and, where the layout shares long rows (:attr:`Layout.shares_rows`), its slices' shuffles."""
     shape = layout.shape
     lengths = np.diff(np.asarray(rowptr, dtype=np.int64))
+    if layout.order is not None:
+        lengths = lengths[layout.order]
     padded = np.zeros(-(-lengths.size // shape.chunk) * shape.chunk, dtype=np.int64)
     padded[:lengths.size] = lengths
     slices = padded.reshape(-1, 32)  # slice s: rows 32 s.., warp s % (block / 32) of block s // (chunk / 32)
-    tails = np.maximum(slices - np.minimum(slices.max(axis=1), layout.held)[:, None], 0)
+    slices_a_block, warps = shape.chunk // 32, shape.block // 32
+    held = np.array([layout.held_of(k) for k in range(shape.rows)])[np.arange(len(slices)) % slices_a_block // warps]
+    tails = np.maximum(slices - np.minimum(slices.max(axis=1), held)[:, None], 0)
     steps, shuffles = tails.max(axis=1), np.zeros(len(tails), dtype=np.int64)
     if layout.shares_rows:
         for s in np.flatnonzero(steps > 1):
             steps[s], shuffles[s] = shared_slice(tails[s])
-    slices_a_block, warps = shape.chunk // 32, shape.block // 32
     warp = np.arange(len(tails)) // slices_a_block * warps + np.arange(len(tails)) % slices_a_block % warps
     most = np.zeros(warp.max() + 1, dtype=np.int64)
     np.maximum.at(most, warp, steps)
@@ -389,12 +436,16 @@ def choose_layout(rowptr, start, itemsize, latency, variant="classic", indices=N
     if not shapes:
         raise InputError(f"a system of {rows:,} rows is too large to solve on chip "
                          f"(at most {MAX_TEAM * 1024 * MAX_ROWS:,})")
-    longest = int(row_lengths(rowptr, start).max(initial=0))
+    lengths = row_lengths(rowptr, start)
+    longest = int(lengths.max(initial=0))
     layouts = []
     for shape in shapes:
         held = held_entries(shape, variant, itemsize, longest) if latency else 0
         zp_registers = not latency and variant == "classic" and shape.team == 1
-        layouts.append(Layout(shape, held, slice_capacity(rowptr, start, shape, held), 0, zp_registers))
+        order, held_k = length_order(lengths, shape, held) if latency and len(start) == 2 else (None, None)
+        entries = (slice_capacity(rowptr, start, shape, held) if order is None else
+                   slice_capacity(np.concatenate(([0], np.cumsum(lengths[order]))), [0, lengths.size], shape, held_k))
+        layouts.append(Layout(shape, held, entries, 0, zp_registers, held_k, order))
     for layout in layouts:
         if layout_bytes(layout, layout.entries, itemsize, variant) <= SHARED_LIMIT:
             return dataclasses.replace(layout, in_shared=layout.entries)
@@ -440,6 +491,7 @@ def kernel_program(layout, variant, real, min_blocks):
                ("ONCHIP_GROUPS", str(shape.groups)), ("ONCHIP_MAX_SUMS", str(TEAM_SUMS)),
                ("ONCHIP_MIRROR_VECTORS", str(MIRROR_VECTORS)),
                ("ONCHIP_HELD", str(layout.held)), ("ONCHIP_SINGLE", str(int(variant != "classic"))),
+               *((("ONCHIP_HELD_K", ",".join(map(str, layout.held_k))),) if layout.held_k else ()),
                ("ONCHIP_SLICED", str(int(layout.entries > 0))),
                ("ONCHIP_SPLIT", str(int(layout.shares_rows))),
                ("ONCHIP_GLOBAL", str(int(layout.in_shared < layout.entries))),
@@ -524,6 +576,11 @@ class OnChipKernel:
                                                  if real == "double" else np.float32),
                                group_sums=cupy.zeros(2 * self.shape.groups * TEAM_SUMS),
                                group_arrivals=cupy.zeros(1, dtype=np.uint64))
+        self.order = None  # length_order's rows in the threads' slots and each row's slot (device)
+        if self.layout.order is not None:
+            slot = np.empty_like(self.layout.order)
+            slot[self.layout.order] = np.arange(slot.size)
+            self.order = tuple(cupy.asarray(v, dtype=np.int32) for v in (self.layout.order, slot))
         self.workspace = None  # the entries of each block that shared memory cannot hold
         if self.layout.in_shared < self.layout.entries:
             entries = self.systems * members * (self.layout.entries - self.layout.in_shared)
@@ -536,8 +593,9 @@ class OnChipKernel:
     def pack(self, **fields):
         """The argument struct (``ONCHIP_RUN``'s fields; the matrix layout is filled in)."""
         val, col = self.workspace or (None, None)
+        order, slot = self.order or (None, None)
         return ONCHIP_RUN.pack(matrix_capacity=self.layout.entries, matrix_shared=self.layout.in_shared,
-                               sell_val=val, sell_col=col, **(self.spread or {}), **fields)
+                               sell_val=val, sell_col=col, order=order, slot=slot, **(self.spread or {}), **fields)
 
     def launch(self, args, handle=0, stream=None):
         # A system over several clusters waits on all of them: a cooperative launch, which the driver
