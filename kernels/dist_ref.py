@@ -10,7 +10,7 @@ kernels, under the same host driver.
 """
 import numpy as np
 
-from .pcg_ref import BREAKDOWN, NOT_FINITE, RUNNING, stop_reason
+from .pcg_ref import BREAKDOWN, NOT_FINITE, RUNNING, single_reduction_decision, stop_reason
 from .structs import STATE
 
 
@@ -159,15 +159,10 @@ def dist_cg1_decide(a):
     pending[0] = 0
     start, it = st["iteration"][0] < 0, int(st["iteration"][0]) + 1
     rnorm, gamma, delta = float(np.sqrt(reduced[0])), float(reduced[1]), float(reduced[2])
-    status = stop_reason(rnorm, st["tol"][0], it, st["maxiter"][0], gamma, np.isfinite(delta))
+    fields = {name: st[name][0] for name in STATE.dtype.names}
+    status = single_reduction_decision(fields, start, it, rnorm, gamma, delta)
     if status == RUNNING:
-        beta = 0.0 if start else gamma / st["rz"][0]
-        pap = delta if start else delta - beta * gamma / st["alpha"][0]
-        if not np.isfinite(pap):
-            status = NOT_FINITE
-        elif pap <= 0:
-            status = BREAKDOWN
-        else:
-            st["beta"], st["alpha"], st["rz"], st["pq"] = beta, gamma / pap, gamma, pap
-            st["parity"] ^= 1
+        for name in ("beta", "alpha", "rz", "rz_inv", "pq"):
+            st[name] = fields[name]
+        st["parity"] ^= 1
     _decide(st, a.history, it, rnorm, status)

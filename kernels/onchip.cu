@@ -581,7 +581,7 @@ __device__ __forceinline__ int iterate(SystemRun& sr, real_t (&x)[ONCHIP_ROWS]) 
     const int n3 = 3 * sr.n;
 #endif
     real_t p[ONCHIP_ROWS], r[ONCHIP_ROWS], s[ONCHIP_ROWS], w[ONCHIP_ROWS];
-    State ls = {};  // the decisions' state: tol, maxiter, rz, alpha, beta, pq
+    State ls = {};  // the decisions' state: tol, maxiter, rz, rz_inv, alpha, beta, pq
     int it, status = RUNNING;
     int parity = 0;  // this iteration writes r, s, w at [parity], the others' previous ones are at [parity ^ 1]
 #pragma unroll
@@ -623,7 +623,7 @@ __device__ __forceinline__ int iterate(SystemRun& sr, real_t (&x)[ONCHIP_ROWS]) 
         }
         const State* st = sr.st;
         ls.tol = st->tol, ls.maxiter = st->maxiter, ls.rz = st->rz, ls.alpha = st->alpha, ls.beta = st->beta;
-        ls.pq = st->pq;
+        ls.pq = st->pq, ls.rz_inv = st->rz_inv;
         it = st->iteration;
         sr.b_norm = a.norms[2 * sr.system + 1];
         system_barrier(sr.sc, sr.round);
@@ -711,7 +711,7 @@ __device__ __forceinline__ int iterate(SystemRun& sr, real_t (&x)[ONCHIP_ROWS]) 
         }
         if (sr.recorder) {
             State* st = sr.st;
-            st->rz = ls.rz, st->alpha = ls.alpha, st->beta = ls.beta, st->pq = ls.pq;
+            st->rz = ls.rz, st->alpha = ls.alpha, st->beta = ls.beta, st->pq = ls.pq, st->rz_inv = ls.rz_inv;
         }
     }
 #pragma unroll

@@ -99,13 +99,14 @@ def single_reduction_decision(state, start, it, rnorm, gamma, delta):
     status = stop_reason(rnorm, state["tol"], it, state["maxiter"], gamma, np.isfinite(delta))
     if status != RUNNING:
         return status
-    beta = 0.0 if start else gamma / state["rz"]
-    pap = delta if start else delta - beta * gamma / state["alpha"]
+    # beta = gamma / rz_old and 1 / alpha_old = pq_old / rz_old, as products with rz_old's reciprocal
+    beta = 0.0 if start else gamma * state["rz_inv"]
+    pap = delta if start else delta - beta * gamma * (state["pq"] * state["rz_inv"])
     if not np.isfinite(pap):
         return NOT_FINITE
     if pap <= 0:
         return BREAKDOWN
-    state.update(beta=beta, alpha=gamma / pap, rz=gamma, pq=pap)
+    state.update(beta=beta, alpha=gamma / pap, rz=gamma, rz_inv=1.0 / gamma, pq=pap)
     return RUNNING
 
 

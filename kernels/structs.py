@@ -126,7 +126,7 @@ SLOT = Struct("Slot", [("v", "double[3]")])
 # marks a taken step 0); x_steps: how many of the latest steps (alpha, then alpha_prev) the one-GPU
 # classic kernel's x has still to take, 0 to 2.
 STATE = Struct("State", [("rz", "double"), ("alpha", "double"), ("beta", "double"), ("tol", "double"),
-                         ("rnorm", "double"), ("pq", "double"), ("alpha_prev", "double"), ("iteration", "int"),
+                         ("rnorm", "double"), ("pq", "double"), ("alpha_prev", "double"), ("rz_inv", "double"), ("iteration", "int"),
                          ("maxiter", "int"), ("status", "int"), ("parity", "int"), ("ticket", "unsigned int"),
                          ("x_steps", "int")])
 

@@ -31,7 +31,7 @@ def assert_run_matches_reference(g, pairs, host, ref):
         np.testing.assert_allclose(got.get(), host[name], rtol=1e-11, atol=1e-11, err_msg=name)
     assert dev["status"] == ref["status"] == pcg_ref.RUNNING
     assert dev["iteration"] == ref["iteration"] and dev["parity"] == ref["parity"]
-    for key in ("alpha", "beta", "rz", "pq", "rnorm"):
+    for key in ("alpha", "beta", "rz", "rz_inv", "pq", "rnorm"):
         assert dev[key] == pytest.approx(ref[key], rel=1e-10), key
 
 

@@ -128,7 +128,7 @@ def pcg_single_reduction(matvec, psolve, b, x, tol, maxiter, callback=None, hist
     (Reason, int, float)
     """
     r = b.copy() if x_is_zero else b - matvec(x)
-    alpha = gamma = p = s = None
+    alpha = gamma_inv = pap = p = s = None
     for it in range(maxiter + 1):
         if it:
             x += alpha * p
@@ -146,12 +146,14 @@ def pcg_single_reduction(matvec, psolve, b, x, tol, maxiter, callback=None, hist
         reason = _stop(rnorm, tol, it, maxiter, gamma_new, np.isfinite(delta))
         if reason:
             return reason, it, rnorm
-        beta = gamma_new / gamma if it else 0.0
-        pap = delta - beta * gamma_new / alpha if it else delta  # p.Ap of the next direction, same reduction
+        # beta = gamma_new / gamma and 1 / alpha = pap / gamma as products with gamma's reciprocal, as
+        # the GPU kernels do (kernels/stopping.cu); pap: p.Ap of the next direction, same reduction
+        beta = gamma_new * gamma_inv if it else 0.0
+        pap = delta - beta * gamma_new * (pap * gamma_inv) if it else delta
         reason = _bad_curvature(pap)
         if reason:
             return reason, it, rnorm
-        alpha, gamma = gamma_new / pap, gamma_new
+        alpha, gamma_inv = gamma_new / pap, 1.0 / gamma_new
         if it:
             p *= beta
             p += u
