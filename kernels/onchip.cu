@@ -11,7 +11,7 @@
 // distributed shared memory.
 //
 // Thread slots: slot i of a system holds its row a.order[lo + i] (counted from the system's first row
-// lo), or row i where a.order is null; a.slot is the inverse (a.slot[lo + j]: the slot of row j). The
+// lo) with ONCHIP_ORDERED, else row i; a.slot is the inverse (a.slot[lo + j]: the slot of row j). The
 // kernel works in slots (its columns are slots, its shared vectors indexed by slot) and reads b, x0
 // and the inverse diagonal and keeps x and its state at the given rows, so the order is invisible
 // outside. solvers/pcg/onchip.py's length_order sets one for a system in one block: its rows by
@@ -74,7 +74,8 @@
 // ||b - A x|| and ||b|| in norms[2s], norms[2s + 1].
 //
 // Compiled after grid.cu and stopping.cu, with ONCHIP_BLOCK, ONCHIP_ROWS, ONCHIP_TEAM, ONCHIP_HELD,
-// ONCHIP_GROUPS, ONCHIP_MAX_SUMS, ONCHIP_MIRROR_VECTORS, ONCHIP_SINGLE, ONCHIP_SLICED (0 when every entry
+// ONCHIP_GROUPS, ONCHIP_MAX_SUMS, ONCHIP_MIRROR_VECTORS, ONCHIP_SINGLE, ONCHIP_ORDERED (rows in slots by
+// a.order), ONCHIP_HELD_K (optional: the held entries of each row group), ONCHIP_SLICED (0 when every entry
 // is held: no slice code), ONCHIP_SPLIT (1 where slices share their long rows: see share_slice),
 // ONCHIP_GLOBAL (1 when some slices live in the global workspace), ONCHIP_ZP_REGISTERS
 // (classic, one block: p_old in registers, z made from r where read), ONCHIP_SHARED_VECTORS
@@ -295,9 +296,13 @@ __device__ __forceinline__ void system_barrier(TeamScratch& sc, int& round) {
 #endif
 }
 
-// The system's row (counted from its first row lo) in slot i, and the slot of column (stacked row) j.
-__device__ __forceinline__ int given_row(const OnchipRun& a, int lo, int i) { return a.order ? a.order[lo + i] : i; }
-__device__ __forceinline__ int slot_of(const OnchipRun& a, int lo, int j) { return a.slot ? a.slot[j] : j - lo; }
+// The system's row (counted from its first row lo) in slot i, and the slot of column (stacked row) j:
+// through a.order and a.slot where the layout orders the rows (ONCHIP_ORDERED), else the same numbers,
+// with no load (a system over several clusters forms other teams' u at their rows in every iteration).
+__device__ __forceinline__ int given_row(const OnchipRun& a, int lo, int i) {
+    return ONCHIP_ORDERED ? a.order[lo + i] : i;
+}
+__device__ __forceinline__ int slot_of(const OnchipRun& a, int lo, int j) { return ONCHIP_ORDERED ? a.slot[j] : j - lo; }
 
 // This thread's rows of a system's matrix. Entry w < held of its k-th row is held_val[k][w] (column
 // held_col[k][w]; past the row's end value 0 and column the row's own), held = min(ONCHIP_HELD, the

@@ -492,6 +492,7 @@ def kernel_program(layout, variant, real, min_blocks):
                ("ONCHIP_MIRROR_VECTORS", str(MIRROR_VECTORS)),
                ("ONCHIP_HELD", str(layout.held)), ("ONCHIP_SINGLE", str(int(variant != "classic"))),
                *((("ONCHIP_HELD_K", ",".join(map(str, layout.held_k))),) if layout.held_k else ()),
+               ("ONCHIP_ORDERED", str(int(layout.order is not None))),
                ("ONCHIP_SLICED", str(int(layout.entries > 0))),
                ("ONCHIP_SPLIT", str(int(layout.shares_rows))),
                ("ONCHIP_GLOBAL", str(int(layout.in_shared < layout.entries))),
