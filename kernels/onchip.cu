@@ -302,7 +302,9 @@ __device__ __forceinline__ void system_barrier(TeamScratch& sc, int& round) {
 __device__ __forceinline__ int given_row(const OnchipRun& a, int lo, int i) {
     return ONCHIP_ORDERED ? a.order[lo + i] : i;
 }
-__device__ __forceinline__ int slot_of(const OnchipRun& a, int lo, int j) { return ONCHIP_ORDERED ? a.slot[j] : j - lo; }
+__device__ __forceinline__ int slot_of(const OnchipRun& a, int lo, int j) {
+    return ONCHIP_ORDERED ? a.slot[j] : j - lo;
+}
 
 // This thread's rows of a system's matrix. Entry w < held of its k-th row is held_val[k][w] (column
 // held_col[k][w]; past the row's end value 0 and column the row's own), held = min(ONCHIP_HELD, the

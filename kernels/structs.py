@@ -124,11 +124,11 @@ SLOT = Struct("Slot", [("v", "double[3]")])
 # PCG solver state (kernels/pcg.cu): one per solve, on the device; iteration -1 is the set-up pass.
 # alpha_prev: the classic solvers' step before alpha while x has not taken it (the distributed solver
 # marks a taken step 0); x_steps: how many of the latest steps (alpha, then alpha_prev) the one-GPU
-# classic kernel's x has still to take, 0 to 2.
+# classic kernel's x has still to take, 0 to 2; rz_inv: 1 / rz, carried by the single-reduction decision.
 STATE = Struct("State", [("rz", "double"), ("alpha", "double"), ("beta", "double"), ("tol", "double"),
-                         ("rnorm", "double"), ("pq", "double"), ("alpha_prev", "double"), ("rz_inv", "double"), ("iteration", "int"),
-                         ("maxiter", "int"), ("status", "int"), ("parity", "int"), ("ticket", "unsigned int"),
-                         ("x_steps", "int")])
+                         ("rnorm", "double"), ("pq", "double"), ("alpha_prev", "double"), ("rz_inv", "double"),
+                         ("iteration", "int"), ("maxiter", "int"), ("status", "int"), ("parity", "int"),
+                         ("ticket", "unsigned int"), ("x_steps", "int")])
 
 # Written by the deciding thread into host-mapped memory, so the host can watch a running graph.
 PROGRESS = Struct("Progress", [("rnorm", "double"), ("iteration", "int"), ("status", "int")])
