@@ -307,7 +307,7 @@ __device__ __forceinline__ int slot_of(const OnchipRun& a, int lo, int j) {
 }
 
 // This thread's rows of a system's matrix. Entry w < held of its k-th row is held_val[k][w] (column
-// held_col[k][w]; past the row's end value 0 and column the row's own), held = min(ONCHIP_HELD, the
+// held_col[k][w]; past the row's end value 0 and column the row's own), held = min(held_of(k), the
 // longest of the warp's k-th rows); entry held + w, w < width[k], is entry e = at[k] + 32 w of the
 // block's slices (where the slice shares long rows, see share_slice): val_s[e] below `split` (shared
 // memory), else val_g[e] (global; the pointers are offset by -split), and likewise for the columns

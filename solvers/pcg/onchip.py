@@ -20,8 +20,8 @@ ONCHIP_RUN = Struct("OnchipRun", [
     ("p", "real_t*"), ("s", "real_t*"), ("w", "real_t*"), ("st", "State*"), ("norms", "double*"),
     ("history", "double*"), ("progress", "Progress*"), ("sell_val", "real_t*"), ("sell_col", "int*"),
     ("mirror", "real_t*"), ("group_sums", "double*"), ("group_arrivals", "unsigned long long*"),
-    ("order", "const int*"), ("slot", "const int*"), ("rtol", "double"), ("atol", "double"), ("maxiter", "int"), ("systems", "int"), ("count", "int"),
-    ("fresh", "int"), ("matrix_capacity", "int"), ("matrix_shared", "int")])
+    ("order", "const int*"), ("slot", "const int*"), ("rtol", "double"), ("atol", "double"), ("maxiter", "int"),
+    ("systems", "int"), ("count", "int"), ("fresh", "int"), ("matrix_capacity", "int"), ("matrix_shared", "int")])
 
 MAX_TEAM = 16          # blocks a system: the largest cluster (above 8 a non-portable size)
 PORTABLE_TEAM = 8
@@ -305,7 +305,8 @@ def slice_walk(rowptr, layout):
     padded[:lengths.size] = lengths
     slices = padded.reshape(-1, 32)  # slice s: rows 32 s.., warp s % (block / 32) of block s // (chunk / 32)
     slices_a_block, warps = shape.chunk // 32, shape.block // 32
-    held = np.array([layout.held_of(k) for k in range(shape.rows)])[np.arange(len(slices)) % slices_a_block // warps]
+    k = np.arange(len(slices)) % slices_a_block // warps  # the slice's row group
+    held = np.array([layout.held_of(group) for group in range(shape.rows)])[k]
     tails = np.maximum(slices - np.minimum(slices.max(axis=1), held)[:, None], 0)
     steps, shuffles = tails.max(axis=1), np.zeros(len(tails), dtype=np.int64)
     if layout.shares_rows:
