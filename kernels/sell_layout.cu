@@ -10,7 +10,7 @@ extern "C" __global__ void sell_rows(const SellRows a) {
     for (int r = blockIdx.x * blockDim.x + threadIdx.x; r < a.n; r += gridDim.x * blockDim.x) {
         const int length = a.indptr[r + 1] - a.indptr[r];
         const bool is_long = length > a.long_row;
-        a.key[r] = (unsigned char)(is_long ? a.long_row + 1 : a.long_row - length);
+        a.key[r] = is_long ? a.long_row + 1 : a.long_row - length;
         a.rank[r] = is_long ? a.n : r;
     }
 }
@@ -168,18 +168,24 @@ extern "C" __global__ void sell_offsets(const SellSizes a) {
 // The pieces of the long rows (SELL._cut_pieces): long row i has row_pieces[i + 1] - row_pieces[i]
 // pieces of piece_length entries (the last one shorter); piece q = row_pieces[i] + k starts at
 // piece_ptr[q] = sliced + long_start[i] + k piece_length and belongs to piece_row[q] = i, and
-// piece_ptr[last + 1] is the end of the long rows. One thread a long row.
-// struct SellPieces (generated): longs, sliced, piece_length, long_start, row_pieces, piece_ptr, piece_row.
+// piece_ptr[pieces] is the end of the long rows. One thread a piece (a hub row has thousands), its long
+// row found by bisection of row_pieces.
+// struct SellPieces (generated): longs, pieces, sliced, piece_length, long_start, row_pieces, piece_ptr,
+// piece_row.
 extern "C" __global__ void sell_cut_pieces(const SellPieces a) {
-    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i <= a.longs; i += gridDim.x * blockDim.x) {
-        if (i == a.longs) {
-            a.piece_ptr[a.row_pieces[i]] = a.sliced + a.long_start[i];
+    for (int q = blockIdx.x * blockDim.x + threadIdx.x; q <= a.pieces; q += gridDim.x * blockDim.x) {
+        if (q == a.pieces) {
+            a.piece_ptr[q] = a.sliced + a.long_start[a.longs];
             continue;
         }
-        for (int q = a.row_pieces[i], k = 0; q < a.row_pieces[i + 1]; ++q, ++k) {
-            a.piece_ptr[q] = a.sliced + a.long_start[i] + k * a.piece_length;
-            a.piece_row[q] = i;
+        int lo = 0, hi = a.longs - 1;  // the last i with row_pieces[i] <= q
+        while (lo < hi) {
+            const int mid = (lo + hi + 1) / 2;
+            if (a.row_pieces[mid] <= q) lo = mid;
+            else hi = mid - 1;
         }
+        a.piece_ptr[q] = a.sliced + a.long_start[lo] + (q - a.row_pieces[lo]) * a.piece_length;
+        a.piece_row[q] = lo;
     }
 }
 

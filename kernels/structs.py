@@ -7,9 +7,12 @@ and the C definition the loader puts ahead of the kernel sources, with
 differ between the two sides. Kernels take their parameters as one such struct,
 passed by value (a NumPy structured scalar, see :meth:`Struct.pack`).
 """
+import struct
+
 import numpy as np
 
 _SCALARS = {"double": "f8", "float": "f4", "int": "i4", "unsigned int": "u4", "unsigned long long": "u8"}
+_CODES = {"f8": "d", "f4": "f", "i4": "i", "u4": "I", "u8": "Q"}  # Python struct codes of _SCALARS' types
 
 
 def address(value):
@@ -40,6 +43,31 @@ class Struct:
         self.name = name
         self.fields = tuple(fields)
         self.dtype = np.dtype([(f, self._numpy_type(t)) for f, t in self.fields], align=True)
+        self._packer, self._slots = self._byte_layout()
+        self._defaults = [bytes(self.dtype.fields[name][0].itemsize) if kind == "struct" else 0
+                          for name, (_, count, kind) in self._slots.items() for _ in range(count)]
+
+    def _byte_layout(self):
+        """A :class:`struct.Struct` writing the fields at the dtype's offsets (padding as pad bytes), and
+        each field's ``(first argument, count, kind)``: :meth:`pack` fills a flat argument list with it
+        (kind ``"ptr"``, ``"struct"`` or ``"value"``), which is some 5x faster than assigning the fields of a
+        structured NumPy scalar one by one."""
+        codes, slots, at, args = ["<"], {}, 0, 0
+        for name, ctype in self.fields:
+            field, offset = self.dtype.fields[name][:2]
+            codes.append("x" * (offset - at))
+            if isinstance(ctype, Struct):
+                codes.append(f"{field.itemsize}s")
+                slots[name] = (args, 1, "struct")
+            else:
+                base = field.subdtype[0] if field.subdtype else field
+                count = field.itemsize // base.itemsize
+                codes.append(_CODES[base.str[1:]] * count)
+                slots[name] = (args, count, "ptr" if ctype.endswith("*") else "value")
+            args += slots[name][1]
+            at = offset + field.itemsize
+        codes.append("x" * (self.dtype.itemsize - at))
+        return struct.Struct("".join(codes)), slots
 
     @staticmethod
     def _numpy_type(ctype):
@@ -89,19 +117,22 @@ class Struct:
         Pointer fields take CuPy arrays, addresses or None; nested structs take the
         result of their own :meth:`pack`; unnamed fields are zero.
         """
-        record = np.zeros((), dtype=self.dtype)
-        names = dict(self.fields)
+        args = self._defaults.copy()
+        slots = self._slots
         for key, value in values.items():
-            if key not in names:
+            slot = slots.get(key)
+            if slot is None:
                 raise KeyError(f"{self.name} has no field {key!r}")
-            ctype = names[key]
-            if isinstance(ctype, Struct):
-                record[key] = value
-            elif ctype.endswith("*"):
-                record[key] = address(value)
+            first, count, kind = slot
+            if kind == "ptr":
+                args[first] = address(value)
+            elif kind == "struct":
+                args[first] = value.tobytes()
+            elif count > 1:
+                args[first:first + count] = np.asarray(value).ravel().tolist()
             else:
-                record[key] = value
-        return record[()]
+                args[first] = value.item() if isinstance(value, np.generic) else value
+        return np.frombuffer(self._packer.pack(*args), dtype=self.dtype)[0]
 
     def read(self, raw):
         """A device buffer's bytes (NumPy ``uint8``) as this struct (a structured scalar)."""

@@ -157,12 +157,15 @@ SELL_STAGES = {
     "solvers.formats:pattern_stats": "solvers.formats:choose_format",
     "solvers.formats.ell:ELL.__init__": "solvers.formats:choose_format",
     "solvers.formats.sell:SELL.__init__": "solvers.formats:choose_format",
-    "solvers.formats.sell:SELL._row_keys": "solvers.formats.sell:SELL.__init__",
+    "solvers.formats.sell:row_keys": "solvers.formats.sell:SELL.__init__",
     "solvers.formats.sell:SELL._neighbour_order": "solvers.formats.sell:SELL.__init__",
-    "solvers.formats.sell:SELL._neighbour_key": "solvers.formats.sell:SELL._neighbour_order",
+    "solvers.formats.sell:neighbour_pass": "solvers.formats.sell:SELL._neighbour_order",
+    "solvers.formats.sell:neighbour_key": "solvers.formats.sell:neighbour_pass",
     "solvers.formats.sell:SELL._sample_sectors": "solvers.formats.sell:SELL._neighbour_order",
-    "solvers.formats.sell:SELL._ranks": "solvers.formats.sell:SELL._neighbour_order",
-    "solvers.formats.sell:SELL._window_sort": "solvers.formats.sell:SELL._neighbour_order",
+    "solvers.formats.sell:window_sort": "solvers.formats.sell:SELL._neighbour_order",
+    "solvers.formats.sell:stable_argsort": "solvers.formats.sell:SELL.__init__",
+    "solvers.formats.sell:SELL._longest_first": "solvers.formats.sell:SELL.__init__",
+    "solvers.formats.sell:order_ranks": "solvers.formats.sell:SELL.__init__",
     "solvers.formats.sell:SELL._lay_out": "solvers.formats.sell:SELL.__init__",
     "solvers.formats.sell:SELL._offsets": "solvers.formats.sell:SELL._lay_out",
     "solvers.formats.sell:SELL._cut_pieces": "solvers.formats.sell:SELL._lay_out",
@@ -180,7 +183,7 @@ def convert(indptr, indices, data):
     """The solver set-up's conversion (``GPUPCG._setup``) of device arrays: the automatic format and row order,
     then the values. ``choose_format`` is looked up at each call, so that a stage timer's wrapper is seen."""
     import cupy
-    layout = formats.choose_format(indptr, indices, cupy, "auto", None, "auto")
+    layout = formats.choose_format(indptr, indices, cupy, "auto", None, "auto", renumber=True)
     return layout, layout.values(data)
 
 
@@ -313,7 +316,8 @@ def setup_probe(args):
              ("geometric 200k", lambda: random_geometric_laplacian(200_000)),
              ("power-law 100k", lambda: power_law_laplacian(100_000)),
              ("27-point 128^3", lambda: stencil27((128, 128, 128))),
-             ("geometric 2M", lambda: random_geometric_laplacian(2_000_000))]
+             ("geometric 2M", lambda: random_geometric_laplacian(2_000_000)),
+             ("power-law 1M", lambda: power_law_laplacian(1_000_000))]
     for name, make in cases:
         if args.only and not any(o in name for o in args.only):
             continue

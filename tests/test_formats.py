@@ -7,7 +7,7 @@ import scipy.sparse as sp
 
 from solvers.errors import InputError
 from solvers.formats import CSR, ELL, SELL, choose_format
-from solvers.formats.base import Pattern, pattern_stats, window_sectors
+from solvers.formats.base import Pattern, pattern_stats, stable_argsort, window_sectors
 from solvers.formats.csr import row_lanes
 from solvers.formats.sell import neighbour_key, neighbours_order
 from solvers.gallery import poisson, power_law_laplacian, random_geometric_laplacian, stencil27
@@ -346,6 +346,22 @@ def test_sell_numbered_layout_on_the_device_is_numpys(cupy, name):
     assert (dev.row_order, dev.sectors) == (ref.row_order, ref.sectors) and ref.numbering is not None
     for field in ("numbering", "places", "_pos", "col", "slice_ptr", "slice_rows", "piece_ptr", "long_rows"):
         np.testing.assert_array_equal(getattr(dev, field).get(), getattr(ref, field), err_msg=field)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n, bound", [(0, 5), (1, 0), (1000, 1), (1025, 255), (1025, 256), (5000, 65),
+                                      (50_001, 50_001), (300_000, 300_001), (300_000, 2**31 - 1)])
+def test_device_stable_argsort_is_numpys_stable_argsort(cupy, n, bound):
+    # many ties (keys drawn from few values unless the bound is large), tiles of one and of several chunks
+    # (300k keys: 147 tiles of 2048), one to four passes of 8 bits
+    rng = np.random.default_rng(n + bound)
+    values = rng.integers(0, bound + 1, size=max(n // 7, 1))
+    key = rng.choice(values, size=n).astype(np.int32)
+    if n:
+        key[rng.integers(0, n)] = bound  # the largest key is sorted by the last pass
+    got = stable_argsort(cupy.asarray(key), cupy, bound)
+    assert got.dtype == cupy.int32
+    np.testing.assert_array_equal(got.get(), np.argsort(key, kind="stable"))
 
 
 @pytest.mark.gpu

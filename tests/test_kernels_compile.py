@@ -72,6 +72,11 @@ def test_shared_layout_kernels_compile(tmp_path):
     compile_ok(kernels.program("layout", structs=LAYOUT_STRUCTS), tmp_path)
 
 
+def test_sort_kernels_compile(tmp_path):
+    from solvers.formats.base import RADIX_PASS
+    compile_ok(kernels.program("sort", structs=(RADIX_PASS,)), tmp_path)
+
+
 def test_amg_setup_kernels_compile(tmp_path):
     compile_ok(kernels.program("amg_setup"), tmp_path)
 

@@ -12,6 +12,11 @@ PATTERN = Struct("PatternStats", [("n", "int"), ("long_row", "int"), ("columns",
 ELL_PLACE = Struct("EllPlace", [("n", "int"), ("width", "int"), ("indptr", "const int*"), ("indices", "const int*"),
                                 ("col", "int*"), ("pos", "int*")])
 LAYOUT_STRUCTS = (PATTERN, ELL_PLACE)
+# One pass of the device's stable argsort (kernels/sort.cu).
+RADIX_PASS = Struct("RadixPass", [("n", "int"), ("tile", "int"), ("tiles", "int"), ("shift", "int"),
+                                  ("keys", "const int*"), ("values", "const int*"), ("counts", "int*"),
+                                  ("keys_out", "int*"), ("values_out", "int*")])
+RADIX_BITS, SORT_THREADS, SORT_TILES = 8, 1024, 256  # the digits of a pass; a block's threads; tiles at most
 
 
 @functools.lru_cache(maxsize=None)
@@ -22,9 +27,47 @@ def layout_kernel(file, name, structs=LAYOUT_STRUCTS):
     return kernels.module(file, structs=structs).get_function(name)
 
 
+@functools.lru_cache(maxsize=None)
+def _scatter_kernel():
+    """``out[pos] = data`` as one CuPy elementwise kernel."""
+    import cupy
+    return cupy.ElementwiseKernel("T data, int32 pos", "raw T out", "out[pos] = data", "scatter_values")
+
+
 def launch(file, name, items, struct, structs=LAYOUT_STRUCTS, **fields):
     """Run the grid-stride layout kernel ``name`` over ``items`` with its struct filled from ``fields``."""
     layout_kernel(file, name, structs)((max(1, min(-(-int(items) // 256), 4096)),), (256,), (struct.pack(**fields),))
+
+
+def stable_argsort(key, xp, bound):
+    """Indices (int32) that sort ``key``, integers from 0 to ``bound``, ties in their given order.
+
+    On the device ``ceil(bits(bound) / 8)`` passes of a least-significant-digit radix
+    sort, two kernels a pass (``kernels/sort.cu``), with nothing read back: unlike
+    CuPy's argsort it does not wait for the device.
+    """
+    if xp is np:
+        return np.argsort(key, kind="stable").astype(np.int32)
+    n = int(key.size)
+    if n == 0:
+        return xp.empty(0, dtype=xp.int32)
+    tile = -(-max(SORT_THREADS, -(-n // SORT_TILES)) // SORT_THREADS) * SORT_THREADS
+    tiles = -(-n // tile)
+    counts = xp.empty(tiles << RADIX_BITS, dtype=xp.int32)
+    keys = xp.ascontiguousarray(key, dtype=xp.int32)
+    values = None
+    passes = -(-max(int(bound).bit_length(), 1) // RADIX_BITS)
+    buffers = [(xp.empty(n, dtype=xp.int32), xp.empty(n, dtype=xp.int32)) for _ in range(min(passes, 2))]
+    count, scatter = (layout_kernel("sort", k, (RADIX_PASS,)) for k in ("radix_count", "radix_scatter"))
+    for p in range(passes):
+        keys_out, values_out = buffers[p % 2]
+        last = p + 1 == passes
+        args = (RADIX_PASS.pack(n=n, tile=tile, tiles=tiles, shift=p * RADIX_BITS, keys=keys, values=values,
+                                counts=counts, keys_out=None if last else keys_out, values_out=values_out),)
+        count((tiles,), (SORT_THREADS,), args)
+        scatter((tiles,), (SORT_THREADS,), args)
+        keys, values = keys_out, values_out
+    return values
 
 
 class Pattern(NamedTuple):
@@ -92,8 +135,10 @@ class MatrixFormat:
             out = self.xp.zeros(self.size, dtype=data.dtype)
         if self._pos is None:
             out[...] = data
-        else:
+        elif self.xp is np:
             out[self._pos] = data
+        else:  # one plain kernel: CuPy's fancy-index assignment is several times slower on 30M entries
+            _scatter_kernel()(data, self._pos, out)
         return out
 
     def pack(self, val):

@@ -4,12 +4,12 @@ import numpy as np
 from ..errors import InputError
 from ..kernels.structs import Struct
 from . import base
-from .base import MatrixFormat, entry_rows, host, pattern_stats, window_sectors
+from .base import MatrixFormat, entry_rows, host, pattern_stats, stable_argsort, window_sectors
 
 SLICE = 32  # rows a slice: one warp, a thread a row
 PLACE_WARPS = 4  # warps a block of the placing kernel (sell_place): 34 KiB of shared memory at one lane a row
 # The arguments of the layout kernels (kernels/sell_layout.cu), one struct each.
-ROWS = Struct("SellRows", [("n", "int"), ("long_row", "int"), ("indptr", "const int*"), ("key", "unsigned char*"),
+ROWS = Struct("SellRows", [("n", "int"), ("long_row", "int"), ("indptr", "const int*"), ("key", "int*"),
                            ("rank", "int*")])
 KEY = Struct("SellKey", [("n", "int"), ("long_row", "int"), ("indptr", "const int*"), ("indices", "const int*"),
                          ("rank", "const int*"), ("key", "int*")])
@@ -23,7 +23,7 @@ SIZES = Struct("SellSizes", [("rows", "int"), ("lanes", "int"), ("slices", "int"
                              ("piece_length", "int"), ("indptr", "const int*"), ("order", "const int*"),
                              ("counts", "long long*"), ("scan", "const long long*"), ("slice_ptr", "int*"),
                              ("long_start", "int*"), ("row_pieces", "int*"), ("totals", "long long*")])
-PIECES = Struct("SellPieces", [("longs", "int"), ("sliced", "int"), ("piece_length", "int"),
+PIECES = Struct("SellPieces", [("longs", "int"), ("pieces", "int"), ("sliced", "int"), ("piece_length", "int"),
                                ("long_start", "const int*"), ("row_pieces", "const int*"), ("piece_ptr", "int*"),
                                ("piece_row", "int*")])
 LAYOUT = Struct("SellLayout", [("lanes", "int"), ("rows", "int"), ("positions", "int"), ("sliced", "int"),
@@ -45,18 +45,13 @@ def launch(name, items, struct, **fields):
     base.launch("sell_layout", name, items, struct, LAYOUT_STRUCTS, **fields)
 
 
-def stable_argsort(key, xp):
-    """Indices that sort ``key``, equal keys in their given order (CuPy's sorts are all stable)."""
-    return np.argsort(key, kind="stable") if xp is np else key.argsort()
-
-
 def offsets(counts):
     """``[0, counts[0], counts[0] + counts[1], ...]`` in int64 (NumPy)."""
     return np.concatenate((np.zeros(1, dtype=np.int64), np.cumsum(counts, dtype=np.int64)))
 
 
 def row_keys(indptr, xp, long_row):
-    """``(length_key, rank)``: each row's sort key by length (uint8: ``long_row`` - length for a short row,
+    """``(length_key, rank)``: each row's sort key by length (``long_row`` - length for a short row,
     so that a stable sort puts the longest first, ``long_row`` + 1 for a long one, after them) and its
     first rank for the neighbours' order (the row itself, n for a long row). One kernel (``sell_rows``).
     """
@@ -64,9 +59,9 @@ def row_keys(indptr, xp, long_row):
     if xp is np:
         lengths = np.diff(indptr)
         is_long = lengths > long_row
-        length_key = np.where(is_long, long_row + 1, long_row - lengths).astype(np.uint8)
+        length_key = np.where(is_long, long_row + 1, long_row - lengths).astype(np.int32)
         return length_key, np.where(is_long, n, np.arange(n)).astype(np.int32)
-    length_key, rank = xp.empty(n, dtype=xp.uint8), xp.empty(n, dtype=xp.int32)
+    length_key, rank = xp.empty(n, dtype=xp.int32), xp.empty(n, dtype=xp.int32)
     launch("sell_rows", n, ROWS, n=n, long_row=long_row, indptr=indptr, key=length_key, rank=rank)
     return length_key, rank
 
@@ -105,7 +100,7 @@ def order_ranks(order, short, xp):
 def neighbour_pass(indptr, indices, rank, xp, long_row):
     """One pass of the neighbours' order: the rows sorted by the least ``rank`` of their columns, ties
     by row (int32)."""
-    return stable_argsort(neighbour_key(indptr, indices, rank, xp, long_row), xp).astype(xp.int32)
+    return stable_argsort(neighbour_key(indptr, indices, rank, xp, long_row), xp, int(indptr.size))
 
 
 def window_sort(indptr, order, short, xp, window, long_row):
@@ -118,7 +113,7 @@ def window_sort(indptr, order, short, xp, window, long_row):
         position = np.arange(n, dtype=np.int64)
         lengths = np.diff(indptr)[order]
         key = np.where(position < short, position // window * (long_row + 1) + long_row - lengths, last)
-        return order[stable_argsort(key, np)]
+        return order[np.argsort(key, kind="stable")]
     ordered = xp.empty(n, dtype=xp.int32)
     layout_kernel("sell_window_sort")((-(-n // window),), (window,), (WINDOW.pack(
         n=n, rows=short, window=window, indptr=indptr, order=order, sorted=ordered),), shared_mem=4 * window)
@@ -259,9 +254,9 @@ class SELL(MatrixFormat):
         order = self._neighbour_order(indptr, indices, rank, row_order) if by_neighbours else None
         self.row_order = "length" if order is None else "neighbours"
         if order is None:
-            order = stable_argsort(length_key, xp).astype(xp.int32)
+            order = stable_argsort(length_key, xp, self.LONG_ROW + 1)
         self.sigma = self.NEIGHBOUR_WINDOW if self.row_order == "neighbours" else max(self.short, 1)
-        order = self._longest_first(indptr, order)
+        order = self._longest_first(indptr, order, stats.width)
         self.numbering = self.places = None
         if renumber and (self.row_order == "neighbours" or self.sectors and self.sectors[0] > self.SCATTERED):
             self.numbering, self.places = order, order_ranks(order, self.n, xp)
@@ -330,13 +325,15 @@ class SELL(MatrixFormat):
         totals = host(counts).astype(np.int64).sum(axis=1)
         return tuple(float(d / e) if e else 0.0 for d, e in totals)
 
-    def _longest_first(self, indptr, order):
+    def _longest_first(self, indptr, order, width):
         """``order`` with its long rows (after the short ones) sorted by length, longest first, ties in their
-        order: the kernels deal the pieces out from the last warp down, the largest first (``WorkItems``)."""
+        order (``width``: the longest row): the kernels deal the pieces out from the last warp down, the
+        largest first (``WorkItems``)."""
         xp, ns = self.xp, self.short
         if self.n - ns > 1:  # in place: ``order`` is the layout's own
             long_rows = order[ns:]
-            order[ns:] = long_rows[stable_argsort(indptr[long_rows] - indptr[long_rows + 1], xp)]
+            shortfall = width - (indptr[long_rows + 1] - indptr[long_rows])
+            order[ns:] = long_rows[stable_argsort(shortfall, xp, width)]
         return order
 
     # -- layout ---------------------------------------------------------------
@@ -397,7 +394,8 @@ class SELL(MatrixFormat):
             return piece_ptr, piece_row.astype(np.int32)
         piece_ptr = xp.empty(pieces + 1, dtype=xp.int32)
         piece_row = xp.empty(pieces, dtype=xp.int32)
-        launch("sell_cut_pieces", longs + 1, PIECES, longs=longs, sliced=sliced, piece_length=self.PIECE_LENGTH,
+        launch("sell_cut_pieces", pieces + 1, PIECES, longs=longs, pieces=pieces, sliced=sliced,
+               piece_length=self.PIECE_LENGTH,
                long_start=long_start, row_pieces=row_pieces, piece_ptr=piece_ptr, piece_row=piece_row)
         return piece_ptr, piece_row
 
