@@ -32,20 +32,16 @@ extern "C" __global__ void pattern_stats(const PatternStats a) {
 }
 
 // ELL's layout (ELL.__init__), one thread a row r: entry k of the row goes to slot k n + r (col gets its
-// column, pos[entry] the slot); the row's slots from its length up to `width` are padding, whose column is
-// the row itself.
-// struct EllPlace (generated): n, width, indptr, indices, col, pos.
+// column, src the entry); the row's slots from its length up to `width` are padding, whose column is the
+// row itself and whose src is -1.
+// struct EllPlace (generated): n, width, indptr, indices, col, src.
 extern "C" __global__ void ell_place(const EllPlace a) {
     for (int r = blockIdx.x * blockDim.x + threadIdx.x; r < a.n; r += gridDim.x * blockDim.x) {
         const int first = a.indptr[r], length = a.indptr[r + 1] - first;
         for (int k = 0; k < a.width; ++k) {
             const int slot = k * a.n + r;
-            if (k < length) {
-                a.col[slot] = a.indices[first + k];
-                a.pos[first + k] = slot;
-            } else {
-                a.col[slot] = r;
-            }
+            a.col[slot] = k < length ? a.indices[first + k] : r;
+            a.src[slot] = k < length ? first + k : -1;
         }
     }
 }

@@ -194,17 +194,18 @@ extern "C" __global__ void sell_cut_pieces(const SellPieces a) {
 // (the slices' rows, 32 / lanes a slice), sliced (the slices' slots), indptr, indices, order, slice_ptr,
 // long_start (offset of each long row after the slices), long_rows (order's rows from `rows` on), longs,
 // places (null, or each row's number in the layout's numbering: its position in `order`; rows and columns
-// are then written as numbered by it), max_steps (the most steps of 32 slots a slice has), col, pos
-// (out: place of entry e), slice_rows (out: the row of every lane).
+// are then written as numbered by it), max_steps (the most steps of 32 slots a slice has), col, src
+// (out: the entry in each slot, -1 for padding), slice_rows (out: the row of every lane).
 //
 // sell_place, one warp a slice s at a time, its R = 32 / lanes rows those at positions j = s R + q, q < R,
 // of `order` (none from `rows` on); entry k of the row at q sits at slot 32 (k / lanes) + q lanes +
 // k % lanes of the slice, from slice_ptr[s] on. The warp reads the rows' entries one after the other (a
 // load of the warp's 32 lanes spans two or three rows), places their columns in a copy of the slice in
 // shared memory (`max_steps` steps of 32 slots a warp, after the rows' bounds) and writes the slice out
-// in runs of 32: reads, pos and col all coalesced, whatever the lanes a row. Slots past a row's end are
-// padding, whose column is the row itself (it gathers nothing new; column 0 and row -1 for a position
-// without a row). Dynamic shared memory: (3 * 32 + 32 max_steps) ints a warp.
+// in runs of 32, with each slot's entry (from the rows' bounds): reads and writes all coalesced, whatever
+// the lanes a row. Slots past a row's end are padding, whose column is the row itself (it gathers nothing
+// new; column 0 and row -1 for a position without a row) and whose entry is -1. Dynamic shared memory:
+// (3 * 32 + 32 max_steps) ints a warp.
 extern "C" __global__ void sell_place(const SellLayout a) {
     extern __shared__ int shared[];
     const int rows_per_slice = 32 / a.lanes, lane = threadIdx.x & 31, slices = a.positions / rows_per_slice;
@@ -240,10 +241,13 @@ extern "C" __global__ void sell_place(const SellLayout a) {
             const int c = a.indices[e];
             const int slot = 32 * (k / a.lanes) + q * a.lanes + k % a.lanes;
             slots[slot] = a.places ? a.places[c] : c;
-            a.pos[e] = start + slot;
         }
         __syncwarp();
-        for (int t = lane; t < slots_n; t += 32) a.col[start + t] = slots[t];
+        for (int t = lane; t < slots_n; t += 32) {  // slot t holds entry k of the row at q
+            const int q = lane / a.lanes, k = (t >> 5) * a.lanes + lane % a.lanes;
+            a.col[start + t] = slots[t];
+            a.src[start + t] = k < bounds[q] - bounds[32 + q] ? bounds[64 + q] + k : -1;
+        }
         __syncwarp();
     }
 }
@@ -263,6 +267,6 @@ extern "C" __global__ void sell_place_long(const SellLayout a) {
         const int source = a.indptr[a.long_rows[lo]] + e - a.long_start[lo];
         const int c = a.indices[source];
         a.col[a.sliced + e] = a.places ? a.places[c] : c;
-        a.pos[source] = a.sliced + e;
+        a.src[a.sliced + e] = source;
     }
 }

@@ -62,6 +62,9 @@ def test_layout_reproduces_the_product(name, fmt):
     val2 = layout.values(2.0 * A.data, out=val)
     np.testing.assert_allclose(layout.product(val2, x), 2.0 * (A @ x), rtol=1e-13, atol=1e-12)
     assert layout.struct.dtype.names == tuple(f for f, _ in layout.fields)
+    # the padding holds 0, and the values go back to CSR order unchanged
+    assert np.count_nonzero(val2) == np.count_nonzero(A.data)
+    np.testing.assert_array_equal(layout.csr_values(val2), 2.0 * A.data)
 
 
 @pytest.mark.parametrize("name, expected", [("poisson2d", "ell"), ("poisson3d", "ell"), ("stencil27", "ell"),
@@ -333,8 +336,9 @@ def test_sell_layout_kernels_equal_the_numpy_layout(cupy, name, lanes, row_order
     if renumber:
         np.testing.assert_array_equal(dev.numbering.get(), ref.numbering)
         np.testing.assert_array_equal(dev.places.get(), ref.places)
-    for field in ("_pos", "col", "slice_ptr", "slice_rows", "piece_ptr", "piece_row", "long_rows", "row_pieces"):
+    for field in ("_src", "col", "slice_ptr", "slice_rows", "piece_ptr", "piece_row", "long_rows", "row_pieces"):
         np.testing.assert_array_equal(getattr(dev, field).get(), getattr(ref, field), err_msg=field)
+    np.testing.assert_array_equal(dev.values(cupy.asarray(A.data)).get(), ref.values(A.data))
 
 
 @pytest.mark.gpu
@@ -344,7 +348,7 @@ def test_sell_numbered_layout_on_the_device_is_numpys(cupy, name):
     ref = SELL(*arrays(A), np, row_order="auto", renumber=True)
     dev = SELL(*(cupy.asarray(a) for a in arrays(A)), cupy, row_order="auto", renumber=True)
     assert (dev.row_order, dev.sectors) == (ref.row_order, ref.sectors) and ref.numbering is not None
-    for field in ("numbering", "places", "_pos", "col", "slice_ptr", "slice_rows", "piece_ptr", "long_rows"):
+    for field in ("numbering", "places", "_src", "col", "slice_ptr", "slice_rows", "piece_ptr", "long_rows"):
         np.testing.assert_array_equal(getattr(dev, field).get(), getattr(ref, field), err_msg=field)
 
 
@@ -380,8 +384,9 @@ def test_ell_layout_kernel_equals_the_numpy_layout(cupy, name):
     ref = ELL(*arrays(A), np)
     dev = ELL(*(cupy.asarray(a) for a in arrays(A)), cupy)
     assert (dev.width, dev.size, dev.nnz) == (ref.width, ref.size, ref.nnz)
-    for field in ("_pos", "col"):
+    for field in ("_src", "col"):
         np.testing.assert_array_equal(getattr(dev, field).get(), getattr(ref, field), err_msg=field)
+    np.testing.assert_array_equal(dev.values(cupy.asarray(A.data)).get(), ref.values(A.data))
 
 
 @pytest.mark.gpu

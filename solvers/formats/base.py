@@ -10,7 +10,7 @@ from ..kernels.structs import Struct
 PATTERN = Struct("PatternStats", [("n", "int"), ("long_row", "int"), ("columns", "int"), ("indptr", "const int*"),
                                   ("indices", "const int*"), ("stats", "int*")])
 ELL_PLACE = Struct("EllPlace", [("n", "int"), ("width", "int"), ("indptr", "const int*"), ("indices", "const int*"),
-                                ("col", "int*"), ("pos", "int*")])
+                                ("col", "int*"), ("src", "int*")])
 LAYOUT_STRUCTS = (PATTERN, ELL_PLACE)
 # One pass of the device's stable argsort (kernels/sort.cu).
 RADIX_PASS = Struct("RadixPass", [("n", "int"), ("tile", "int"), ("tiles", "int"), ("shift", "int"),
@@ -28,10 +28,11 @@ def layout_kernel(file, name, structs=LAYOUT_STRUCTS):
 
 
 @functools.lru_cache(maxsize=None)
-def _scatter_kernel():
-    """``out[pos] = data`` as one CuPy elementwise kernel."""
+def _gather_kernel():
+    """``out = data[src]``, 0 where ``src`` is -1, as one CuPy elementwise kernel."""
     import cupy
-    return cupy.ElementwiseKernel("T data, int32 pos", "raw T out", "out[pos] = data", "scatter_values")
+    return cupy.ElementwiseKernel("raw T data, int32 src", "T out", "out = src < 0 ? (T)0 : data[src]",
+                                  "gather_values")
 
 
 def launch(file, name, items, struct, structs=LAYOUT_STRUCTS, **fields):
@@ -104,8 +105,11 @@ class MatrixFormat:
     Subclasses set ``name`` and ``fields`` (the device struct ``Matrix``, whose
     pointer fields name array attributes of the instance, except ``val``, the
     values array passed to :meth:`pack`), build their arrays in ``__init__`` and
-    record ``_pos``, the position of every CSR entry in ``val`` (or None when
-    the order is unchanged), and ``size``, the length of ``val``.
+    record ``_src``, the CSR entry held in every slot of ``val`` (-1 for
+    padding; None when ``val`` is in CSR order), and ``size``, the length of
+    ``val``. The values are gathered through ``_src``: each slot is written
+    once, in order, where scattering the CSR entries to their places would write
+    the 8-byte values all over the array.
 
     Attributes
     ----------
@@ -130,15 +134,25 @@ class MatrixFormat:
         self.struct = Struct("Matrix", self.fields)
 
     def values(self, data, out=None):
-        """CSR-ordered ``data`` in the format's order (written into ``out`` when given)."""
+        """CSR-ordered ``data`` in the format's order, 0 in the padding (written into ``out`` when given)."""
+        xp, src = self.xp, self._src
         if out is None:
-            out = self.xp.zeros(self.size, dtype=data.dtype)
-        if self._pos is None:
+            out = xp.empty(self.size, dtype=data.dtype)
+        if src is None:
             out[...] = data
-        elif self.xp is np:
-            out[self._pos] = data
-        else:  # one plain kernel: CuPy's fancy-index assignment is several times slower on 30M entries
-            _scatter_kernel()(data, self._pos, out)
+        elif xp is np:
+            out[...] = np.where(src >= 0, data[np.maximum(src, 0)], 0)
+        else:
+            _gather_kernel()(data, src, out)
+        return out
+
+    def csr_values(self, val):
+        """The values ``val`` of this layout back in CSR order (:meth:`values` undone)."""
+        if self._src is None:
+            return val.copy()
+        out = self.xp.empty(self.nnz, dtype=val.dtype)
+        held = self._src >= 0
+        out[self._src[held]] = val[held]
         return out
 
     def pack(self, val):

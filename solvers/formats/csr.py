@@ -23,7 +23,7 @@ class CSR(MatrixFormat):
         """``stats``: the pattern's :class:`~.base.Pattern` where known."""
         super().__init__(indptr, xp, (stats or pattern_stats(indptr, indices, xp)).nnz)
         self.rowptr, self.col = indptr, indices
-        self._pos = None
+        self._src = None
         self.size = self.nnz
         self.lanes = row_lanes(self.nnz, self.n)
         self.defines = (("ROW_LANES", str(self.lanes)),)

@@ -33,13 +33,15 @@ class ELL(MatrixFormat):
                              f"longest row has {self.width}); use the sell or csr matrix format")
         if xp is np:
             rows = entry_rows(indptr, xp)
-            self._pos = (np.arange(nnz, dtype=np.int32) - indptr[rows]) * np.int32(n) + rows
+            place = (np.arange(nnz, dtype=np.int32) - indptr[rows]) * np.int32(n) + rows
             self.col = np.tile(np.arange(n, dtype=np.int32), self.width)
-            self.col[self._pos] = indices
+            self.col[place] = indices
+            self._src = np.full(self.width * n, -1, dtype=np.int32)
+            self._src[place] = np.arange(nnz, dtype=np.int32)
         else:  # the same arrays in one pass (kernels/layout.cu)
-            self._pos, self.col = xp.empty(nnz, dtype=xp.int32), xp.empty(self.width * n, dtype=xp.int32)
+            self._src, self.col = (xp.empty(self.width * n, dtype=xp.int32) for _ in range(2))
             launch("layout", "ell_place", n, ELL_PLACE, n=n, width=self.width, indptr=indptr, indices=indices,
-                   col=self.col, pos=self._pos)
+                   col=self.col, src=self._src)
         self.size = self.width * n
         self.defines = (("ELL_WIDTH", str(self.width)),)
 

@@ -30,7 +30,7 @@ LAYOUT = Struct("SellLayout", [("lanes", "int"), ("rows", "int"), ("positions", 
                                ("indptr", "const int*"), ("indices", "const int*"), ("order", "const int*"),
                                ("slice_ptr", "const int*"), ("long_start", "const int*"), ("long_rows", "const int*"),
                                ("longs", "int"), ("places", "const int*"), ("max_steps", "int"), ("col", "int*"),
-                               ("pos", "int*"), ("slice_rows", "int*")])
+                               ("src", "int*"), ("slice_rows", "int*")])
 LAYOUT_STRUCTS = (ROWS, KEY, SAMPLE, RANKS, WINDOW, SIZES, PIECES, LAYOUT)
 ROW_ORDERS = ("auto", "neighbours", "length")
 
@@ -350,7 +350,7 @@ class SELL(MatrixFormat):
         self.padding = (sliced - (self.nnz - long_entries)) / max(self.nnz, 1)
         self.slice_ptr, self.long_rows, self.row_pieces = slice_ptr, order[ns:], row_pieces
         self.piece_ptr, self.piece_row = self._cut_pieces(long_start, row_pieces, sliced)
-        self._pos, self.col, self.slice_rows = self._place_entries(indptr, indices, order, long_start, sliced)
+        self._src, self.col, self.slice_rows = self._place_entries(indptr, indices, order, long_start, sliced)
         if self.places is not None:  # the long rows come last: numbered from the short rows' count on
             self.long_rows = xp.arange(ns, n, dtype=xp.int32)
         self.tickets = xp.zeros(max(n - ns, 1), dtype=xp.uint32)
@@ -400,7 +400,7 @@ class SELL(MatrixFormat):
         return piece_ptr, piece_row
 
     def _place_entries(self, indptr, indices, order, long_start, sliced):
-        """``(pos, col, slice_rows)``: the place of every CSR entry in the layout, the columns with the padding,
+        """``(src, col, slice_rows)``: the CSR entry in every slot of the layout (-1 for padding), the columns,
         and the row of every lane of the slices (-1 for none); with :attr:`places`, rows and columns as
         numbered by them (a short row's number its position).
 
@@ -413,20 +413,20 @@ class SELL(MatrixFormat):
         """
         xp, lanes, rows_per_slice, ns = self.xp, self.lanes, SLICE // self.lanes, self.short
         if xp is not np:
-            pos, col = xp.empty(self.nnz, dtype=xp.int32), xp.empty(self.size, dtype=xp.int32)
+            src, col = xp.empty(self.size, dtype=xp.int32), xp.empty(self.size, dtype=xp.int32)
             slice_rows = xp.empty(self.slices * SLICE, dtype=xp.int32)
             max_steps = -(-self.LONG_ROW // lanes)  # a slice's first row is its longest, and short
             fields = dict(lanes=lanes, rows=ns, positions=self.slices * rows_per_slice, sliced=sliced, indptr=indptr,
                           indices=indices, order=order, slice_ptr=self.slice_ptr, long_start=long_start,
                           long_rows=self.long_rows, longs=int(self.long_rows.size), places=self.places,
-                          max_steps=max_steps, col=col, pos=pos, slice_rows=slice_rows)
+                          max_steps=max_steps, col=col, src=src, slice_rows=slice_rows)
             if self.long_rows.size:
                 launch("sell_place_long", self.size - sliced, LAYOUT, **fields)
             if self.slices:  # a warp a slice, PLACE_WARPS a block
                 layout_kernel("sell_place")((min(-(-self.slices // PLACE_WARPS), 4096),), (32 * PLACE_WARPS,),
                                             (LAYOUT.pack(**fields),),
                                             shared_mem=4 * PLACE_WARPS * (3 * SLICE + SLICE * max_steps))
-            return pos, col, slice_rows
+            return src, col, slice_rows
         slot_rows = np.full(self.slices * rows_per_slice, -1, dtype=np.int32)
         slot_rows[:ns] = order[:ns] if self.places is None else np.arange(ns)
         slice_rows = np.repeat(slot_rows, lanes)  # the row of every lane
@@ -448,7 +448,9 @@ class SELL(MatrixFormat):
         col = np.zeros(self.size, dtype=np.int32)
         col[:sliced] = pad_col
         col[pos] = indices if self.places is None else self.places[indices]
-        return pos, col, slice_rows
+        src = np.full(self.size, -1, dtype=np.int32)
+        src[pos] = np.arange(self.nnz, dtype=np.int32)
+        return src, col, slice_rows
 
     @property
     def piece_sums(self):

@@ -79,9 +79,8 @@ class GPUMultiRHS:
         if ell:  # the solver's own arrays
             self.rowptr, self.col, self.val = None, solver.format.col, solver.val
         else:  # CSR: the pattern, and the values back in its order from the format's
-            position = solver.format._pos  # where each CSR entry sits in the format's values
             self.rowptr, self.col = indptr, indices
-            self.val = solver.val[position] if position is not None else solver.val.copy()
+            self.val = solver.format.csr_values(solver.val)
         numbering = solver.numbering  # the fused solver's own numbering of its vectors, where its format has one
         self.dinv = solver.dinv if numbering is None or solver.dinv is None else numbering.backward(solver.dinv)
         mod = kernels.module(**kernel_program(kernels.ctype(self.dtype), self.columns,
