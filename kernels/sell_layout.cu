@@ -1,12 +1,13 @@
 // The SELL layout of a CSR pattern on the device (solvers/formats/sell.py computes the same arrays with
-// NumPy: that path is these kernels' reference, and the tests compare the two). All are grid-stride loops
-// that write each output once, or add integers: nothing depends on the scheduling.
+// NumPy: that path is these kernels' reference, and the tests compare the two): the phases of sell_build,
+// then the kernels that place the entries. Each phase and kernel writes each output once, or adds
+// integers, or sorts stably (sort.cu): nothing depends on the scheduling.
 
-// Per row (SELL._row_keys): key[r] = 64 - length for a short row (length <= long_row), long_row + 1
+// Per row (row_keys, the "rows" phase): key[r] = 64 - length for a short row (length <= long_row), long_row + 1
 // for a long one, so that a stable sort puts the short rows longest first and the long ones after them;
 // rank[r] = r, or n for a long row (the first ranks of the neighbours' order).
 // struct SellRows (generated): n, long_row, indptr, key, rank.
-extern "C" __global__ void sell_rows(const SellRows a) {
+__device__ void rows_phase(const SellRows& a) {
     for (int r = blockIdx.x * blockDim.x + threadIdx.x; r < a.n; r += gridDim.x * blockDim.x) {
         const int length = a.indptr[r + 1] - a.indptr[r];
         const bool is_long = length > a.long_row;
@@ -15,11 +16,11 @@ extern "C" __global__ void sell_rows(const SellRows a) {
     }
 }
 
-// The neighbour key of every row for SELL's row order by neighbours (SELL._neighbour_key): key[r] = the
+// The neighbour key of every row for SELL's row order by neighbours (neighbour_key): key[r] = the
 // least rank[c] over the columns c of row r (rank[c] = n for a column to leave out: a long row's), n for
 // an empty row, n + 1 for a row longer than long_row entries (long rows take no part and sort last).
 // struct SellKey (generated): n, long_row, indptr, indices, rank, key. One thread a row.
-extern "C" __global__ void sell_neighbour_key(const SellKey a) {
+__device__ void key_phase(const SellKey& a) {
     for (int r = blockIdx.x * blockDim.x + threadIdx.x; r < a.n; r += gridDim.x * blockDim.x) {
         int least = a.n;
         if (a.indptr[r + 1] - a.indptr[r] > a.long_row) least = a.n + 1;
@@ -39,15 +40,14 @@ extern "C" __global__ void sell_neighbour_key(const SellKey a) {
 // table of `table` slots (a power of two) in dynamic shared memory, which must hold every entry of a
 // window (rows of at most long_row entries): the count does not depend on the order of the insertions.
 // struct SellSample (generated): n, rows, window, samples, table, itemsize, long_row, indptr, indices,
-// grouped, counts.
-extern "C" __global__ void sell_sample_sectors(const SellSample a) {
+// grouped, counts. The block's window: sample x of order y (sample_phase: blocks take them in turn).
+__device__ void sample_window(const SellSample& a, int y, int x) {
     extern __shared__ int slots[];
     __shared__ unsigned int distinct, entries;
-    const bool by_grouped = blockIdx.y == 1;
+    const bool by_grouped = y == 1;
     const long long count = by_grouped ? a.rows : a.n;
     const long long groups = (count + a.window - 1) / a.window;
     const int samples = (int)min((long long)a.samples, groups);
-    const int x = blockIdx.x;
     if (x >= samples) return;  // the whole block: its counts stay zero
     long long w;
     if (samples == 1) w = 0;
@@ -78,52 +78,61 @@ extern "C" __global__ void sell_sample_sectors(const SellSample a) {
     atomicAdd(&entries, read);
     __syncthreads();
     if (threadIdx.x == 0) {
-        const int at = (blockIdx.y * a.samples + x) * 2;
+        const int at = (y * a.samples + x) * 2;
         a.counts[at] = distinct;
         a.counts[at + 1] = entries;
     }
+    __syncthreads();  // the table and the totals are free for the block's next window
 }
 
-// The ranks of the neighbours' next pass (SELL._ranks): rank[order[p]] = p for a short row (p < rows), n
+__device__ void sample_phase(const SellSample& a) {
+    for (int w = blockIdx.x; w < 2 * a.samples; w += gridDim.x) sample_window(a, w / a.samples, w % a.samples);
+}
+
+// The ranks of the neighbours' next pass (order_ranks): rank[order[p]] = p for a short row (p < rows), n
 // for a long one. `order` is a permutation: each rank is written once.
 // struct SellRanks (generated): n, rows, order, rank.
-extern "C" __global__ void sell_ranks(const SellRanks a) {
+__device__ void ranks_phase(const SellRanks& a) {
     for (int p = blockIdx.x * blockDim.x + threadIdx.x; p < a.n; p += gridDim.x * blockDim.x)
         a.rank[a.order[p]] = p < a.rows ? p : a.n;
 }
 
-// `order` sorted within windows (SELL._window_sort): a block of `window` threads a window of `window`
+// `order` sorted within windows (window_sort): a block of `window` threads a window of `window`
 // positions. The short rows' positions (p < rows) of the window are sorted by length, longest first, ties
 // in their order: the row at position i goes to the window's start + the count of its positions j whose
 // row is longer, or as long with j < i. Positions from `rows` on (the long rows) keep their place.
 // Dynamic shared memory: `window` ints.
 // struct SellWindow (generated): n, rows, window, indptr, order, sorted.
-extern "C" __global__ void sell_window_sort(const SellWindow a) {
+__device__ void window_block(const SellWindow& a, long long w) {
     extern __shared__ int window_lengths[];
-    const long long begin = (long long)blockIdx.x * a.window;
+    const long long begin = w * a.window;
     const long long p = begin + threadIdx.x;
     const int shorts = (int)max(0ll, min((long long)a.window, (long long)a.rows - begin));
     const int r = p < a.n ? a.order[p] : -1;
     if (threadIdx.x < shorts) window_lengths[threadIdx.x] = a.indptr[r + 1] - a.indptr[r];
     __syncthreads();
-    if (p >= a.n) return;
     if ((int)threadIdx.x >= shorts) {
-        a.sorted[p] = r;
-        return;
+        if (p < a.n) a.sorted[p] = r;
+    } else {
+        const int mine = window_lengths[threadIdx.x];
+        int before = 0;
+        for (int j = 0; j < shorts; ++j) {
+            const int other = window_lengths[j];
+            before += other > mine || (other == mine && j < (int)threadIdx.x);
+        }
+        a.sorted[begin + before] = r;
     }
-    const int mine = window_lengths[threadIdx.x];
-    int before = 0;
-    for (int j = 0; j < shorts; ++j) {
-        const int other = window_lengths[j];
-        before += other > mine || (other == mine && j < (int)threadIdx.x);
-    }
-    a.sorted[begin + before] = r;
+    __syncthreads();  // the lengths are free for the block's next window
 }
 
-// The sizes of the layout (SELL._offsets), in two kernels around a scan. sell_counts: counts[s] = the
+__device__ void window_phase(const SellWindow& a) {
+    for (long long w = blockIdx.x; w * a.window < a.n; w += gridDim.x) window_block(a, w);
+}
+
+// The sizes of the layout (SELL._offsets), in phases around a scan. counts_phase: counts[s] = the
 // slots of slice s (32 for each `lanes` entries of its first row, the longest: position s 32 / lanes of
 // `order`), for s < slices; counts[slices + i] = the entries of long row i (position rows + i of
-// `order`) and counts[slices + longs + i] its pieces of piece_length, for i < longs. sell_offsets, from
+// `order`) and counts[slices + longs + i] its pieces of piece_length, for i < longs. offsets_phase, from
 // scan (the inclusive sum of counts): slice_ptr (slices + 1 offsets), long_start and row_pieces (longs
 // + 1 each), each segment's sum from 0; totals = the slots of the slices, the long rows' entries, their
 // pieces.
@@ -131,7 +140,7 @@ extern "C" __global__ void sell_window_sort(const SellWindow a) {
 // slice_ptr, long_start, row_pieces, totals.
 __device__ __forceinline__ int sell_row_length(const int* indptr, int r) { return indptr[r + 1] - indptr[r]; }
 
-extern "C" __global__ void sell_counts(const SellSizes a) {
+__device__ void counts_phase(const SellSizes& a) {
     const int rows_per_slice = 32 / a.lanes;
     for (int t = blockIdx.x * blockDim.x + threadIdx.x; t < a.slices + a.longs; t += gridDim.x * blockDim.x) {
         if (t < a.slices) {
@@ -146,7 +155,7 @@ extern "C" __global__ void sell_counts(const SellSizes a) {
     }
 }
 
-extern "C" __global__ void sell_offsets(const SellSizes a) {
+__device__ void offsets_phase(const SellSizes& a) {
     // the sum of counts[0, k): 0 for k = 0
     auto before = [&](long long k) { return k > 0 ? a.scan[k - 1] : 0ll; };
     const long long sliced = before(a.slices), long_end = before(a.slices + a.longs);
@@ -186,6 +195,115 @@ extern "C" __global__ void sell_cut_pieces(const SellPieces a) {
         }
         a.piece_ptr[q] = a.sliced + a.long_start[lo] + (q - a.row_pieces[lo]) * a.piece_length;
         a.piece_row[q] = lo;
+    }
+}
+
+// The inclusive scan of the sizes' counts (slices + 2 longs of them) into scan, in two phases with a grid
+// barrier between: each block sums its chunk of ceil(items / gridDim.x) counts into block_sums
+// (scan_sums_phase), then scans the chunk, blockDim.x counts at a time, from the sum of the blocks' before
+// it (scan_phase). Integers: the sums do not depend on the order of the additions.
+__device__ __forceinline__ long long sizes_items(const SellSizes& a) { return a.slices + 2ll * a.longs; }
+
+// The sum of v over the block (every thread gets it); `warp_sums` holds 32 values in shared memory.
+__device__ long long block_total(long long v, long long* warp_sums) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
+    if (lane == 0) warp_sums[warp] = v;
+    __syncthreads();
+    long long total = 0;
+    for (int w = 0; w < warps; ++w) total += warp_sums[w];
+    __syncthreads();
+    return total;
+}
+
+__device__ void scan_sums_phase(const SellSizes& a, long long* block_sums) {
+    __shared__ long long warp_sums[32];
+    const long long items = sizes_items(a), chunk = (items + gridDim.x - 1) / gridDim.x;
+    const long long begin = blockIdx.x * chunk, end = min(begin + chunk, items);
+    long long sum = 0;
+    for (long long i = begin + threadIdx.x; i < end; i += blockDim.x) sum += a.counts[i];
+    sum = block_total(sum, warp_sums);
+    if (threadIdx.x == 0) block_sums[blockIdx.x] = sum;
+}
+
+__device__ void scan_phase(const SellSizes& a, const long long* block_sums) {
+    __shared__ long long warp_sums[32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const long long items = sizes_items(a), chunk = (items + gridDim.x - 1) / gridDim.x;
+    const long long begin = blockIdx.x * chunk, end = min(begin + chunk, items);
+    long long carry = 0;  // the sum of every count before this round
+    for (int b = threadIdx.x; b < (int)blockIdx.x; b += blockDim.x) carry += block_sums[b];
+    carry = block_total(carry, warp_sums);
+    for (long long round = begin; round < end; round += blockDim.x) {
+        const long long i = round + threadIdx.x;
+        long long v = i < end ? a.counts[i] : 0;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {  // inclusive scan within the warp
+            const long long up = __shfl_up_sync(0xffffffffu, v, o);
+            if (lane >= o) v += up;
+        }
+        if (lane == 31) warp_sums[warp] = v;
+        __syncthreads();
+        for (int w = 0; w < warp; ++w) v += warp_sums[w];
+        v += carry;
+        if (i < end) a.scan[i] = v;
+        __syncthreads();
+        if (threadIdx.x == blockDim.x - 1) warp_sums[0] = v;  // the sum up to the round's end
+        __syncthreads();
+        carry = warp_sums[0];
+        __syncthreads();
+    }
+}
+
+// SELL._longest_first on the device: the long rows (order[rows, rows + longs)) sorted by length, longest
+// first, ties in their order, as a sort of the rows by how much shorter than the longest row (width) they
+// are (long_keys_phase: key[i] for order[rows + i]; the sort carries the rows), then copied back in place
+// (long_rows_phase).
+// struct SellLongs (generated): rows, longs, width, indptr, order, key, sorted.
+__device__ void long_keys_phase(const SellLongs& a) {
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < a.longs; i += gridDim.x * blockDim.x)
+        a.key[i] = a.width - sell_row_length(a.indptr, a.order[a.rows + i]);
+}
+
+__device__ void long_rows_phase(const SellLongs& a) {
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < a.longs; i += gridDim.x * blockDim.x)
+        a.order[a.rows + i] = a.sorted[i];
+}
+
+// SELL's set-up up to its sizes as a list of phases (LayoutBuild in solvers/formats/sell.py):
+// phases[0, count), each with its argument (which sort: 0 the neighbours', 1 the rows', 2 the long rows';
+// the next pass's ranks (0) or the rows' places (1)), run in order by one cooperative launch of
+// SORT_THREADS threads a block, a grid barrier after each, nothing read back in between. Dynamic shared
+// memory: the sample's hash table, or a window's lengths. At least 4 blocks an SM (64 registers a thread,
+// no spills), so that the phases that gather have threads in flight.
+// struct SellBuild (generated): the phases' structs, block_sums (a block's sum of the scan), counter (the
+// grid barriers), count, phases, args. The PHASE_ numbers are generated from SELL's.
+__device__ __forceinline__ const RadixSort& build_sort(const SellBuild& a, int which) {
+    return which == 0 ? a.neighbour_sort : which == 1 ? a.length_sort : a.long_sort;
+}
+
+extern "C" __global__ void __launch_bounds__(SORT_THREADS, 4) sell_build(const SellBuild a) {
+    __shared__ unsigned long long sync_target;
+    if (threadIdx.x == 0) sync_target = sync_base(a.counter);
+    auto sync = [&]() { grid_sync(a.counter, sync_target); };
+    for (int i = 0; i < a.count; ++i) {
+        const int arg = a.args[i];
+        switch (a.phases[i]) {
+            case PHASE_ROWS: rows_phase(a.rows); break;
+            case PHASE_KEY: key_phase(a.key); break;
+            case PHASE_SORT: radix_sort_passes(build_sort(a, arg), sync); continue;  // barriers of its own
+            case PHASE_SAMPLE: sample_phase(a.sample); break;
+            case PHASE_RANKS: ranks_phase(arg ? a.places : a.ranks); break;
+            case PHASE_WINDOW: window_phase(a.window); break;
+            case PHASE_LONG_KEYS: long_keys_phase(a.longs); break;
+            case PHASE_LONG_ROWS: long_rows_phase(a.longs); break;
+            case PHASE_COUNTS: counts_phase(a.sizes); break;
+            case PHASE_SCAN_SUMS: scan_sums_phase(a.sizes, a.block_sums); break;
+            case PHASE_SCAN: scan_phase(a.sizes, a.block_sums); break;
+            case PHASE_OFFSETS: offsets_phase(a.sizes); break;
+        }
+        sync();
     }
 }
 

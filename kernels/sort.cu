@@ -1,45 +1,87 @@
-// A stable argsort of non-negative int keys (the NumPy meaning: numpy.argsort(keys, kind="stable")),
-// least significant digit first: each pass orders the elements by RADIX_BITS bits of their keys and keeps
-// the order of equal digits, so the passes over all of the keys' bits leave them sorted, ties in their
-// given order. A pass is two kernels over tiles of `tile` elements, a block a tile, with nothing read back
-// to the host: radix_count counts the digits of each tile; radix_scatter finds, from every tile's counts,
-// where its tile's elements of each digit start (after all smaller digits, and after the same digit in the
-// tiles before it) and writes them there in their order. Nothing depends on the scheduling.
-// struct RadixPass (generated): n, tile, tiles, shift, keys, values (null: each element's index), counts
-// (tiles x RADIX, tile-major), keys_out (null on the last pass: only the order is wanted), values_out.
+// A stable sort of non-negative int keys carrying int values (the NumPy meaning: order =
+// numpy.argsort(keys, kind="stable"), values[order]; with no values, each element's index, so the result is
+// the argsort itself), least significant digit first: each pass orders the elements by RADIX_BITS bits of
+// their keys and keeps the order of equal digits, so the passes over all of the keys' bits leave them
+// sorted, ties in their given order. A pass counts the digits of each tile of `tile` elements
+// (radix_count_tile); after a barrier a warp a digit turns its counts into the tiles' starts among the
+// digit's elements and its total (radix_prefix); after another, each tile adds the smaller digits'
+// totals and writes its elements in their order (radix_scatter_tile). Blocks of SORT_THREADS take the
+// tiles in turn. Nothing depends on the scheduling, and nothing is read back to the host.
+// struct RadixSort (generated): n, tile, tiles, passes, keys, values (null: each element's index), counts
+// ((tiles + 1) x RADIX, tile-major: the tiles' counts, then the digits' totals), key_buffers and
+// value_buffers (two of n each, alternating: the result is value_buffers + ((passes - 1) % 2) n).
+// The sort runs as phases of a cooperative kernel (sell_build in sell_layout.cu), whose grid barriers
+// radix_sort_passes takes.
 #define RADIX_BITS 8
+#define SORT_THREADS 256  // threads a block of every kernel that sorts
 #define RADIX (1 << RADIX_BITS)
 
 __device__ __forceinline__ int radix_digit(int key, int shift) { return (key >> shift) & (RADIX - 1); }
 
-extern "C" __global__ void radix_count(const RadixPass a) {
-    __shared__ int tile_counts[RADIX];
-    for (int d = threadIdx.x; d < RADIX; d += blockDim.x) tile_counts[d] = 0;
-    __syncthreads();
-    const long long begin = (long long)blockIdx.x * a.tile, end = min(begin + a.tile, (long long)a.n);
-    for (long long i = begin + threadIdx.x; i < end; i += blockDim.x)
-        atomicAdd(&tile_counts[radix_digit(a.keys[i], a.shift)], 1);
-    __syncthreads();
-    for (int d = threadIdx.x; d < RADIX; d += blockDim.x) a.counts[(long long)blockIdx.x * RADIX + d] = tile_counts[d];
+// Where pass p reads and writes: the input first, then the buffers in turn; the last pass writes no keys.
+struct RadixIO {
+    const int* keys;
+    const int* values;
+    int* keys_out;
+    int* values_out;
+};
+
+__device__ __forceinline__ RadixIO radix_io(const RadixSort& s, int p) {
+    const long long n = s.n;
+    RadixIO io;
+    io.keys = p == 0 ? s.keys : s.key_buffers + ((p - 1) % 2) * n;
+    io.values = p == 0 ? s.values : s.value_buffers + ((p - 1) % 2) * n;
+    io.keys_out = p + 1 == s.passes ? nullptr : s.key_buffers + (p % 2) * n;
+    io.values_out = s.value_buffers + (p % 2) * n;
+    return io;
 }
 
-// A block of RADIX to 1024 threads (a multiple of 32) a tile, taking the tile blockDim.x elements at a
-// time in order. Within such a chunk an element's place among its digit's elements is its rank among its
-// warp's (a match of the warp's digits) after the counts of the warps before it.
-extern "C" __global__ void radix_scatter(const RadixPass a) {
-    __shared__ int next[RADIX];            // where the tile's next element of each digit goes
-    __shared__ int warp_start[32][RADIX];  // a chunk's elements of each digit by warp: counts, then starts
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-    if (threadIdx.x < RADIX) {  // this tile's starts: every tile's elements of smaller digits, then earlier tiles'
-        const int d = threadIdx.x;
-        int total = 0, before = 0;
-        for (int b = 0; b < a.tiles; ++b) {
-            const int c = a.counts[(long long)b * RADIX + d];
-            total += c;
-            before += b < (int)blockIdx.x ? c : 0;
+__device__ void radix_count_tile(const RadixSort& s, int p, int tile) {
+    __shared__ int tile_counts[RADIX];
+    const RadixIO io = radix_io(s, p);
+    for (int d = threadIdx.x; d < RADIX; d += blockDim.x) tile_counts[d] = 0;
+    __syncthreads();
+    const long long begin = (long long)tile * s.tile, end = min(begin + s.tile, (long long)s.n);
+    for (long long i = begin + threadIdx.x; i < end; i += blockDim.x)
+        atomicAdd(&tile_counts[radix_digit(io.keys[i], p * RADIX_BITS)], 1);
+    __syncthreads();
+    for (int d = threadIdx.x; d < RADIX; d += blockDim.x) s.counts[(long long)tile * RADIX + d] = tile_counts[d];
+    __syncthreads();
+}
+
+// A warp a digit: the tiles' counts of the digit become their exclusive prefix sums, 32 tiles at a time,
+// and the digit's total goes after the tiles' counts.
+__device__ void radix_prefix(const RadixSort& s) {
+    const int lane = threadIdx.x & 31, warps = gridDim.x * (blockDim.x >> 5);
+    for (int d = (blockIdx.x * blockDim.x + threadIdx.x) >> 5; d < RADIX; d += warps) {
+        int carry = 0;
+        for (int first = 0; first < s.tiles; first += 32) {
+            const int t = first + lane;
+            const int c = t < s.tiles ? s.counts[(long long)t * RADIX + d] : 0;
+            int v = c;
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1) {
+                const int up = __shfl_up_sync(0xffffffffu, v, o);
+                if (lane >= o) v += up;
+            }
+            if (t < s.tiles) s.counts[(long long)t * RADIX + d] = carry + v - c;
+            carry += __shfl_sync(0xffffffffu, v, 31);
         }
-        next[d] = total;
-        warp_start[0][d] = before;
+        if (lane == 0) s.counts[(long long)s.tiles * RADIX + d] = carry;
+    }
+}
+
+// With SORT_THREADS threads (RADIX of them at least), the tile blockDim.x elements at a time in order.
+// Within such a chunk an element's place among its digit's elements is its rank among its warp's (a match
+// of the warp's digits) after the counts of the warps before it.
+__device__ void radix_scatter_tile(const RadixSort& s, int p, int tile) {
+    __shared__ int next[RADIX];                           // where the tile's next element of each digit goes
+    __shared__ int warp_start[SORT_THREADS / 32][RADIX];  // a chunk's elements of each digit by warp: counts, starts
+    const RadixIO io = radix_io(s, p);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5, shift = p * RADIX_BITS;
+    if (threadIdx.x < RADIX) {  // the digits' totals, and the tile's starts among each digit's elements
+        next[threadIdx.x] = s.counts[(long long)s.tiles * RADIX + threadIdx.x];
+        warp_start[0][threadIdx.x] = s.counts[(long long)tile * RADIX + threadIdx.x];
     }
     __syncthreads();
     if (warp == 0) {  // exclusive scan of the digits' totals: lane l holds digits 8l to 8l + 7
@@ -64,13 +106,13 @@ extern "C" __global__ void radix_scatter(const RadixPass a) {
         }
     }
     __syncthreads();
-    const long long begin = (long long)blockIdx.x * a.tile, end = min(begin + a.tile, (long long)a.n);
+    const long long begin = (long long)tile * s.tile, end = min(begin + s.tile, (long long)s.n);
     for (long long chunk = begin; chunk < end; chunk += blockDim.x) {
         for (int t = threadIdx.x; t < warps * RADIX; t += blockDim.x) warp_start[t / RADIX][t % RADIX] = 0;
         __syncthreads();
         const long long i = chunk + threadIdx.x;
         const bool valid = i < end;
-        const int key = valid ? a.keys[i] : 0, digit = valid ? radix_digit(key, a.shift) : -1;
+        const int key = valid ? io.keys[i] : 0, digit = valid ? radix_digit(key, shift) : -1;
         const unsigned int peers = __match_any_sync(0xffffffffu, digit);
         const int rank = __popc(peers & ((1u << lane) - 1));
         if (valid && rank == 0) warp_start[warp][digit] = __popc(peers);
@@ -86,10 +128,23 @@ extern "C" __global__ void radix_scatter(const RadixPass a) {
         }
         __syncthreads();
         if (valid) {
-            const int p = warp_start[warp][digit] + rank;
-            if (a.keys_out) a.keys_out[p] = key;
-            a.values_out[p] = a.values ? a.values[i] : (int)i;
+            const int at = warp_start[warp][digit] + rank;
+            if (io.keys_out) io.keys_out[at] = key;
+            io.values_out[at] = io.values ? io.values[i] : (int)i;
         }
         __syncthreads();
+    }
+}
+
+// Every pass, a barrier after each of its three steps (`sync`: the caller's grid barrier).
+template <class Sync>
+__device__ void radix_sort_passes(const RadixSort& s, Sync& sync) {
+    for (int p = 0; p < s.passes; ++p) {
+        for (int t = blockIdx.x; t < s.tiles; t += gridDim.x) radix_count_tile(s, p, t);
+        sync();
+        radix_prefix(s);
+        sync();
+        for (int t = blockIdx.x; t < s.tiles; t += gridDim.x) radix_scatter_tile(s, p, t);
+        sync();
     }
 }

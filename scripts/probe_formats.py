@@ -157,17 +157,9 @@ SELL_STAGES = {
     "solvers.formats:pattern_stats": "solvers.formats:choose_format",
     "solvers.formats.ell:ELL.__init__": "solvers.formats:choose_format",
     "solvers.formats.sell:SELL.__init__": "solvers.formats:choose_format",
-    "solvers.formats.sell:row_keys": "solvers.formats.sell:SELL.__init__",
-    "solvers.formats.sell:SELL._neighbour_order": "solvers.formats.sell:SELL.__init__",
-    "solvers.formats.sell:neighbour_pass": "solvers.formats.sell:SELL._neighbour_order",
-    "solvers.formats.sell:neighbour_key": "solvers.formats.sell:neighbour_pass",
-    "solvers.formats.sell:SELL._sample_sectors": "solvers.formats.sell:SELL._neighbour_order",
-    "solvers.formats.sell:window_sort": "solvers.formats.sell:SELL._neighbour_order",
-    "solvers.formats.sell:stable_argsort": "solvers.formats.sell:SELL.__init__",
-    "solvers.formats.sell:SELL._longest_first": "solvers.formats.sell:SELL.__init__",
-    "solvers.formats.sell:order_ranks": "solvers.formats.sell:SELL.__init__",
+    "solvers.formats.sell:SELL._build": "solvers.formats.sell:SELL.__init__",
+    "solvers.formats.sell:LayoutBuild.run": "solvers.formats.sell:SELL._build",
     "solvers.formats.sell:SELL._lay_out": "solvers.formats.sell:SELL.__init__",
-    "solvers.formats.sell:SELL._offsets": "solvers.formats.sell:SELL._lay_out",
     "solvers.formats.sell:SELL._cut_pieces": "solvers.formats.sell:SELL._lay_out",
     "solvers.formats.sell:SELL._place_entries": "solvers.formats.sell:SELL._lay_out",
     "solvers.formats.base:MatrixFormat.values": None,
@@ -275,8 +267,9 @@ def primitive_costs(n, say, reps=20):
         "empty int32": lambda: cupy.empty(n, dtype=cupy.int32),
         "read one int back": lambda: int(values[-1]),
         "diff and max, read back": lambda: int(cupy.diff(wide).max()),
-        "layout kernel launch (sell_ranks)": lambda: formats.sell.launch(
-            "sell_ranks", n, formats.sell.RANKS, n=n, rows=n, order=order, rank=key),
+        "layout kernel launch (sell_cut_pieces, one piece)": lambda: formats.sell.launch(
+            "sell_cut_pieces", 2, formats.sell.PIECES, longs=1, pieces=1, sliced=0, piece_length=512,
+            long_start=order, row_pieces=order, piece_ptr=key, piece_row=key),
     }
     say(f"CuPy steps on {n:,} entries, ms (median of {reps}, each between synchronisations):")
     say()

@@ -7,9 +7,9 @@ import scipy.sparse as sp
 
 from solvers.errors import InputError
 from solvers.formats import CSR, ELL, SELL, choose_format
-from solvers.formats.base import Pattern, pattern_stats, stable_argsort, window_sectors
+from solvers.formats.base import Pattern, pattern_stats, window_sectors
 from solvers.formats.csr import row_lanes
-from solvers.formats.sell import neighbour_key, neighbours_order
+from solvers.formats.sell import LayoutBuild, neighbour_key, neighbours_order
 from solvers.gallery import poisson, power_law_laplacian, random_geometric_laplacian, stencil27
 
 
@@ -197,7 +197,7 @@ def test_neighbours_order_is_a_permutation_that_draws_neighbours_together():
 def test_sell_neighbour_key_is_the_least_rank_of_a_short_rows_columns(name):
     A = MATRICES[name]()
     rank = np.random.default_rng(1).permutation(A.shape[0]).astype(np.int32)
-    key = neighbour_key(*arrays(A), rank, np, SELL.LONG_ROW)
+    key = neighbour_key(*arrays(A), rank, SELL.LONG_ROW)
     for r in range(A.shape[0]):
         cols = A.indices[A.indptr[r]:A.indptr[r + 1]]
         expected = A.shape[0] + 1 if cols.size > SELL.LONG_ROW else rank[cols].min() if cols.size else A.shape[0]
@@ -342,6 +342,18 @@ def test_sell_layout_kernels_equal_the_numpy_layout(cupy, name, lanes, row_order
 
 
 @pytest.mark.gpu
+def test_sell_sizes_scan_over_several_rounds_a_block_equals_numpy(cupy):
+    # 4 rows a slice over 600k rows: 150k slices, more than the build's blocks (a few hundred) scan in one
+    # round of 256 each
+    A = power_law_laplacian(600_000, seed=5)
+    ref = SELL(*arrays(A), np, lanes=8, row_order="length")
+    dev = SELL(*(cupy.asarray(a) for a in arrays(A)), cupy, lanes=8, row_order="length")
+    assert dev.slices == ref.slices > 100_000 and (dev.size, dev.pieces) == (ref.size, ref.pieces)
+    for field in ("slice_ptr", "row_pieces", "piece_ptr", "long_rows", "_src"):
+        np.testing.assert_array_equal(getattr(dev, field).get(), getattr(ref, field), err_msg=field)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("name", LARGER)
 def test_sell_numbered_layout_on_the_device_is_numpys(cupy, name):
     A = LARGER[name]()
@@ -353,19 +365,20 @@ def test_sell_numbered_layout_on_the_device_is_numpys(cupy, name):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("n, bound", [(0, 5), (1, 0), (1000, 1), (1025, 255), (1025, 256), (5000, 65),
-                                      (50_001, 50_001), (300_000, 300_001), (300_000, 2**31 - 1)])
-def test_device_stable_argsort_is_numpys_stable_argsort(cupy, n, bound):
-    # many ties (keys drawn from few values unless the bound is large), tiles of one and of several chunks
-    # (300k keys: 147 tiles of 2048), one to four passes of 8 bits
+@pytest.mark.parametrize("n, bound", [(1, 0), (1000, 1), (1025, 255), (1025, 256), (5000, 65), (50_001, 50_001),
+                                      (300_000, 300_001), (300_000, 2**31 - 1)])
+def test_the_builds_sort_is_numpys_stable_argsort(cupy, n, bound):
+    # many ties (keys drawn from few values unless the bound is large), tiles of several chunks (300k keys:
+    # 293 tiles of 1024), one to four passes of 8 bits
     rng = np.random.default_rng(n + bound)
     values = rng.integers(0, bound + 1, size=max(n // 7, 1))
     key = rng.choice(values, size=n).astype(np.int32)
-    if n:
-        key[rng.integers(0, n)] = bound  # the largest key is sorted by the last pass
-    got = stable_argsort(cupy.asarray(key), cupy, bound)
-    assert got.dtype == cupy.int32
-    np.testing.assert_array_equal(got.get(), np.argsort(key, kind="stable"))
+    key[rng.integers(0, n)] = bound  # the largest key is sorted by the last pass
+    rows = cupy.arange(n + 1, dtype=cupy.int32)  # a diagonal pattern of n rows
+    build = LayoutBuild(rows, rows[:n], n, SELL.LONG_ROW)
+    phases, order = build.sorted_by(cupy.asarray(key), bound)
+    build.run(phases)
+    np.testing.assert_array_equal(order.get(), np.argsort(key, kind="stable"))
 
 
 @pytest.mark.gpu
@@ -391,16 +404,6 @@ def test_ell_layout_kernel_equals_the_numpy_layout(cupy, name):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ["geometric", "power_law", "one_long_row", "empty_rows"])
-def test_sell_neighbour_key_kernel_equals_numpy(cupy, name):
-    A = MATRICES[name]()
-    rank = np.random.default_rng(2).permutation(A.shape[0]).astype(np.int32)
-    ref = neighbour_key(*arrays(A), rank, np, SELL.LONG_ROW)
-    got = neighbour_key(*(cupy.asarray(a) for a in arrays(A)), cupy.asarray(rank), cupy, SELL.LONG_ROW)
-    np.testing.assert_array_equal(got.get(), ref)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("name", ["geometric", "power_law", "one_long_row", "empty_rows"])
 @pytest.mark.parametrize("passes", [1, 4])
 def test_neighbours_order_on_the_device_is_numpys(cupy, name, passes):
     A = MATRICES[name]()
@@ -411,16 +414,11 @@ def test_neighbours_order_on_the_device_is_numpys(cupy, name, passes):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ["geometric", "power_law", "one_long_row", "empty_rows", "big_geometric"])
-def test_sell_sample_kernel_counts_the_sectors_the_numpy_path_counts(cupy, name):
+def test_the_builds_sample_counts_the_sectors_the_numpy_path_counts(cupy, name):
     A = random_geometric_laplacian(20000, seed=1) if name == "big_geometric" else MATRICES[name]()  # 79 windows
-    indptr, indices = arrays(A)
-    lengths = np.diff(indptr)
-    short = np.random.default_rng(3).permutation(np.flatnonzero(lengths <= SELL.LONG_ROW))
-    grouped = np.concatenate([short, np.flatnonzero(lengths > SELL.LONG_ROW)]).astype(np.int32)
-    expected = SELL(indptr, indices, np)._sample_sectors(indptr, indices, grouped)
-    dev = SELL(cupy.asarray(indptr), cupy.asarray(indices), cupy)
-    got = dev._sample_sectors(cupy.asarray(indptr), cupy.asarray(indices), cupy.asarray(grouped))
-    assert got == expected and expected[0] > 0
+    ref = SELL(*arrays(A), np, row_order="auto")
+    dev = SELL(*(cupy.asarray(a) for a in arrays(A)), cupy, row_order="auto")
+    assert dev.sectors == ref.sectors and ref.sectors[0] > 0
 
 
 @pytest.mark.gpu

@@ -63,18 +63,13 @@ def test_a_layout_mismatch_fails_to_compile(tmp_path):
 
 
 def test_sell_layout_kernel_compiles(tmp_path):
-    from solvers.formats.sell import LAYOUT_STRUCTS
-    compile_ok(kernels.program("sell_layout", structs=LAYOUT_STRUCTS), tmp_path)
+    from solvers.formats.sell import LAYOUT_PROGRAM
+    compile_ok(kernels.program("sell_layout", **LAYOUT_PROGRAM), tmp_path)
 
 
 def test_shared_layout_kernels_compile(tmp_path):
     from solvers.formats.base import LAYOUT_STRUCTS
     compile_ok(kernels.program("layout", structs=LAYOUT_STRUCTS), tmp_path)
-
-
-def test_sort_kernels_compile(tmp_path):
-    from solvers.formats.base import RADIX_PASS
-    compile_ok(kernels.program("sort", structs=(RADIX_PASS,)), tmp_path)
 
 
 def test_amg_setup_kernels_compile(tmp_path):

@@ -12,19 +12,35 @@ PATTERN = Struct("PatternStats", [("n", "int"), ("long_row", "int"), ("columns",
 ELL_PLACE = Struct("EllPlace", [("n", "int"), ("width", "int"), ("indptr", "const int*"), ("indices", "const int*"),
                                 ("col", "int*"), ("src", "int*")])
 LAYOUT_STRUCTS = (PATTERN, ELL_PLACE)
-# One pass of the device's stable argsort (kernels/sort.cu).
-RADIX_PASS = Struct("RadixPass", [("n", "int"), ("tile", "int"), ("tiles", "int"), ("shift", "int"),
+# The device's stable sort of int keys carrying int values (kernels/sort.cu).
+RADIX_SORT = Struct("RadixSort", [("n", "int"), ("tile", "int"), ("tiles", "int"), ("passes", "int"),
                                   ("keys", "const int*"), ("values", "const int*"), ("counts", "int*"),
-                                  ("keys_out", "int*"), ("values_out", "int*")])
-RADIX_BITS, SORT_THREADS, SORT_TILES = 8, 1024, 256  # the digits of a pass; a block's threads; tiles at most
+                                  ("key_buffers", "int*"), ("value_buffers", "int*")])
+RADIX_BITS, SORT_THREADS, SORT_TILES = 8, 256, 1024  # as in kernels/sort.cu; the tiles of a sort at most
 
 
 @functools.lru_cache(maxsize=None)
-def layout_kernel(file, name, structs=LAYOUT_STRUCTS):
-    """Kernel ``name`` of ``kernels/<file>.cu`` with ``structs`` (compiled, and the program text made, once a
-    process)."""
+def layout_kernel(file, name, structs=LAYOUT_STRUCTS, before=(), defines=()):
+    """Kernel ``name`` of ``kernels/<file>.cu`` (after the files ``before``, with ``structs`` and ``defines``),
+    compiled, and the program text made, once a process."""
     from .. import kernels
-    return kernels.module(file, structs=structs).get_function(name)
+    return kernels.module(file, structs=structs, before=before, defines=defines).get_function(name)
+
+
+@functools.lru_cache(maxsize=None)
+def cooperative_kernel(file, name, structs, before=(), defines=(), shared_mem=0, most_shared=0):
+    """``(launch, max_blocks)``: a cooperative launcher of a layout kernel with grid barriers, SORT_THREADS
+    threads and ``shared_mem`` bytes of dynamic shared memory a block, and the blocks the GPU holds at once
+    with that memory (:func:`solvers.kernels.cooperative`); ``most_shared``: the most any of the kernel's
+    launches takes."""
+    import cupy
+    from .. import kernels
+    kernel = layout_kernel(file, name, structs, before, defines)
+    kernel.max_dynamic_shared_size_bytes = max(shared_mem, most_shared)
+    launch, _ = kernels.cooperative(kernel, SORT_THREADS)
+    per_sm = cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(kernel.kernel.ptr, SORT_THREADS, shared_mem)
+    sms = int(cupy.cuda.Device().attributes["MultiProcessorCount"])
+    return (lambda grid, args: launch(grid, args, shared_mem=shared_mem)), int(per_sm) * sms
 
 
 @functools.lru_cache(maxsize=None)
@@ -35,40 +51,51 @@ def _gather_kernel():
                                   "gather_values")
 
 
+def stride_grid(items):
+    """Blocks of 256 threads for a grid-stride layout kernel over ``items``."""
+    return max(1, min(-(-int(items) // 256), 4096))
+
+
 def launch(file, name, items, struct, structs=LAYOUT_STRUCTS, **fields):
     """Run the grid-stride layout kernel ``name`` over ``items`` with its struct filled from ``fields``."""
-    layout_kernel(file, name, structs)((max(1, min(-(-int(items) // 256), 4096)),), (256,), (struct.pack(**fields),))
+    layout_kernel(file, name, structs)((stride_grid(items),), (256,), (struct.pack(**fields),))
 
 
-def stable_argsort(key, xp, bound):
-    """Indices (int32) that sort ``key``, integers from 0 to ``bound``, ties in their given order.
+def radix_tiles(n):
+    """``(tile, tiles)``: the elements a tile of the device's sort of ``n`` keys (a multiple of SORT_THREADS, so
+    that there are at most SORT_TILES of them) and the tiles."""
+    tile = -(-max(4 * SORT_THREADS, -(-n // SORT_TILES)) // SORT_THREADS) * SORT_THREADS
+    return tile, -(-n // tile)
 
-    On the device ``ceil(bits(bound) / 8)`` passes of a least-significant-digit radix
-    sort, two kernels a pass (``kernels/sort.cu``), with nothing read back: unlike
-    CuPy's argsort it does not wait for the device.
-    """
-    if xp is np:
-        return np.argsort(key, kind="stable").astype(np.int32)
-    n = int(key.size)
-    if n == 0:
-        return xp.empty(0, dtype=xp.int32)
-    tile = -(-max(SORT_THREADS, -(-n // SORT_TILES)) // SORT_THREADS) * SORT_THREADS
-    tiles = -(-n // tile)
-    counts = xp.empty(tiles << RADIX_BITS, dtype=xp.int32)
-    keys = xp.ascontiguousarray(key, dtype=xp.int32)
-    values = None
+
+def radix_sort_size(n):
+    """The int32 buffers the device's sort of ``n`` keys takes (two of keys, two of values, the tiles' counts and
+    the digits' totals)."""
+    return 4 * n + (radix_tiles(n)[1] + 1 << RADIX_BITS)
+
+
+def carve(array, sizes):
+    """Consecutive views of a 1-D ``array`` with the given sizes (several buffers of one allocation)."""
+    out, at = [], 0
+    for size in sizes:
+        out.append(array[at:at + size])
+        at += size
+    return out
+
+
+def radix_sort_fields(keys, bound, xp, values=None, buffers=None):
+    """``(fields, result)``: the :data:`RADIX_SORT` fields that sort ``keys`` (int32, from 0 to ``bound``) and
+    carry ``values`` (None: each key's index), with the buffers allocated (one array; or ``buffers``, another
+    sort's of as many keys), and the view of them that will hold the sorted values."""
+    n = int(keys.size)
+    tile, tiles = radix_tiles(n)
     passes = -(-max(int(bound).bit_length(), 1) // RADIX_BITS)
-    buffers = [(xp.empty(n, dtype=xp.int32), xp.empty(n, dtype=xp.int32)) for _ in range(min(passes, 2))]
-    count, scatter = (layout_kernel("sort", k, (RADIX_PASS,)) for k in ("radix_count", "radix_scatter"))
-    for p in range(passes):
-        keys_out, values_out = buffers[p % 2]
-        last = p + 1 == passes
-        args = (RADIX_PASS.pack(n=n, tile=tile, tiles=tiles, shift=p * RADIX_BITS, keys=keys, values=values,
-                                counts=counts, keys_out=None if last else keys_out, values_out=values_out),)
-        count((tiles,), (SORT_THREADS,), args)
-        scatter((tiles,), (SORT_THREADS,), args)
-        keys, values = keys_out, values_out
-    return values
+    if buffers is None:
+        buffers = xp.empty(radix_sort_size(n), dtype=xp.int32)
+    at = (passes - 1) % 2 * n + 2 * n
+    fields = dict(n=n, tile=tile, tiles=tiles, passes=passes, keys=keys, values=values, counts=buffers[4 * n:],
+                  key_buffers=buffers, value_buffers=buffers[2 * n:])
+    return fields, buffers[at:at + n]
 
 
 class Pattern(NamedTuple):
@@ -97,6 +124,12 @@ def pattern_stats(indptr, indices, xp=np, long_row=64, columns=False):
     launch("layout", "pattern_stats", n, PATTERN, n=n, long_row=long_row, columns=int(columns), indptr=indptr,
            indices=indices, stats=stats)
     return Pattern(*(int(v) for v in host(stats)))
+
+
+@functools.lru_cache(maxsize=None)
+def matrix_struct(fields):
+    """The device struct ``Matrix`` of a format's ``fields`` (made once a format)."""
+    return Struct("Matrix", fields)
 
 
 class MatrixFormat:
@@ -131,7 +164,7 @@ class MatrixFormat:
         self.xp = xp
         self.n = int(indptr.size) - 1
         self.nnz = nnz
-        self.struct = Struct("Matrix", self.fields)
+        self.struct = matrix_struct(type(self).fields)
 
     def values(self, data, out=None):
         """CSR-ordered ``data`` in the format's order, 0 in the padding (written into ``out`` when given)."""

@@ -4,7 +4,8 @@ import numpy as np
 from ..errors import InputError
 from ..kernels.structs import Struct
 from . import base
-from .base import MatrixFormat, entry_rows, host, pattern_stats, stable_argsort, window_sectors
+from .base import (RADIX_SORT, SORT_THREADS, MatrixFormat, carve, cooperative_kernel, entry_rows, host,
+                   pattern_stats, radix_sort_fields, radix_sort_size, window_sectors)
 
 SLICE = 32  # rows a slice: one warp, a thread a row
 PLACE_WARPS = 4  # warps a block of the placing kernel (sell_place): 34 KiB of shared memory at one lane a row
@@ -21,7 +22,7 @@ WINDOW = Struct("SellWindow", [("n", "int"), ("rows", "int"), ("window", "int"),
                                ("order", "const int*"), ("sorted", "int*")])
 SIZES = Struct("SellSizes", [("rows", "int"), ("lanes", "int"), ("slices", "int"), ("longs", "int"),
                              ("piece_length", "int"), ("indptr", "const int*"), ("order", "const int*"),
-                             ("counts", "long long*"), ("scan", "const long long*"), ("slice_ptr", "int*"),
+                             ("counts", "long long*"), ("scan", "long long*"), ("slice_ptr", "int*"),
                              ("long_start", "int*"), ("row_pieces", "int*"), ("totals", "long long*")])
 PIECES = Struct("SellPieces", [("longs", "int"), ("pieces", "int"), ("sliced", "int"), ("piece_length", "int"),
                                ("long_start", "const int*"), ("row_pieces", "const int*"), ("piece_ptr", "int*"),
@@ -31,18 +32,33 @@ LAYOUT = Struct("SellLayout", [("lanes", "int"), ("rows", "int"), ("positions", 
                                ("slice_ptr", "const int*"), ("long_start", "const int*"), ("long_rows", "const int*"),
                                ("longs", "int"), ("places", "const int*"), ("max_steps", "int"), ("col", "int*"),
                                ("src", "int*"), ("slice_rows", "int*")])
-LAYOUT_STRUCTS = (ROWS, KEY, SAMPLE, RANKS, WINDOW, SIZES, PIECES, LAYOUT)
+LONGS = Struct("SellLongs", [("rows", "int"), ("longs", "int"), ("width", "int"), ("indptr", "const int*"),
+                             ("order", "int*"), ("key", "int*"), ("sorted", "const int*")])
+# The phases of the set-up's cooperative kernel (sell_build), numbered for the kernel's PHASE_ constants.
+PHASES = {name: number for number, name in enumerate(
+    ("rows", "key", "sort", "sample", "ranks", "window", "long_keys", "long_rows", "counts", "scan_sums", "scan",
+     "offsets"))}
+SORTS = {"neighbours": 0, "length": 1, "long": 2}  # which sort a "sort" phase runs
+MAX_PHASES = 24
+BUILD = Struct("SellBuild", [("rows", ROWS), ("key", KEY), ("neighbour_sort", RADIX_SORT),
+                             ("length_sort", RADIX_SORT), ("long_sort", RADIX_SORT), ("sample", SAMPLE),
+                             ("ranks", RANKS), ("places", RANKS), ("window", WINDOW), ("longs", LONGS),
+                             ("sizes", SIZES), ("block_sums", "long long*"), ("counter", "unsigned long long*"),
+                             ("count", "int"), ("phases", f"int[{MAX_PHASES}]"), ("args", f"int[{MAX_PHASES}]")])
+LAYOUT_STRUCTS = (ROWS, KEY, SAMPLE, RANKS, WINDOW, SIZES, PIECES, LAYOUT, LONGS, BUILD)
+LAYOUT_PROGRAM = dict(structs=LAYOUT_STRUCTS, before=("sort",),
+                      defines=tuple((f"PHASE_{name.upper()}", str(number)) for name, number in PHASES.items()))
 ROW_ORDERS = ("auto", "neighbours", "length")
 
 
 def layout_kernel(name):
     """A kernel of ``kernels/sell_layout.cu`` (compiled once a process)."""
-    return base.layout_kernel("sell_layout", name, LAYOUT_STRUCTS)
+    return base.layout_kernel("sell_layout", name, **LAYOUT_PROGRAM)
 
 
 def launch(name, items, struct, **fields):
     """Run the grid-stride kernel ``name`` of ``kernels/sell_layout.cu`` over ``items``."""
-    base.launch("sell_layout", name, items, struct, LAYOUT_STRUCTS, **fields)
+    layout_kernel(name)((base.stride_grid(items),), (256,), (struct.pack(**fields),))
 
 
 def offsets(counts):
@@ -50,74 +66,53 @@ def offsets(counts):
     return np.concatenate((np.zeros(1, dtype=np.int64), np.cumsum(counts, dtype=np.int64)))
 
 
-def row_keys(indptr, xp, long_row):
+# -- the NumPy meaning of the build's phases (kernels/sell_layout.cu) ------------------------------------
+def row_keys(indptr, long_row):
     """``(length_key, rank)``: each row's sort key by length (``long_row`` - length for a short row,
     so that a stable sort puts the longest first, ``long_row`` + 1 for a long one, after them) and its
-    first rank for the neighbours' order (the row itself, n for a long row). One kernel (``sell_rows``).
-    """
+    first rank for the neighbours' order (the row itself, n for a long row): the "rows" phase."""
     n = int(indptr.size) - 1
-    if xp is np:
-        lengths = np.diff(indptr)
-        is_long = lengths > long_row
-        length_key = np.where(is_long, long_row + 1, long_row - lengths).astype(np.int32)
-        return length_key, np.where(is_long, n, np.arange(n)).astype(np.int32)
-    length_key, rank = xp.empty(n, dtype=xp.int32), xp.empty(n, dtype=xp.int32)
-    launch("sell_rows", n, ROWS, n=n, long_row=long_row, indptr=indptr, key=length_key, rank=rank)
-    return length_key, rank
+    lengths = np.diff(indptr)
+    is_long = lengths > long_row
+    length_key = np.where(is_long, long_row + 1, long_row - lengths).astype(np.int32)
+    return length_key, np.where(is_long, n, np.arange(n)).astype(np.int32)
 
 
-def neighbour_key(indptr, indices, rank, xp, long_row):
-    """Least ``rank`` of each row's columns (``sell_neighbour_key``).
-
-    ``n`` for an empty row, ``n + 1`` for a row over ``long_row`` entries (long rows
-    take no part in the order and sort after the others).
-    """
+def neighbour_key(indptr, indices, rank, long_row):
+    """Least ``rank`` of each row's columns, ``n`` for an empty row, ``n + 1`` for a row over ``long_row``
+    entries (long rows take no part in the order and sort after the others): the "key" phase."""
     n = int(indptr.size) - 1
-    if xp is np:
-        values = np.append(rank[indices], np.int32(n))
-        least = np.minimum.reduceat(values, indptr[:-1]) if n else values[:0]
-        length = np.diff(indptr)
-        return np.where(length > long_row, n + 1, np.where(length > 0, least, n)).astype(np.int32)
-    key = xp.empty(n, dtype=xp.int32)
-    launch("sell_neighbour_key", n, KEY, n=n, long_row=long_row, indptr=indptr, indices=indices, rank=rank,
-           key=key)
-    return key
+    values = np.append(rank[indices], np.int32(n))
+    least = np.minimum.reduceat(values, indptr[:-1]) if n else values[:0]
+    length = np.diff(indptr)
+    return np.where(length > long_row, n + 1, np.where(length > 0, least, n)).astype(np.int32)
 
 
-def order_ranks(order, short, xp):
-    """The position of each row in ``order``, ``n`` for a long one (positions from ``short`` on;
-    ``sell_ranks``)."""
+def order_ranks(order, short):
+    """The position of each row in ``order``, ``n`` for a long one (positions from ``short`` on): the "ranks"
+    phase."""
     n = int(order.size)
-    if xp is np:
-        rank = np.full(n, n, dtype=np.int32)
-        rank[order[:short]] = np.arange(short, dtype=np.int32)
-        return rank
-    rank = xp.empty(n, dtype=xp.int32)
-    launch("sell_ranks", n, RANKS, n=n, rows=short, order=order, rank=rank)
+    rank = np.full(n, n, dtype=np.int32)
+    rank[order[:short]] = np.arange(short, dtype=np.int32)
     return rank
 
 
-def neighbour_pass(indptr, indices, rank, xp, long_row):
+def neighbour_pass(indptr, indices, rank, long_row):
     """One pass of the neighbours' order: the rows sorted by the least ``rank`` of their columns, ties
-    by row (int32)."""
-    return stable_argsort(neighbour_key(indptr, indices, rank, xp, long_row), xp, int(indptr.size))
+    by row (int32): the "key" and "sort" phases."""
+    return stable_argsort(neighbour_key(indptr, indices, rank, long_row))
 
 
-def window_sort(indptr, order, short, xp, window, long_row):
+def window_sort(indptr, order, short, window, long_row):
     """``order`` (its first ``short`` rows the short ones) sorted by length, longest first, within each
-    window of ``window`` positions, ties in their order; the long rows after every window, in theirs.
-    On the device one kernel, a block a window (``sell_window_sort``)."""
+    window of ``window`` positions, ties in their order; the long rows after every window, in theirs: the
+    "window" phase (a block a window)."""
     n = int(indptr.size) - 1
-    if xp is np:
-        last = -(-short // window) * (long_row + 1)  # above every short row's key
-        position = np.arange(n, dtype=np.int64)
-        lengths = np.diff(indptr)[order]
-        key = np.where(position < short, position // window * (long_row + 1) + long_row - lengths, last)
-        return order[np.argsort(key, kind="stable")]
-    ordered = xp.empty(n, dtype=xp.int32)
-    layout_kernel("sell_window_sort")((-(-n // window),), (window,), (WINDOW.pack(
-        n=n, rows=short, window=window, indptr=indptr, order=order, sorted=ordered),), shared_mem=4 * window)
-    return ordered
+    last = -(-short // window) * (long_row + 1)  # above every short row's key
+    position = np.arange(n, dtype=np.int64)
+    lengths = np.diff(indptr)[order]
+    key = np.where(position < short, position // window * (long_row + 1) + long_row - lengths, last)
+    return order[stable_argsort(key)]
 
 
 def neighbours_order(indptr, indices, xp, passes, long_row, window=None):
@@ -125,16 +120,143 @@ def neighbours_order(indptr, indices, xp, passes, long_row, window=None):
     (:meth:`SELL._neighbour_order`'s): rows sharing a neighbour adjacent, groups of them drawn together
     pass by pass, then with ``window`` sorted by length within windows of that many rows
     (:func:`window_sort`, as SELL lays its rows out); rows over ``long_row`` entries last, in their
-    order. Where the arrays are (NumPy or CuPy), the same order."""
+    order. Where the arrays are (NumPy or CuPy), the same order: on the device one launch of the build."""
     n = int(indptr.size) - 1
-    _, rank = row_keys(indptr, xp, long_row)
-    short = int((rank < n).sum()) if n else 0
-    order = xp.arange(n, dtype=xp.int32)
+    short = n - pattern_stats(indptr, indices, xp, long_row).longs
+    if xp is not np:
+        build = LayoutBuild(indptr, indices, short, long_row)
+        build.run([("rows", 0)] + build.neighbour_passes(passes) + ([("window", 0)] if window else []))
+        return build.ordered if window else build.grouped
+    _, rank = row_keys(indptr, long_row)
+    order = np.arange(n, dtype=np.int32)
     for done in range(passes):
-        order = neighbour_pass(indptr, indices, rank, xp, long_row)
+        order = neighbour_pass(indptr, indices, rank, long_row)
         if done + 1 < passes:
-            rank = order_ranks(order, short, xp)
-    return order if window is None else window_sort(indptr, order, short, xp, window, long_row)
+            rank = order_ranks(order, short)
+    return order if window is None else window_sort(indptr, order, short, window, long_row)
+
+
+def stable_argsort(key):
+    """Indices (int32) that sort ``key``, ties in their given order (NumPy; the "sort" phase's meaning)."""
+    return np.argsort(key, kind="stable").astype(np.int32)
+
+
+class LayoutBuild:
+    """SELL's set-up on the device: its buffers, and the phases of ``sell_build`` (``kernels/sell_layout.cu``)
+    run by cooperative launches, a grid barrier after each phase and nothing read back in between.
+
+    Three allocations hold every buffer: one of int32 (the rows' keys and ranks, the orders, the sorts'
+    buffers, the sizes' offsets), one of int64 (the scan's), one zeroed (the launches' barrier counters,
+    the sample's counts). :attr:`fields` are the build's struct fields, packed as the steps set them.
+
+    Parameters
+    ----------
+    indptr, indices : CuPy int32 arrays
+        A CSR pattern of ``n`` rows.
+    short : int
+        Its rows of at most ``long_row`` entries.
+    long_row : int
+    window : int
+        Rows a window of the neighbours' order, as many as a block's threads.
+    samples, table : int
+        The sample's windows, and the slots of its hash table (``sample_window`` in the kernel file).
+    width : int
+        The longest row (the long rows' sort keys' bound).
+    """
+
+    def __init__(self, indptr, indices, short, long_row, window=SORT_THREADS, samples=0, table=0, width=0):
+        import cupy as xp
+        if window != SORT_THREADS:
+            raise ValueError(f"the device's windows are of {SORT_THREADS} rows (a block's threads), not {window}")
+        self.xp, n = xp, int(indptr.size) - 1
+        self.n, self.short, self.longs, self.long_row, self.width = n, short, n - short, long_row, width
+        longs = self.longs
+        self.most_slices = -(-short // (SLICE // 8))  # at 8 lanes a row, the most slices
+        sizes_items = self.most_slices + 2 * longs
+        self.launches = {}
+        for sampling, shared in ((True, 4 * table), (False, 4 * window)):
+            launch, capacity = cooperative_kernel("sell_layout", "sell_build", shared_mem=shared,
+                                                  most_shared=4 * max(table, window), **LAYOUT_PROGRAM)
+            self.launches[sampling] = (launch, max(1, min(capacity, -(-n // SORT_THREADS))))
+        grid = max(g for _, g in self.launches.values())
+        ints = xp.empty(5 * n + radix_sort_size(n) + radix_sort_size(longs) + longs + sizes_items + 3, dtype=xp.int32)
+        (self.length_key, self.rank, self.key, self.ordered, self.places, self._sort_buffers, self._long_buffers,
+         self._long_key, self._offsets) = carve(ints, (n, n, n, n, n, radix_sort_size(n), radix_sort_size(longs),
+                                                        longs, sizes_items + 3))
+        wide = xp.empty(grid + 2 * sizes_items + 3, dtype=xp.int64)
+        block_sums, self._counts, self._scan, self.totals = carve(wide, (grid, sizes_items, sizes_items, 3))
+        zeroed = xp.zeros(2 + samples * 2, dtype=xp.uint64)
+        self._counters, self.sample_counts = {True: zeroed[:1], False: zeroed[1:2]}, zeroed[2:].view(xp.uint32)
+        neighbour_sort, self.grouped = radix_sort_fields(self.key, n + 1, xp, buffers=self._sort_buffers)
+        self.fields = dict(
+            rows=ROWS.pack(n=n, long_row=long_row, indptr=indptr, key=self.length_key, rank=self.rank),
+            key=KEY.pack(n=n, long_row=long_row, indptr=indptr, indices=indices, rank=self.rank, key=self.key),
+            neighbour_sort=RADIX_SORT.pack(**neighbour_sort),
+            sample=SAMPLE.pack(n=n, rows=short, window=window, samples=samples, table=table, itemsize=8,
+                               long_row=long_row, indptr=indptr, indices=indices, grouped=self.grouped,
+                               counts=self.sample_counts),
+            ranks=RANKS.pack(n=n, rows=short, order=self.grouped, rank=self.rank),
+            window=WINDOW.pack(n=n, rows=short, window=window, indptr=indptr, order=self.grouped,
+                               sorted=self.ordered),
+            block_sums=block_sums)
+        self.indptr = indptr
+
+    def run(self, phases, sampling=False):
+        """One cooperative launch of ``phases`` (``(name, argument)`` pairs, :data:`PHASES`); ``sampling``: with
+        the sample's shared memory (fewer blocks fit)."""
+        if len(phases) > MAX_PHASES:
+            raise ValueError(f"{len(phases)} phases, more than sell_build takes ({MAX_PHASES})")
+        launch, grid = self.launches[sampling]
+        padding = [0] * (MAX_PHASES - len(phases))
+        launch(grid, (BUILD.pack(**self.fields, counter=self._counters[sampling], count=len(phases),
+                                 phases=[PHASES[p] for p, _ in phases] + padding,
+                                 args=[a for _, a in phases] + padding),))
+
+    @staticmethod
+    def neighbour_passes(passes):
+        """The phases of ``passes`` passes of the neighbours' order after the "rows" phase (the result in
+        :attr:`grouped`)."""
+        one = [("key", 0), ("sort", SORTS["neighbours"])]
+        return one + ([("ranks", 0)] + one) * (passes - 1)
+
+    def sort_by_length(self):
+        """:meth:`sorted_by` the rows' length keys (:func:`row_keys`)."""
+        return self.sorted_by(self.length_key, self.long_row + 1)
+
+    def sorted_by(self, keys, bound):
+        """Phases sorting the rows by ``keys`` (n ints from 0 to ``bound``), ties in their order, and the view
+        that will hold the order (the neighbours' sort's buffers, free once that order is not taken)."""
+        fields, order = radix_sort_fields(keys, bound, self.xp, buffers=self._sort_buffers)
+        self.fields["length_sort"] = RADIX_SORT.pack(**fields)
+        return [("sort", SORTS["length"])], order
+
+    def longest_first(self, order):
+        """Phases putting ``order``'s long rows (from :attr:`short` on) longest first, ties in their order."""
+        if self.longs < 2:
+            return []
+        fields, long_sorted = radix_sort_fields(self._long_key, self.width, self.xp, values=order[self.short:],
+                                                buffers=self._long_buffers)
+        self.fields["long_sort"] = RADIX_SORT.pack(**fields)
+        self.fields["longs"] = LONGS.pack(rows=self.short, longs=self.longs, width=self.width, indptr=self.indptr,
+                                          order=order, key=self._long_key, sorted=long_sorted)
+        return [("long_keys", 0), ("sort", SORTS["long"]), ("long_rows", 0)]
+
+    def numbered_by(self, order):
+        """Phases writing the place of every row in ``order`` into :attr:`places`."""
+        self.fields["places"] = RANKS.pack(n=self.n, rows=self.n, order=order, rank=self.places)
+        return [("ranks", 1)]
+
+    def sizes(self, order, lanes, piece_length):
+        """Phases of the layout's sizes for ``order`` at ``lanes`` a row, and ``(slice_ptr, long_start,
+        row_pieces)``, which they fill (:attr:`totals` the three totals)."""
+        slices, longs = -(-self.short // (SLICE // lanes)), self.longs
+        items = slices + 2 * longs
+        slice_ptr, long_start, row_pieces = carve(self._offsets, (slices + 1, longs + 1, longs + 1))
+        self.fields["sizes"] = SIZES.pack(rows=self.short, lanes=lanes, slices=slices, longs=longs,
+                                          piece_length=piece_length, indptr=self.indptr, order=order,
+                                          counts=self._counts[:items], scan=self._scan[:items], slice_ptr=slice_ptr,
+                                          long_start=long_start, row_pieces=row_pieces, totals=self.totals)
+        return [("counts", 0), ("scan_sums", 0), ("scan", 0), ("offsets", 0)], (slice_ptr, long_start, row_pieces)
 
 
 class SELL(MatrixFormat):
@@ -190,10 +312,11 @@ class SELL(MatrixFormat):
     of 1M rows 87.2 and 80.1 (classic;
     scripts/results/probe_numbered_2026-12-01_0326_NVIDIA_H200_d8b1ffe.md).
 
-    On the device the layout is a few sorts and kernel passes
-    (``kernels/sell_layout.cu``), with two or three reads back to the host (the
-    pattern's sizes, auto's sample, the layout's sizes); the NumPy path computes
-    the same arrays and is the kernels' reference.
+    On the device the order and the sizes are one or two cooperative launches of
+    the build's phases (:class:`LayoutBuild`: stable radix sorts, the sample, a
+    scan), then three kernels place the entries, with two or three reads back to
+    the host (the pattern's sizes, auto's sample, the layout's sizes); the NumPy
+    path computes the same arrays and is the kernels' reference.
     """
 
     name = "sell"
@@ -244,29 +367,73 @@ class SELL(MatrixFormat):
         if row_order not in ROW_ORDERS:
             raise InputError(f"SELL row order must be one of {', '.join(ROW_ORDERS)}, not {row_order!r}")
         self.sectors = None
-        by_neighbours = row_order != "length" and self.nnz > 0
-        length_key, rank = row_keys(indptr, xp, self.LONG_ROW)
         self.short = self.n - stats.longs
+        by_neighbours = row_order != "length" and self.nnz > 0
         if by_neighbours and stats.columns > self.n:
             if row_order == "neighbours":
                 raise InputError("SELL rows by neighbours need a square matrix (columns numbered as rows)")
             by_neighbours = False  # auto: a rectangular matrix's columns are not its rows
-        order = self._neighbour_order(indptr, indices, rank, row_order) if by_neighbours else None
-        self.row_order = "length" if order is None else "neighbours"
-        if order is None:
-            order = stable_argsort(length_key, xp, self.LONG_ROW + 1)
-        self.sigma = self.NEIGHBOUR_WINDOW if self.row_order == "neighbours" else max(self.short, 1)
-        order = self._longest_first(indptr, order, stats.width)
         self.numbering = self.places = None
-        if renumber and (self.row_order == "neighbours" or self.sectors and self.sectors[0] > self.SCATTERED):
-            self.numbering, self.places = order, order_ranks(order, self.n, xp)
+        if xp is np:
+            order = self._order(indptr, indices, row_order, by_neighbours, stats.width, renumber, lanes)
+            sizes = self._offsets(indptr, order)
+        else:
+            order, sizes = self._build(indptr, indices, row_order, by_neighbours, stats.width, renumber, lanes)
+        self.defines = (("SELL_LANES", str(self.lanes)),)
+        self._lay_out(indptr, indices, order, sizes)
+
+    def _settle(self, by_neighbours, renumber, lanes):
+        """Once the row order is chosen: its name and sigma, the lanes a row and the slices; True where the
+        rows are to be numbered as laid out."""
+        self.row_order = "neighbours" if by_neighbours else "length"
+        self.sigma = self.NEIGHBOUR_WINDOW if by_neighbours else max(self.short, 1)
+        numbered = renumber and (by_neighbours or self.sectors is not None and self.sectors[0] > self.SCATTERED)
         if lanes is None:
             lanes = self.auto_lanes(self.nnz, self.n)
-            if self.numbering is not None:
+            if numbered:
                 lanes = min(lanes, self.NUMBERED_LANES)
         self.lanes = lanes
-        self.defines = (("SELL_LANES", str(lanes)),)
-        self._lay_out(indptr, indices, order)
+        self.slices = -(-self.short // (SLICE // lanes))
+        return numbered
+
+    def _order(self, indptr, indices, row_order, by_neighbours, width, renumber, lanes):
+        """The rows in the layout's order (short rows first), on the host: the reference of :meth:`_build`."""
+        length_key, rank = row_keys(indptr, self.LONG_ROW)
+        order = self._neighbour_order(indptr, indices, rank, row_order) if by_neighbours else None
+        numbered = self._settle(order is not None, renumber, lanes)
+        if order is None:
+            order = stable_argsort(length_key)
+        order = self._longest_first(indptr, order, width)
+        if numbered:
+            self.numbering, self.places = order, order_ranks(order, self.n)
+        return order
+
+    def _build(self, indptr, indices, row_order, by_neighbours, width, renumber, lanes):
+        """``(order, sizes)`` on the device: :meth:`_order` and :meth:`_offsets` as phases of a
+        :class:`LayoutBuild` (the same steps, and the same arrays, as the NumPy path), in one launch, or in two
+        where ``"auto"`` reads the sample's counts back between them to choose the row order; the sizes'
+        totals are read back after it."""
+        build = LayoutBuild(indptr, indices, self.short, self.LONG_ROW, self.NEIGHBOUR_WINDOW, self.SAMPLE_WINDOWS,
+                            self.SAMPLE_TABLE, width)
+        phases = [("rows", 0)] + (build.neighbour_passes(1) if by_neighbours else [])
+        if by_neighbours and row_order == "auto":
+            build.run(phases + [("sample", 0)], sampling=True)
+            phases, self.sectors = [], self._sector_ratios(build.sample_counts)
+            by_neighbours = self.sectors[1] <= self.NEIGHBOUR_GAIN * self.sectors[0]
+        numbered = self._settle(by_neighbours, renumber, lanes)
+        if by_neighbours:
+            phases += build.neighbour_passes(self.NEIGHBOUR_PASSES)[2:] + [("window", 0)]
+            order = build.ordered
+        else:
+            by_length, order = build.sort_by_length()
+            phases += by_length
+        phases += build.longest_first(order)
+        if numbered:
+            phases += build.numbered_by(order)
+            self.numbering, self.places = order, build.places
+        sizes, offsets_ = build.sizes(order, self.lanes, self.PIECE_LENGTH)
+        build.run(phases + sizes)
+        return order, offsets_ + (tuple(int(v) for v in host(build.totals)),)
 
     # -- row order ------------------------------------------------------------
     def _neighbour_order(self, indptr, indices, rank, row_order):
@@ -283,66 +450,53 @@ class SELL(MatrixFormat):
         sorted by length, longest first, within windows of
         :attr:`NEIGHBOUR_WINDOW` rows.
         """
-        xp = self.xp
         for done in range(self.NEIGHBOUR_PASSES):
-            order = neighbour_pass(indptr, indices, rank, xp, self.LONG_ROW)
+            order = neighbour_pass(indptr, indices, rank, self.LONG_ROW)
             if done == 0 and row_order == "auto":
                 self.sectors = self._sample_sectors(indptr, indices, order)
                 if self.sectors[1] > self.NEIGHBOUR_GAIN * self.sectors[0]:
                     return None
             if done + 1 < self.NEIGHBOUR_PASSES:
-                rank = order_ranks(order, self.short, xp)
-        return self._window_sort(indptr, order)
-
-    def _window_sort(self, indptr, order):
-        """:func:`window_sort` of ``order`` in windows of :attr:`NEIGHBOUR_WINDOW` rows."""
-        return window_sort(indptr, order, self.short, self.xp, self.NEIGHBOUR_WINDOW, self.LONG_ROW)
+                rank = order_ranks(order, self.short)
+        return window_sort(indptr, order, self.short, self.NEIGHBOUR_WINDOW, self.LONG_ROW)
 
     def _sample_sectors(self, indptr, indices, grouped):
         """Sectors a nonzero that :attr:`SAMPLE_WINDOWS` windows of :attr:`NEIGHBOUR_WINDOW` rows read: in the
         given order (rows as numbered, the long rows' entries left out) and in ``grouped`` (its first
-        ``self.short`` rows, the short ones).
+        ``self.short`` rows, the short ones), by :func:`~.base.window_sectors` (the NumPy meaning of the
+        build's "sample" phase: a block a sampled window, its distinct sectors in a hash table in shared
+        memory)."""
+        n, ns, window, top = self.n, self.short, self.NEIGHBOUR_WINDOW, self.LONG_ROW
+        lengths = np.diff(indptr)
+        keep = lengths <= top
+        short_ptr = offsets(np.where(keep, lengths, 0))
+        short_indices = indices[np.repeat(keep, lengths)]
+        return (window_sectors(short_ptr, short_indices, np.arange(n), window, np, samples=self.SAMPLE_WINDOWS),
+                window_sectors(indptr, indices, grouped[:ns], window, np, samples=self.SAMPLE_WINDOWS))
 
-        The NumPy path is :func:`~.base.window_sectors`; on the device one kernel
-        counts both (``sell_sample_sectors``: a block a sampled window, its
-        distinct sectors in a hash table in shared memory), with one read back.
-        """
-        xp, n, ns, window, top = self.xp, self.n, self.short, self.NEIGHBOUR_WINDOW, self.LONG_ROW
-        if xp is np:
-            lengths = np.diff(indptr)
-            keep = lengths <= top
-            short_ptr = offsets(np.where(keep, lengths, 0))
-            short_indices = indices[np.repeat(keep, lengths)]
-            return (window_sectors(short_ptr, short_indices, np.arange(n), window, np, samples=self.SAMPLE_WINDOWS),
-                    window_sectors(indptr, indices, grouped[:ns], window, np, samples=self.SAMPLE_WINDOWS))
-        counts = xp.zeros((2, self.SAMPLE_WINDOWS, 2), dtype=xp.uint32)  # order, window: sectors, entries
-        kernel = layout_kernel("sell_sample_sectors")
-        table = 4 * self.SAMPLE_TABLE
-        kernel.max_dynamic_shared_size_bytes = table
-        kernel((self.SAMPLE_WINDOWS, 2), (256,), (SAMPLE.pack(
-            n=n, rows=ns, window=window, samples=self.SAMPLE_WINDOWS, table=self.SAMPLE_TABLE, itemsize=8,
-            long_row=top, indptr=indptr, indices=indices, grouped=grouped, counts=counts),), shared_mem=table)
-        totals = host(counts).astype(np.int64).sum(axis=1)
+    def _sector_ratios(self, counts):
+        """The two orders' sectors a nonzero from the sample phase's counts (read back)."""
+        totals = host(counts).reshape(2, self.SAMPLE_WINDOWS, 2).astype(np.int64).sum(axis=1)
         return tuple(float(d / e) if e else 0.0 for d, e in totals)
 
     def _longest_first(self, indptr, order, width):
         """``order`` with its long rows (after the short ones) sorted by length, longest first, ties in their
         order (``width``: the longest row): the kernels deal the pieces out from the last warp down, the
-        largest first (``WorkItems``)."""
-        xp, ns = self.xp, self.short
+        largest first (``WorkItems``; NumPy: the meaning of the build's long_keys, sort and long_rows
+        phases)."""
+        ns = self.short
         if self.n - ns > 1:  # in place: ``order`` is the layout's own
             long_rows = order[ns:]
-            shortfall = width - (indptr[long_rows + 1] - indptr[long_rows])
-            order[ns:] = long_rows[stable_argsort(shortfall, xp, width)]
+            order[ns:] = long_rows[np.argsort(width - np.diff(indptr)[long_rows], kind="stable")]
         return order
 
     # -- layout ---------------------------------------------------------------
-    def _lay_out(self, indptr, indices, order):
-        """The slices and pieces of the rows in ``order`` (short rows first), and every entry's place; with
-        :attr:`places`, the rows and columns numbered by them."""
+    def _lay_out(self, indptr, indices, order, sizes):
+        """The slices and pieces of the rows in ``order`` (short rows first) from their ``sizes``
+        (:meth:`_offsets`), and every entry's place; with :attr:`places`, the rows and columns numbered by
+        them."""
         xp, n, ns = self.xp, self.n, self.short
-        self.slices = -(-ns // (SLICE // self.lanes))
-        slice_ptr, long_start, row_pieces, (sliced, long_entries, self.pieces) = self._offsets(indptr, order)
+        slice_ptr, long_start, row_pieces, (sliced, long_entries, self.pieces) = sizes
         self.size = sliced + long_entries
         if self.size >= 2**31 - 1:
             raise InputError("the SELL layout needs 2^31 or more entries (int32 offsets): "
@@ -359,28 +513,15 @@ class SELL(MatrixFormat):
     def _offsets(self, indptr, order):
         """``(slice_ptr, long_start, row_pieces, (sliced, long_entries, pieces))``: where each slice starts (and
         one past the last: 32 slots for each ``lanes`` entries of its first, longest row), where each long row
-        starts after the slices and where its pieces start among the pieces, with the three totals read back.
-        On the device two kernels around one scan (``sell_counts``, ``sell_offsets``)."""
-        xp, ns, lanes, slices, piece = self.xp, self.short, self.lanes, self.slices, self.PIECE_LENGTH
-        longs = self.n - ns
-        if xp is np:
-            lengths = np.diff(indptr)
-            slice_ptr = offsets((lengths[order[:ns:SLICE // lanes]] + lanes - 1) // lanes * SLICE)
-            long_start = offsets(lengths[order[ns:]])
-            row_pieces = offsets((lengths[order[ns:]] + piece - 1) // piece)
-            totals = (int(slice_ptr[-1]), int(long_start[-1]), int(row_pieces[-1]))
-            return slice_ptr.astype(np.int32), long_start.astype(np.int32), row_pieces.astype(np.int32), totals
-        counts = xp.empty(slices + 2 * longs, dtype=xp.int64)  # slice slots, long rows' entries, their pieces
-        fields = dict(rows=ns, lanes=lanes, slices=slices, longs=longs, piece_length=piece, indptr=indptr,
-                      order=order, counts=counts)
-        launch("sell_counts", slices + longs, SIZES, **fields)
-        scan = xp.cumsum(counts)
-        slice_ptr = xp.empty(slices + 1, dtype=xp.int32)
-        long_start, row_pieces = xp.empty(longs + 1, dtype=xp.int32), xp.empty(longs + 1, dtype=xp.int32)
-        totals = xp.empty(3, dtype=xp.int64)
-        launch("sell_offsets", slices + 2 * longs + 3, SIZES, **fields, scan=scan, slice_ptr=slice_ptr,
-               long_start=long_start, row_pieces=row_pieces, totals=totals)
-        return slice_ptr, long_start, row_pieces, tuple(int(v) for v in host(totals))
+        starts after the slices and where its pieces start among the pieces, and the three totals (NumPy: the
+        meaning of the build's counts, scan and offsets phases)."""
+        ns, lanes, piece = self.short, self.lanes, self.PIECE_LENGTH
+        lengths = np.diff(indptr)
+        slice_ptr = offsets((lengths[order[:ns:SLICE // lanes]] + lanes - 1) // lanes * SLICE)
+        long_start = offsets(lengths[order[ns:]])
+        row_pieces = offsets((lengths[order[ns:]] + piece - 1) // piece)
+        totals = (int(slice_ptr[-1]), int(long_start[-1]), int(row_pieces[-1]))
+        return slice_ptr.astype(np.int32), long_start.astype(np.int32), row_pieces.astype(np.int32), totals
 
     def _cut_pieces(self, long_start, row_pieces, sliced):
         """``(piece_ptr, piece_row)``: where each piece of the long rows starts (and one past the last), and
@@ -395,8 +536,8 @@ class SELL(MatrixFormat):
         piece_ptr = xp.empty(pieces + 1, dtype=xp.int32)
         piece_row = xp.empty(pieces, dtype=xp.int32)
         launch("sell_cut_pieces", pieces + 1, PIECES, longs=longs, pieces=pieces, sliced=sliced,
-               piece_length=self.PIECE_LENGTH,
-               long_start=long_start, row_pieces=row_pieces, piece_ptr=piece_ptr, piece_row=piece_row)
+               piece_length=self.PIECE_LENGTH, long_start=long_start, row_pieces=row_pieces, piece_ptr=piece_ptr,
+               piece_row=piece_row)
         return piece_ptr, piece_row
 
     def _place_entries(self, indptr, indices, order, long_start, sliced):
