@@ -413,6 +413,19 @@ def test_neighbours_order_on_the_device_is_numpys(cupy, name, passes):
 
 
 @pytest.mark.gpu
+def test_builds_of_every_shared_memory_size_launch_in_any_order(cupy):
+    # the neighbours' order alone takes a window's shared memory, SELL's sample a hash table: one kernel
+    # function serves both, whichever comes first
+    A = MATRICES["geometric"]()
+    indptr, indices = (cupy.asarray(a) for a in arrays(A))
+    for _ in range(2):
+        order = neighbours_order(indptr, indices, cupy, 2, SELL.LONG_ROW, SELL.NEIGHBOUR_WINDOW)
+        assert SELL(indptr, indices, cupy, row_order="auto").sectors is not None
+        np.testing.assert_array_equal(order.get(), neighbours_order(*arrays(A), np, 2, SELL.LONG_ROW,
+                                                                    SELL.NEIGHBOUR_WINDOW))
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("name", ["geometric", "power_law", "one_long_row", "empty_rows", "big_geometric"])
 def test_the_builds_sample_counts_the_sectors_the_numpy_path_counts(cupy, name):
     A = random_geometric_laplacian(20000, seed=1) if name == "big_geometric" else MATRICES[name]()  # 79 windows

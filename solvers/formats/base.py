@@ -28,15 +28,16 @@ def layout_kernel(file, name, structs=LAYOUT_STRUCTS, before=(), defines=()):
 
 
 @functools.lru_cache(maxsize=None)
-def cooperative_kernel(file, name, structs, before=(), defines=(), shared_mem=0, most_shared=0):
+def cooperative_kernel(file, name, structs, before=(), defines=(), shared_mem=0):
     """``(launch, max_blocks)``: a cooperative launcher of a layout kernel with grid barriers, SORT_THREADS
     threads and ``shared_mem`` bytes of dynamic shared memory a block, and the blocks the GPU holds at once
-    with that memory (:func:`solvers.kernels.cooperative`); ``most_shared``: the most any of the kernel's
-    launches takes."""
+    with that memory (:func:`solvers.kernels.cooperative`)."""
     import cupy
     from .. import kernels
     kernel = layout_kernel(file, name, structs, before, defines)
-    kernel.max_dynamic_shared_size_bytes = max(shared_mem, most_shared)
+    # one function serves launches of every size: its limit only ever rises, so that none is refused
+    if kernel.max_dynamic_shared_size_bytes < shared_mem:
+        kernel.max_dynamic_shared_size_bytes = shared_mem
     launch, _ = kernels.cooperative(kernel, SORT_THREADS)
     per_sm = cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(kernel.kernel.ptr, SORT_THREADS, shared_mem)
     sms = int(cupy.cuda.Device().attributes["MultiProcessorCount"])

@@ -175,8 +175,7 @@ class LayoutBuild:
         sizes_items = self.most_slices + 2 * longs
         self.launches = {}
         for sampling, shared in ((True, 4 * table), (False, 4 * window)):
-            launch, capacity = cooperative_kernel("sell_layout", "sell_build", shared_mem=shared,
-                                                  most_shared=4 * max(table, window), **LAYOUT_PROGRAM)
+            launch, capacity = cooperative_kernel("sell_layout", "sell_build", shared_mem=shared, **LAYOUT_PROGRAM)
             self.launches[sampling] = (launch, max(1, min(capacity, -(-n // SORT_THREADS))))
         grid = max(g for _, g in self.launches.values())
         ints = xp.empty(5 * n + radix_sort_size(n) + radix_sort_size(longs) + longs + sizes_items + 3, dtype=xp.int32)
