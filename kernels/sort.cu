@@ -12,8 +12,8 @@
 // value_buffers (two of n each, alternating: the result is value_buffers + ((passes - 1) % 2) n).
 // The sort runs as phases of a cooperative kernel (sell_build in sell_layout.cu), whose grid barriers
 // radix_sort_passes takes.
-#define RADIX_BITS 8
-#define SORT_THREADS 256  // threads a block of every kernel that sorts
+// RADIX_BITS (a pass's digits) and SORT_THREADS (a block's threads) are generated from
+// solvers/formats/base.py.
 #define RADIX (1 << RADIX_BITS)
 
 __device__ __forceinline__ int radix_digit(int key, int shift) { return (key >> shift) & (RADIX - 1); }

@@ -50,8 +50,8 @@ class Struct:
     def _byte_layout(self):
         """A :class:`struct.Struct` writing the fields at the dtype's offsets (padding as pad bytes), and
         each field's ``(first argument, count, kind)``: :meth:`pack` fills a flat argument list with it
-        (kind ``"ptr"``, ``"struct"`` or ``"value"``), which is some 5x faster than assigning the fields of a
-        structured NumPy scalar one by one."""
+        (kind ``"ptr"``, ``"struct"`` or ``"value"``): 3.7 us for a struct of 16 fields where assigning the
+        fields of a structured NumPy scalar one by one took 6.6 (a set-up packs a dozen)."""
         codes, slots, at, args = ["<"], {}, 0, 0
         for name, ctype in self.fields:
             field, offset = self.dtype.fields[name][:2]

@@ -16,7 +16,8 @@ LAYOUT_STRUCTS = (PATTERN, ELL_PLACE)
 RADIX_SORT = Struct("RadixSort", [("n", "int"), ("tile", "int"), ("tiles", "int"), ("passes", "int"),
                                   ("keys", "const int*"), ("values", "const int*"), ("counts", "int*"),
                                   ("key_buffers", "int*"), ("value_buffers", "int*")])
-RADIX_BITS, SORT_THREADS, SORT_TILES = 8, 256, 1024  # as in kernels/sort.cu; the tiles of a sort at most
+RADIX_BITS, SORT_THREADS, SORT_TILES = 8, 256, 1024  # a pass's digits; a block's threads; a sort's tiles at most
+SORT_DEFINES = (("RADIX_BITS", str(RADIX_BITS)), ("SORT_THREADS", str(SORT_THREADS)))  # for kernels/sort.cu
 
 
 @functools.lru_cache(maxsize=None)

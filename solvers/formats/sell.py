@@ -4,7 +4,7 @@ import numpy as np
 from ..errors import InputError
 from ..kernels.structs import Struct
 from . import base
-from .base import (RADIX_SORT, SORT_THREADS, MatrixFormat, carve, cooperative_kernel, entry_rows, host,
+from .base import (RADIX_SORT, SORT_DEFINES, SORT_THREADS, MatrixFormat, carve, cooperative_kernel, entry_rows, host,
                    pattern_stats, radix_sort_fields, radix_sort_size, window_sectors)
 
 SLICE = 32  # rows a slice: one warp, a thread a row
@@ -46,8 +46,8 @@ BUILD = Struct("SellBuild", [("rows", ROWS), ("key", KEY), ("neighbour_sort", RA
                              ("sizes", SIZES), ("block_sums", "long long*"), ("counter", "unsigned long long*"),
                              ("count", "int"), ("phases", f"int[{MAX_PHASES}]"), ("args", f"int[{MAX_PHASES}]")])
 LAYOUT_STRUCTS = (ROWS, KEY, SAMPLE, RANKS, WINDOW, SIZES, PIECES, LAYOUT, LONGS, BUILD)
-LAYOUT_PROGRAM = dict(structs=LAYOUT_STRUCTS, before=("sort",),
-                      defines=tuple((f"PHASE_{name.upper()}", str(number)) for name, number in PHASES.items()))
+LAYOUT_PROGRAM = dict(structs=LAYOUT_STRUCTS, before=("sort",), defines=SORT_DEFINES + tuple(
+    (f"PHASE_{name.upper()}", str(number)) for name, number in PHASES.items()))
 ROW_ORDERS = ("auto", "neighbours", "length")
 
 
@@ -168,11 +168,10 @@ class LayoutBuild:
         import cupy as xp
         if window != SORT_THREADS:
             raise ValueError(f"the device's windows are of {SORT_THREADS} rows (a block's threads), not {window}")
-        self.xp, n = xp, int(indptr.size) - 1
+        self.xp, self.indptr, n = xp, indptr, int(indptr.size) - 1
         self.n, self.short, self.longs, self.long_row, self.width = n, short, n - short, long_row, width
         longs = self.longs
-        self.most_slices = -(-short // (SLICE // 8))  # at 8 lanes a row, the most slices
-        sizes_items = self.most_slices + 2 * longs
+        sizes_items = -(-short // (SLICE // 8)) + 2 * longs  # the most: slices at 8 lanes a row, the long rows
         self.launches = {}
         for sampling, shared in ((True, 4 * table), (False, 4 * window)):
             launch, capacity = cooperative_kernel("sell_layout", "sell_build", shared_mem=shared, **LAYOUT_PROGRAM)
@@ -198,7 +197,6 @@ class LayoutBuild:
             window=WINDOW.pack(n=n, rows=short, window=window, indptr=indptr, order=self.grouped,
                                sorted=self.ordered),
             block_sums=block_sums)
-        self.indptr = indptr
 
     def run(self, phases, sampling=False):
         """One cooperative launch of ``phases`` (``(name, argument)`` pairs, :data:`PHASES`); ``sampling``: with
