@@ -154,8 +154,8 @@ __device__ void classic_update(const DistRun& a) {
     }
     double v[2] = {0.0, 0.0};  // r.z, r.r
     const int parity = st->parity;  // no block writes it here
-    update_rows(START, nullptr, parity ? a.r1 : a.r0, parity ? a.r0 : a.r1, a.q, nullptr, a.dinv, a.z, alpha,
-                a.A.n, v[0], v[1]);
+    update_rows(START, ResidualVectors{parity ? a.r1 : a.r0, parity ? a.r0 : a.r1}, a.q, a.dinv, a.z, alpha, a.A.n,
+                v[0], v[1]);
     publish_sums(v, st, a.partials, a.sums + 1, a.pending);
 }
 

@@ -100,20 +100,42 @@ __device__ void direction_decision(State* st, double pq) {
     else st->alpha = st->rz / pq;
 }
 
-// x += alpha p (unless x is null), r_out = r - alpha q (unless start), z = M^-1 r_out over the rows
-// [0, n) (r_out may be r); accumulates r.z, r.r of the new r.
-__device__ __forceinline__ void update_rows(bool start, real_t* x, const real_t* r, real_t* r_out, const real_t* q,
-                                            const real_t* p, const real_t* dinv, real_t* z, real_t alpha, int n,
-                                            double& rz, double& rr) {
-    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
-        real_t ri = r[i];
+// Where a pointwise pass reads and writes r at row i, the thread's k-th row of the pass (rows i, i + G,
+// ... for G the grid's threads): read from r, written to r_out (which may be r) ...
+struct ResidualVectors {
+    const real_t* r;
+    real_t* r_out;
+    __device__ real_t get(int, int i) const { return r[i]; }
+    __device__ void set(int, int i, real_t v) const { r_out[i] = v; }
+};
+
+// ... or, for the thread's first `count` rows, in the block's dynamic shared memory (persistent classic
+// kernel, stored gather: see pcg_run), the rest in r.
+struct HeldResidual {
+    real_t* held;  // [count][blockDim.x]
+    int count;
+    real_t* r;
+    __device__ real_t get(int k, int i) const { return k < count ? held[k * blockDim.x + threadIdx.x] : r[i]; }
+    __device__ void set(int k, int i, real_t v) const {
+        if (k < count) held[k * blockDim.x + threadIdx.x] = v;
+        else r[i] = v;
+    }
+};
+
+// r_out = r - alpha q (unless start), z = M^-1 r_out (unless z is null) over the rows [0, n);
+// accumulates r.z, r.r of the new r.
+template <typename Residual>
+__device__ __forceinline__ void update_rows(bool start, const Residual& residual, const real_t* q, const real_t* dinv,
+                                            real_t* z, real_t alpha, int n, double& rz, double& rr) {
+    const int stride = gridDim.x * blockDim.x;
+    for (int k = 0, i = blockIdx.x * blockDim.x + threadIdx.x; i < n; ++k, i += stride) {
+        real_t ri = residual.get(k, i);
         if (!start) {
-            if (x) x[i] = fma(alpha, p[i], x[i]);
             ri = fma(-alpha, q[i], ri);
-            r_out[i] = ri;
+            residual.set(k, i, ri);
         }
         const real_t zi = precondition(dinv, i, ri);
-        z[i] = zi;
+        if (z) z[i] = zi;
         rz += (double)ri * (double)zi;
         rr += (double)ri * (double)ri;
     }
@@ -172,6 +194,28 @@ __device__ void take_pending_steps(real_t* x, const real_t* p_prev, const real_t
     }
 }
 
+// The residual a launch of pcg_run keeps on chip: with a stored gather, z = M^-1 r is read only at a
+// row's own index (the product gathers p_new), so the direction pass forms it from r with the update's
+// multiplication (the same bits) and z is never stored; and a thread's first `held` rows keep r in the
+// block's dynamic shared memory from the launch's start to its end (the loader gives `held` only where
+// nothing of the matrix is staged there). The update then reads q (and dinv) and writes nothing, the
+// direction pass reads p_old (and dinv). H200, power-law graph of 1M rows (132 x 1024 threads, 8 rows
+// held a thread, 64 KiB a block), us an iteration: 79.8-81.3 -> 74.4-75.2 (MEASUREMENTS.md).
+__device__ HeldResidual hold_residual(real_t* r, int held, int n) {
+    extern __shared__ __align__(16) unsigned char held_memory[];
+    const HeldResidual residual{(real_t*)held_memory, held, r};
+    const int stride = gridDim.x * blockDim.x;
+    for (int k = 0, i = blockIdx.x * blockDim.x + threadIdx.x; i < n && k < residual.count; ++k, i += stride)
+        residual.held[k * blockDim.x + threadIdx.x] = r[i];
+    return residual;
+}
+
+__device__ void release_residual(const HeldResidual& residual, int n) {
+    const int stride = gridDim.x * blockDim.x;
+    for (int k = 0, i = blockIdx.x * blockDim.x + threadIdx.x; i < n && k < residual.count; ++k, i += stride)
+        residual.r[i] = residual.held[k * blockDim.x + threadIdx.x];
+}
+
 // Classic PCG, two grid reductions per iteration (see pcg_ref.direction_product and pcg_update):
 //   p_new = z + beta p_old ; q = A p_new ; alpha = rz / p_new.q ;
 //   x += alpha p_new ; r -= alpha q ; z = M^-1 r ; r.z, r.r ; decide ; beta = rz_new / rz.
@@ -186,10 +230,11 @@ extern "C" __global__ void __launch_bounds__(RUN_BLOCK, RUN_MIN_BLOCKS)
 pcg_run(const ClassicRun a, unsigned long long handle, int count) {
     __shared__ State s;
     if (threadIdx.x == 0) s = *a.st;
-    const MatrixStage stage = stage_matrix(a.A);
+    const int n = a.A.n;
+    const MatrixStage stage = a.held ? MatrixStage{} : stage_matrix(a.A);
+    const HeldResidual residual = hold_residual(a.r, a.held, n);
     __syncthreads();
     unsigned int tag = *a.epoch;
-    const int n = a.A.n;
     bool updated_and_stopped = false;  // the last direction is then p_new, not p_old (no parity flip)
     for (int c = 0; c < count && !finished(s, handle); ++c) {
         const bool start = s.iteration < 0;
@@ -201,10 +246,11 @@ pcg_run(const ClassicRun a, unsigned long long handle, int count) {
             const real_t alpha_prev = (real_t)s.alpha_prev, alpha = (real_t)s.alpha;
             double pq[1];
             if (GATHER_STORED) {
-                for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+                const int stride = gridDim.x * blockDim.x;
+                for (int k = 0, i = blockIdx.x * blockDim.x + threadIdx.x; i < n; ++k, i += stride) {
                     const real_t po = p_old[i];
                     if (steps) a.x[i] = fma(alpha, po, fma(alpha_prev, p_new[i], a.x[i]));
-                    p_new[i] = fma(beta, po, a.z[i]);
+                    p_new[i] = fma(beta, po, precondition(a.dinv, i, residual.get(k, i)));
                 }
                 grid_barrier(a.arrivals, tag);
                 pq[0] = stored_product(a.A, stage, p_new, a.q);
@@ -225,7 +271,7 @@ pcg_run(const ClassicRun a, unsigned long long handle, int count) {
             if (s.status != RUNNING) break;
         }
         double sums[2] = {0.0, 0.0};  // r.z, r.r
-        update_rows(start, nullptr, a.r, a.r, a.q, nullptr, a.dinv, a.z, (real_t)s.alpha, n, sums[0], sums[1]);
+        update_rows(start, residual, a.q, a.dinv, GATHER_STORED ? nullptr : a.z, (real_t)s.alpha, n, sums[0], sums[1]);
         grid_sums<RUN_BLOCK>(a.slots, a.arrivals, sums, tag);
         if (threadIdx.x == 0) {
             const int it = s.iteration + 1;
@@ -236,6 +282,7 @@ pcg_run(const ClassicRun a, unsigned long long handle, int count) {
         __syncthreads();
         updated_and_stopped = !start && s.status != RUNNING;
     }
+    release_residual(residual, n);
     // the latest direction is p_old of the next iteration, unless the update stopped the solve
     const bool newest_in_p1 = s.parity ^ updated_and_stopped;
     take_pending_steps(a.x, newest_in_p1 ? a.p0 : a.p1, newest_in_p1 ? a.p1 : a.p0, s, n);

@@ -56,22 +56,30 @@ def set_state(g, **fields):
     return {k: st[k].item() for k in STATE.dtype.names}
 
 
-@pytest.mark.parametrize("fmt, gather", CONFIGS)
-def test_classic_kernel_matches_numpy_reference(cupy, fmt, gather):
+@pytest.mark.parametrize("fmt, gather, held", [c + (None,) for c in CONFIGS] + [("sell", "stored", 1),
+                                                                                   ("ell", "stored", 1)])
+def test_classic_kernel_matches_numpy_reference(cupy, fmt, gather, held):
     from solvers.kernels import pcg_ref
     from solvers.pcg.gpu import GPUPCG
 
     A = poisson((20, 30)) + sp.diags(np.linspace(0.1, 1.0, 600))
     A = with_long_row(A.tocsr()) if fmt != "ell" else A.tocsr()
     rng = np.random.default_rng(3)
-    g = GPUPCG(A, "jacobi", np.float64, "eager", 1, False, variant="classic", matrix_format=fmt, gather=gather)
+    g = GPUPCG(A, "jacobi", np.float64, "eager", 1, False, variant="classic", matrix_format=fmt, gather=gather,
+               held=held)
     assert g.format.name == fmt and g.gather == gather
-    host = {k: rng.standard_normal(600) for k in ("z", "p0", "p1", "x", "r")}
-    pairs = tuple((name, g.vectors[name]) for name in ("z", "p0", "p1", "x", "r"))
+    if held is not None:
+        assert g.held == held
+    else:  # r held wherever a stored gather's kernel stages nothing
+        assert bool(g.held) == (gather == "stored" and not g.stage_bytes)
+    dinv = 1.0 / A.diagonal()
+    host = {k: rng.standard_normal(600) for k in ("p0", "p1", "x", "r")}
+    host["z"] = dinv * host["r"]  # z = M^-1 r between iterations (a stored gather keeps no z: it forms it from r)
+    assert (g.vectors["z"] is None) == (gather == "stored")
+    pairs = tuple((name, g.vectors[name]) for name in ("z", "p0", "p1", "x", "r") if g.vectors[name] is not None)
     for name, dev in pairs:
         dev.set(host[name])
     ref = set_state(g, rz=2.5, beta=0.37, tol=1e-30, maxiter=100, parity=1, iteration=4)
-    dinv = 1.0 / A.diagonal()
 
     def reference_iteration():
         q = pcg_ref.direction_product(A, host["z"], host["p0"], host["p1"], ref)
@@ -97,6 +105,43 @@ def test_classic_kernel_matches_numpy_reference(cupy, fmt, gather):
     g._residual(g.x, out)
     np.testing.assert_allclose(out.get(), pcg_ref.matrix_residual(A, g.x.get(), host["z"]), rtol=1e-12,
                                atol=1e-12)
+
+
+def test_residual_held_on_chip_gives_the_same_bits(cupy):
+    """r held in shared memory for some, all or none of a thread's rows (the rest in global memory), or the
+    matrix staged there instead: the same solve, bit for bit."""
+    from solvers.pcg.gpu import GPUPCG
+
+    A = poisson((300, 300)).tocsr()
+    b = np.random.default_rng(5).standard_normal(A.shape[0])
+    runs = {}
+    for held in (0, 1, 2, None):
+        g = GPUPCG(A, "jacobi", np.float64, "while", 32, True, variant="classic", matrix_format="sell",
+                   gather="stored", block=256, held=held)
+        rows = -(-A.shape[0] // (g.grid * g.run_block))
+        assert rows >= 2  # a thread's second row is in global memory when it holds one
+        assert g.held == (held if held is not None else 0) and bool(g.stage_bytes) == (held is None)
+        x, reason, iterations, rnorm, history = g.solve(g.check_vector(b, "b"), None, 1e-10, 2000, None, True)
+        assert reason == Reason.CONVERGED
+        runs[held] = (x.get(), iterations, rnorm, np.asarray(history))
+    first = runs[0]
+    for held, run in runs.items():
+        np.testing.assert_array_equal(run[0], first[0], err_msg=f"held {held}")
+        assert run[1:3] == first[1:3]
+        np.testing.assert_array_equal(run[3], first[3])
+
+
+@pytest.mark.parametrize("options", [dict(variant="single-reduction", gather="stored"),
+                                     dict(variant="classic", gather="formed"),
+                                     dict(variant="classic", gather="stored", preconditioner="chebyshev")])
+def test_residual_held_only_by_the_classic_stored_kernel(cupy, options):
+    from solvers.errors import InputError
+    from solvers.pcg.gpu import GPUPCG
+
+    options = dict(options)
+    with pytest.raises(InputError, match="held on chip only by the classic variant"):
+        GPUPCG(poisson((20, 20)), options.pop("preconditioner", "jacobi"), np.float64, "eager", 1, False,
+               matrix_format="sell", held=1, **options)
 
 
 @pytest.mark.parametrize("fmt, gather", CONFIGS)

@@ -42,12 +42,24 @@ BLOCK = 256  # threads per block of the plain kernels (kernels/pcg.cu)
 SM_THREADS = 512
 GATHERS = ("auto", "formed", "stored")
 STAGE_RESERVED = 1024  # shared memory the driver keeps back for each block (compute capability 8.0 and later)
+# The most shared memory a block of the classic kernel holds r in (held_rows): 8 rows of 1,024 threads,
+# as measured on the power-law graph of 1M rows (MEASUREMENTS.md); the rest stays L1 for the gathers.
+HELD_BYTES = 64 * 1024
 
 
-def stage_bytes(matrix_format, kernel, grid, block, blocks_per_sm, itemsize):
+def dynamic_shared_limit(kernel, blocks_per_sm):
+    """Dynamic shared memory a block of ``kernel`` may take where an SM holds ``blocks_per_sm`` of them."""
+    import cupy
+
+    attributes = cupy.cuda.Device().attributes
+    per_sm = int(attributes["MaxSharedMemoryPerMultiprocessor"]) // blocks_per_sm
+    return min(int(attributes["MaxSharedMemoryPerBlockOptin"]), per_sm - STAGE_RESERVED) - kernel.shared_size_bytes
+
+
+def stage_bytes(matrix_format, grid, block, limit, itemsize):
     """Dynamic shared memory a block of the persistent kernel stages its part of the matrix in: all
-    of it where it fits beside the blocks an SM holds, else none (``stage_matrix`` in the format's
-    kernel file; formats that stage nothing get none).
+    of it where it fits in ``limit`` bytes, else none (``stage_matrix`` in the format's kernel file;
+    formats that stage nothing get none).
 
     A staged product reads no matrix entry from L2, where every grid reduction's acquire would
     otherwise send it again (the SM's L1 is dropped). H200, us an iteration without and with:
@@ -59,13 +71,14 @@ def stage_bytes(matrix_format, kernel, grid, block, blocks_per_sm, itemsize):
     steps = matrix_format.stage_steps(grid * block // 32)
     if not steps:
         return 0
-    import cupy
-
-    attributes = cupy.cuda.Device().attributes
-    per_sm = int(attributes["MaxSharedMemoryPerMultiprocessor"]) // blocks_per_sm
-    limit = min(int(attributes["MaxSharedMemoryPerBlockOptin"]), per_sm - STAGE_RESERVED) - kernel.shared_size_bytes
     needed = steps * (block // 32) * 32 * (itemsize + 4)
     return needed if needed <= limit else 0
+
+
+def held_rows(n, grid, block, limit, itemsize):
+    """Rows a thread of the classic kernel with a stored gather keeps r of in shared memory (``pcg_run``):
+    all of its rows of the pointwise passes, up to HELD_BYTES a block (and ``limit``)."""
+    return min(-(-n // (grid * block)), min(HELD_BYTES, limit) // (block * itemsize))
 
 
 def run_block(n):
@@ -84,12 +97,15 @@ class Variant:
     """A PCG variant's persistent kernel, the vectors it owns and its argument struct.
 
     The struct (``ClassicRun`` or ``SingleReductionRun`` in ``kernels/pcg.cu``) is
-    generated from :attr:`vectors`: the matrix, the preconditioner's inverse
-    diagonal, the vectors, then the solver's state and bookkeeping buffers.
+    generated from :attr:`vectors` and :attr:`scalars`: the matrix, the preconditioner's
+    inverse diagonal, the vectors, the solver's state and bookkeeping buffers, then the
+    variant's own scalars.
     """
 
     name = kernel = struct_name = None
     vectors = ()           # device vectors of n entries the kernel reads and writes
+    gather_only = {}       # vector: the one gather ("formed" or "stored") under which the kernel uses it
+    scalars = ()           # (name, C type) of the variant's own parameters
     zeroed_at_start = ()   # the first directions, zero before the set-up pass
     residual = None        # the vector holding r = b - A x0 before the set-up pass
 
@@ -99,14 +115,24 @@ class Variant:
         fields = [("A", matrix), ("dinv", "const real_t*")] + [(v, "real_t*") for v in cls.vectors]
         fields += [("st", "State*"), ("slots", "Slot*"), ("arrivals", "unsigned int*"), ("epoch", "unsigned int*"),
                    ("history", "double*"), ("progress", "Progress*")]
-        return Struct(cls.struct_name, fields)
+        return Struct(cls.struct_name, fields + list(cls.scalars))
+
+    @classmethod
+    def uses(cls, vector, gather):
+        """Whether the persistent kernel reads or writes ``vector`` under ``gather``."""
+        return cls.gather_only.get(vector, gather) == gather
 
 
 class Classic(Variant):
-    """Two grid reductions an iteration; p double-buffered (the product forms the new direction)."""
+    """Two grid reductions an iteration; p double-buffered (the product forms the new direction).
+
+    With a stored gather z is never stored (the direction pass forms it from r), and each thread
+    may keep r of its first ``held`` rows on chip for a launch (``pcg_run``)."""
 
     name, kernel, struct_name = "classic", "pcg_run", "ClassicRun"
     vectors = ("x", "r", "z", "q", "p0", "p1")
+    gather_only = {"z": "formed"}
+    scalars = (("held", "int"),)
     zeroed_at_start = ("p0",)
     residual = "r"
 
@@ -116,6 +142,7 @@ class SingleReduction(Variant):
 
     name, kernel, struct_name = "single-reduction", "pcg1_run", "SingleReductionRun"
     vectors = ("x", "p", "r0", "r1", "s0", "s1", "w0", "w1", "u")
+    gather_only = {"u": "stored"}
     zeroed_at_start = ("p", "s0", "w0")
     residual = "r0"
 
@@ -215,6 +242,11 @@ class GPUPCG:
         :class:`solvers.formats.SELL`): the solver then keeps its
         vectors in that numbering and carries ``b``, ``x0`` and ``x`` across, so
         callers never see it (:attr:`numbering`).
+    held : int, optional
+        Rows a thread of the classic kernel with a stored gather keeps r of in shared
+        memory (``pcg_run``). Default: where nothing of the matrix is staged there, all
+        of its rows up to ``HELD_BYTES`` a block. Given, nothing is staged and at most
+        that many are held; refused for the other kernels.
 
     Attributes
     ----------
@@ -229,7 +261,7 @@ class GPUPCG:
 
     def __init__(self, A, preconditioner, dtype, mode, unroll, record_history, variant="auto",
                  matrix_format="auto", gather="auto", stream_matrix=None, sell_lanes=None, block=None,
-                 reordering=None, sell_rows="auto", renumber=False):
+                 reordering=None, sell_rows="auto", renumber=False, held=None):
         cupy = require_cupy()
         spec = as_preconditioner(preconditioner)
         refuse_unsupported(spec, "gpu", variant, dtype)
@@ -242,6 +274,7 @@ class GPUPCG:
         self.requested_stream = stream_matrix
         self.sell_lanes, self.sell_rows, self.requested_block = sell_lanes, sell_rows, block
         self.renumber = renumber
+        self.requested_held = held
         self.dtype = np.dtype(dtype)
         self.spec, self.preconditioner, self.reordering = spec, spec.name, reordering
         self.split = not spec.pointwise
@@ -327,15 +360,25 @@ class GPUPCG:
         self.grid_split = int(max(1, min(-(-threads // BLOCK), split_capacity))) if self.split else 0
         per_sm = max(1, SM_THREADS // self.run_block)
         self.grid = int(max(1, min(-(-threads // self.run_block), capacity, sms * per_sm)))
-        self.stage_bytes = 0 if self.split else stage_bytes(self.format, run_kernel, self.grid, self.run_block,
-                                                             -(-self.grid // sms), self.dtype.itemsize)
+        limit = dynamic_shared_limit(run_kernel, -(-self.grid // sms))
+        self.stage_bytes = self.held = 0
+        if not self.split and self.requested_held is None:
+            self.stage_bytes = stage_bytes(self.format, self.grid, self.run_block, limit, self.dtype.itemsize)
+        if variant is Classic and gather == "stored" and not self.split and not self.stage_bytes:
+            self.held = held_rows(n, self.grid, self.run_block, limit, self.dtype.itemsize)
+            if self.requested_held is not None:
+                self.held = min(self.held, self.requested_held)
+        elif self.requested_held:
+            raise InputError("r is held on chip only by the classic variant with a stored gather and a pointwise "
+                             f"preconditioner, not {self.variant}, gather {gather}, {self.preconditioner}")
+        # the dynamic shared memory of a launch: the staged matrix, or r held (pcg_run), never both
+        self.shared_bytes = self.stage_bytes or self.held * self.run_block * self.dtype.itemsize
         # the kernel object is shared by every solver compiled from the same program: raise its limit only
-        run_kernel.max_dynamic_shared_size_bytes = max(run_kernel.max_dynamic_shared_size_bytes, self.stage_bytes)
+        run_kernel.max_dynamic_shared_size_bytes = max(run_kernel.max_dynamic_shared_size_bytes, self.shared_bytes)
 
         self.vectors = {}
         for name in variant.vectors:
-            needed = name != "u" or gather == "stored"
-            self.vectors[name] = cupy.zeros(n, dtype=self.dtype) if needed else None
+            self.vectors[name] = cupy.zeros(n, dtype=self.dtype) if self._uses(name) else None
         self.x = self.vectors["x"]
         self.r = self.vectors[variant.residual]
         self.b = cupy.zeros(n, dtype=self.dtype)
@@ -354,6 +397,11 @@ class GPUPCG:
         if self.split:
             self._set_up_preconditioner(M)
         self._pack_args()
+
+    def _uses(self, vector):
+        """Whether the kernels set up run with the variant's ``vector`` (allocated only then): the split body
+        uses every classic vector, the persistent kernel those of its gather."""
+        return self.split or self._variant.uses(vector, self.gather)
 
     def _choose_variant(self, M):
         """The PCG variant to run on the device CSR matrix ``M``: the one asked for, ``auto`` resolved."""
@@ -380,9 +428,10 @@ class GPUPCG:
     def _pack_args(self):
         """The kernels' argument structs (fixed addresses, so graphs capture them once)."""
         self._matrix_args = self.format.pack(self.val)
+        scalars = {name: getattr(self, name) for name, _ in self._variant.scalars}  # set up as attributes
         self._run_args = self._run_struct.pack(A=self._matrix_args, dinv=self.dinv, st=self.state, slots=self.slots,
                                                arrivals=self.arrivals, epoch=self.epoch, history=self.history,
-                                               progress=self.progress.device_ptr, **self.vectors)
+                                               progress=self.progress.device_ptr, **self.vectors, **scalars)
         if self.split:
             self._split_args = self._split_struct.pack(
                 A=self._matrix_args, r_low=self.r_low, st=self.state, partials=self.partials, history=self.history,
@@ -409,6 +458,8 @@ class GPUPCG:
     def describe(self):
         """What the set-up chose, for reports: format, gather, the matrix loads' cache hint, staging."""
         staged = f", staged ({self.stage_bytes // 1024} KiB a block)" if self.stage_bytes else ""
+        if self.held:
+            staged = f", r held on chip ({self.held} rows a thread)"
         return f"{self.format.describe()}, gather {self.gather}" + (", streamed" if self.stream_matrix else "") + staged
 
     def update_values(self, A):
@@ -487,7 +538,7 @@ class GPUPCG:
     def launch_run(self, count, handle, stream=None):
         """Enqueue one launch of the persistent kernel: up to ``count`` iterations (or the set-up pass)."""
         self._run(self.grid, (self._run_args, np.uint64(handle), np.int32(count)), stream=stream,
-                  shared_mem=self.stage_bytes)
+                  shared_mem=self.shared_bytes)
 
     def _start(self, tol, maxiter):
         """Reset the device state and run the set-up pass (r holds b - A x0; zero first directions)."""

@@ -606,6 +606,10 @@ class OnChipKernel:
                        stream=stream, enable_cooperative_groups=self.shape.groups > 1)
 
 
+# The on-chip kernel's vectors besides x and r: its argument's name and the solver's vector.
+ON_CHIP_VECTORS = {"classic": {"z": "z", "p": "p0"}, "single-reduction": {"p": "p", "s": "s0", "w": "w0"}}
+
+
 class OnChipPCG(GPUPCG):
     """PCG on one small system inside one block or cluster: :class:`~solvers.pcg.gpu.GPUPCG` with its
     persistent grid kernel replaced by ``kernels/onchip.cu`` (resumable between launches).
@@ -625,6 +629,9 @@ class OnChipPCG(GPUPCG):
             variant = super()._choose_variant(M)
         self.onchip = OnChipKernel(rowptr, start, real, latency=True, variant=variant, indices=indices)
         return variant
+
+    def _uses(self, vector):
+        return vector in ("x", self._variant.residual) or vector in ON_CHIP_VECTORS[self.variant].values()
 
     def _setup(self, A):
         super()._setup(A)
@@ -650,10 +657,7 @@ class OnChipPCG(GPUPCG):
     def launch_run(self, count, handle, stream=None):
         indptr, indices = self._pattern
         v = self.vectors
-        if self.variant == "classic":
-            vectors = dict(z=v["z"], p=v["p0"])
-        else:
-            vectors = dict(p=v["p"], s=v["s0"], w=v["w0"])
+        vectors = {kernel_name: v[name] for kernel_name, name in ON_CHIP_VECTORS[self.variant].items()}
         args = self.onchip.pack(rowptr=indptr, col=indices, val=self._csr_values, dinv=self.dinv, start=self._rows,
                                 b=self.b, x=self.x, r=self.r, st=self.state, norms=self.norms, history=self.history,
                                 progress=self.progress.device_ptr, systems=1, count=int(count), fresh=0, **vectors)
