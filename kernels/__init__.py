@@ -83,7 +83,7 @@ def _compiled(code):
     return mod
 
 
-def resident_blocks(kernel, block, spare_sms=0):
+def resident_blocks(kernel, block, spare_sms=0, shared_mem=0):
     """How many blocks of ``block`` threads of ``kernel`` the device holds at once.
 
     A grid of this size runs in one wave: a grid-stride kernel given more blocks
@@ -98,19 +98,22 @@ def resident_blocks(kernel, block, spare_sms=0):
     spare_sms : int
         SMs to leave free, for a kernel that is to run alongside (a wave that
         fills them would make it wait, or be delayed by it).
+    shared_mem : int
+        Bytes of dynamic shared memory a block is launched with.
     """
     import cupy
 
     function = kernel.kernel  # the cupy.cuda.function.Function behind the RawKernel
-    per_sm = cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(function.ptr, block, 0)
+    per_sm = cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(function.ptr, block, shared_mem)
     sms = int(cupy.cuda.Device().attributes["MultiProcessorCount"])
     return int(per_sm) * max(1, sms - spare_sms)
 
 
-def cooperative(kernel, block):
+def cooperative(kernel, block, shared_mem=0):
     """Launcher and grid limit for a kernel whose blocks wait for each other (grid barriers).
 
-    ``kernel`` and ``block`` are as for :func:`resident_blocks`.
+    ``kernel``, ``block`` and ``shared_mem`` (the dynamic shared memory the grid limit
+    allows for) are as for :func:`resident_blocks`.
 
     Returns
     -------
@@ -127,4 +130,4 @@ def cooperative(kernel, block):
     def launch(grid, args, stream=None, shared_mem=0):
         function((grid,), (block,), args, stream=stream, shared_mem=shared_mem, enable_cooperative_groups=True)
 
-    return launch, resident_blocks(kernel, block)
+    return launch, resident_blocks(kernel, block, shared_mem=shared_mem)

@@ -33,16 +33,13 @@ def cooperative_kernel(file, name, structs, before=(), defines=(), shared_mem=0)
     """``(launch, max_blocks)``: a cooperative launcher of a layout kernel with grid barriers, SORT_THREADS
     threads and ``shared_mem`` bytes of dynamic shared memory a block, and the blocks the GPU holds at once
     with that memory (:func:`solvers.kernels.cooperative`)."""
-    import cupy
     from .. import kernels
     kernel = layout_kernel(file, name, structs, before, defines)
     # one function serves launches of every size: its limit only ever rises, so that none is refused
     if kernel.max_dynamic_shared_size_bytes < shared_mem:
         kernel.max_dynamic_shared_size_bytes = shared_mem
-    launch, _ = kernels.cooperative(kernel, SORT_THREADS)
-    per_sm = cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(kernel.kernel.ptr, SORT_THREADS, shared_mem)
-    sms = int(cupy.cuda.Device().attributes["MultiProcessorCount"])
-    return (lambda grid, args: launch(grid, args, shared_mem=shared_mem)), int(per_sm) * sms
+    launch, max_blocks = kernels.cooperative(kernel, SORT_THREADS, shared_mem)
+    return (lambda grid, args: launch(grid, args, shared_mem=shared_mem)), max_blocks
 
 
 @functools.lru_cache(maxsize=None)

@@ -210,11 +210,11 @@ class LayoutBuild:
                                  args=[a for _, a in phases] + padding),))
 
     @staticmethod
-    def neighbour_passes(passes):
+    def neighbour_passes(passes, first=True):
         """The phases of ``passes`` passes of the neighbours' order after the "rows" phase (the result in
-        :attr:`grouped`)."""
+        :attr:`grouped`); without the first pass's where ``first`` is False (it ran in an earlier launch)."""
         one = [("key", 0), ("sort", SORTS["neighbours"])]
-        return one + ([("ranks", 0)] + one) * (passes - 1)
+        return (one if first else []) + ([("ranks", 0)] + one) * (passes - 1)
 
     def sort_by_length(self):
         """:meth:`sorted_by` the rows' length keys (:func:`row_keys`)."""
@@ -243,10 +243,10 @@ class LayoutBuild:
         self.fields["places"] = RANKS.pack(n=self.n, rows=self.n, order=order, rank=self.places)
         return [("ranks", 1)]
 
-    def sizes(self, order, lanes, piece_length):
-        """Phases of the layout's sizes for ``order`` at ``lanes`` a row, and ``(slice_ptr, long_start,
-        row_pieces)``, which they fill (:attr:`totals` the three totals)."""
-        slices, longs = -(-self.short // (SLICE // lanes)), self.longs
+    def sizes(self, order, lanes, slices, piece_length):
+        """Phases of the layout's sizes for ``order`` in ``slices`` slices at ``lanes`` a row, and
+        ``(slice_ptr, long_start, row_pieces)``, which they fill (:attr:`totals` the three totals)."""
+        longs = self.longs
         items = slices + 2 * longs
         slice_ptr, long_start, row_pieces = carve(self._offsets, (slices + 1, longs + 1, longs + 1))
         self.fields["sizes"] = SIZES.pack(rows=self.short, lanes=lanes, slices=slices, longs=longs,
@@ -419,7 +419,8 @@ class SELL(MatrixFormat):
             by_neighbours = self.sectors[1] <= self.NEIGHBOUR_GAIN * self.sectors[0]
         numbered = self._settle(by_neighbours, renumber, lanes)
         if by_neighbours:
-            phases += build.neighbour_passes(self.NEIGHBOUR_PASSES)[2:] + [("window", 0)]
+            # the first pass is in `phases` already, or ran with the sample
+            phases += build.neighbour_passes(self.NEIGHBOUR_PASSES, first=False) + [("window", 0)]
             order = build.ordered
         else:
             by_length, order = build.sort_by_length()
@@ -428,7 +429,7 @@ class SELL(MatrixFormat):
         if numbered:
             phases += build.numbered_by(order)
             self.numbering, self.places = order, build.places
-        sizes, offsets_ = build.sizes(order, self.lanes, self.PIECE_LENGTH)
+        sizes, offsets_ = build.sizes(order, self.lanes, self.slices, self.PIECE_LENGTH)
         build.run(phases + sizes)
         return order, offsets_ + (tuple(int(v) for v in host(build.totals)),)
 
