@@ -199,8 +199,8 @@ __device__ void take_pending_steps(real_t* x, const real_t* p_prev, const real_t
 // multiplication (the same bits) and z is never stored; and a thread's first `held` rows keep r in the
 // block's dynamic shared memory from the launch's start to its end (the loader gives `held` only where
 // nothing of the matrix is staged there). The update then reads q (and dinv) and writes nothing, the
-// direction pass reads p_old (and dinv). H200, power-law graph of 1M rows (132 x 1024 threads, 8 rows
-// held a thread, 64 KiB a block), us an iteration: 79.8-81.3 -> 74.4-75.2 (MEASUREMENTS.md).
+// direction pass reads p_old (and dinv). H200, power-law graph of 1M rows (132 x 1024 threads), us an
+// iteration: none held 79.2-79.3, 4 rows 76.4-78.1, 8 rows (64 KiB a block) 75.4-77.3 (MEASUREMENTS.md).
 __device__ HeldResidual hold_residual(real_t* r, int held, int n) {
     extern __shared__ __align__(16) unsigned char held_memory[];
     const HeldResidual residual{(real_t*)held_memory, held, r};
