@@ -212,3 +212,13 @@ def test_enqueue_and_a_kernel_path_need_the_gpu():
         solver.enqueue(np.ones(36), np.empty(36))
     with pytest.raises(solvers.InputError, match="--path: 'on-chip' is a GPU kernel"):
         solvers.PCG(poisson((6, 6)), device="cpu", path="on-chip")
+
+
+@pytest.mark.parametrize("n, held", [(1_000_000, 8), (1_081_344, 8), (1_081_345, 0), (2_000_000, 0), (10, 1)])
+def test_residual_held_for_all_of_a_threads_rows_or_none(n, held):
+    from solvers.pcg.gpu import HELD_BYTES, held_rows
+
+    # 132 blocks of 1,024 threads, float64: 8 rows a thread fill HELD_BYTES
+    assert HELD_BYTES == 8 * 1024 * 8
+    assert held_rows(n, 132, 1024, 200_000, 8) == held
+    assert held_rows(1_000_000, 132, 1024, 32_768, 8) == 0  # nor beyond the block's shared memory

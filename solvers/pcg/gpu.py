@@ -78,8 +78,14 @@ def stage_bytes(matrix_format, grid, block, limit, itemsize):
 
 def held_rows(n, grid, block, limit, itemsize):
     """Rows a thread of the classic kernel with a stored gather keeps r of in shared memory (``pcg_run``):
-    all of its rows of the pointwise passes, up to HELD_BYTES a block (and ``limit``)."""
-    return min(-(-n // (grid * block)), min(HELD_BYTES, limit) // (block * itemsize))
+    all of its rows of the pointwise passes where they fit in HELD_BYTES a block (and ``limit``), else none.
+
+    Holding part of them takes the L1 the gathers use for less than it saves: H200, random geometric
+    graph of 2M rows as numbered (15 rows a thread), us an iteration with none / 8 held: 289.8-290.6 /
+    294.3-294.4 (MEASUREMENTS.md).
+    """
+    rows = -(-n // (grid * block))
+    return rows if rows * block * itemsize <= min(HELD_BYTES, limit) else 0
 
 
 def run_block(n):
@@ -246,8 +252,8 @@ class GPUPCG:
     held : int, optional
         Rows a thread of the classic kernel with a stored gather keeps r of in shared
         memory (``pcg_run``). Default: where nothing of the matrix is staged there, all
-        of its rows up to ``HELD_BYTES`` a block. Given, nothing is staged and at most
-        that many are held; refused for the other kernels.
+        of its rows where they fit in ``HELD_BYTES`` a block (:func:`held_rows`). Given,
+        nothing is staged and at most that many are held; refused for the other kernels.
 
     Attributes
     ----------
@@ -366,9 +372,10 @@ class GPUPCG:
         if not self.split and self.requested_held is None:
             self.stage_bytes = stage_bytes(self.format, self.grid, self.run_block, limit, self.dtype.itemsize)
         if variant is Classic and gather == "stored" and not self.split and not self.stage_bytes:
-            self.held = held_rows(n, self.grid, self.run_block, limit, self.dtype.itemsize)
-            if self.requested_held is not None:
-                self.held = min(self.held, self.requested_held)
+            rows = -(-n // (self.grid * self.run_block))
+            self.held = (held_rows(n, self.grid, self.run_block, limit, self.dtype.itemsize)
+                         if self.requested_held is None
+                         else min(rows, self.requested_held, limit // (self.run_block * self.dtype.itemsize)))
         elif self.requested_held:
             raise InputError("r is held on chip only by the classic variant with a stored gather and a pointwise "
                              f"preconditioner, not {self.variant}, gather {gather}, {self.preconditioner}")
