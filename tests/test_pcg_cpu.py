@@ -222,3 +222,8 @@ def test_residual_held_for_all_of_a_threads_rows_or_none(n, held):
     assert HELD_BYTES == 8 * 1024 * 8
     assert held_rows(n, 132, 1024, 200_000, 8) == held
     assert held_rows(1_000_000, 132, 1024, 32_768, 8) == 0  # nor beyond the block's shared memory
+    # a count asked for: at most the thread's rows, and what fits in the block's shared memory
+    assert held_rows(n, 132, 1024, 200_000, 8, requested=1) == 1
+    assert held_rows(2_000_000, 132, 1024, 200_000, 8, requested=100) == 15  # the thread's rows
+    assert held_rows(2_000_000, 132, 1024, 65_536, 8, requested=100) == 8  # what fits
+    assert held_rows(10, 132, 1024, 200_000, 8, requested=5) == 1

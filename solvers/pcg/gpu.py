@@ -76,15 +76,18 @@ def stage_bytes(matrix_format, grid, block, limit, itemsize):
     return needed if needed <= limit else 0
 
 
-def held_rows(n, grid, block, limit, itemsize):
+def held_rows(n, grid, block, limit, itemsize, requested=None):
     """Rows a thread of the classic kernel with a stored gather keeps r of in shared memory (``pcg_run``):
-    all of its rows of the pointwise passes where they fit in HELD_BYTES a block (and ``limit``), else none.
+    all of its rows of the pointwise passes where they fit in HELD_BYTES a block (and ``limit``), else none;
+    or, ``requested``, at most that many (and as many as fit in ``limit``).
 
     Holding part of them takes the L1 the gathers use for less than it saves: H200, random geometric
     graph of 2M rows as numbered (15 rows a thread), us an iteration with none / 8 held: 289.8-290.6 /
     294.3-294.4 (MEASUREMENTS.md).
     """
     rows = -(-n // (grid * block))
+    if requested is not None:
+        return min(rows, requested, limit // (block * itemsize))
     return rows if rows * block * itemsize <= min(HELD_BYTES, limit) else 0
 
 
@@ -372,10 +375,7 @@ class GPUPCG:
         if not self.split and self.requested_held is None:
             self.stage_bytes = stage_bytes(self.format, self.grid, self.run_block, limit, self.dtype.itemsize)
         if variant is Classic and gather == "stored" and not self.split and not self.stage_bytes:
-            rows = -(-n // (self.grid * self.run_block))
-            self.held = (held_rows(n, self.grid, self.run_block, limit, self.dtype.itemsize)
-                         if self.requested_held is None
-                         else min(rows, self.requested_held, limit // (self.run_block * self.dtype.itemsize)))
+            self.held = held_rows(n, self.grid, self.run_block, limit, self.dtype.itemsize, self.requested_held)
         elif self.requested_held:
             raise InputError("r is held on chip only by the classic variant with a stored gather and a pointwise "
                              f"preconditioner, not {self.variant}, gather {gather}, {self.preconditioner}")
