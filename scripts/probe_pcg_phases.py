@@ -11,6 +11,11 @@ The marks cost a little time of their own (the timings come from the unmarked
 kernels), and a warp that leaves a grid reduction early (every warp but the first
 of its block) waits for the totals in the next phase, at the block barrier there.
 
+``--blocks``: instead of the phases, the classic kernel's product (stored gather) timed per warp,
+reported by block (a block's slowest warp, the slowest blocks and their SMs), once with the work dealt
+as ``WorkItems`` deals it and once with its warps numbered backwards (the first warps take what the
+last took): slow blocks that move with the work are slow for their work, not for their SM.
+
 ``--ncu``: no timings; one eager solve of the named matrix (the ``auto`` choices),
 for ``ncu -k regex:pcg`` to profile a launch of the persistent kernel.
 
@@ -82,10 +87,11 @@ def marked(text):
 
 
 class Variant:
-    """The solver without staging (unless ``staged``) and, with ``phases``, the clock marks; undone on exit."""
+    """The solver without staging (unless ``staged``), the kernel files' text passed through
+    ``patch(name, text)`` where given, and then the compiled module kept (:attr:`module`); undone on exit."""
 
-    def __init__(self, staged, phases=False):
-        self.staged, self.phases = staged, phases
+    def __init__(self, staged, patch=None):
+        self.staged, self.patch = staged, patch
         self.module = None
 
     def __enter__(self):
@@ -93,8 +99,8 @@ class Variant:
         _, source, module = self._saved
         if not self.staged:
             pcg_gpu.stage_bytes = lambda *args: 0
-        if self.phases:
-            kernels.source = lambda name: marked(source(name)) if name == "pcg" else source(name)
+        if self.patch:
+            kernels.source = lambda name: self.patch(name, source(name))
 
             def keep(*args, **kw):
                 self.module = module(*args, **kw)
@@ -106,6 +112,68 @@ class Variant:
         pcg_gpu.stage_bytes, kernels.source, kernels.module = self._saved
 
 
+def with_marks(name, text):
+    """``marked`` applied to kernels/pcg.cu (a :class:`Variant` patch)."""
+    return marked(text) if name == "pcg" else text
+
+
+# --blocks: the classic kernel's product timed per warp (clock64 around it), each block's SM kept; and the
+# product's work dealt with WorkItems' warps numbered backwards, so that the first warps take what the last
+# took: slow blocks that move with the work are slow for their work, those that stay for their place.
+PRODUCT = "pq[0] = stored_product(a.A, stage, p_new, a.q);"
+PRODUCT_TIMED = ("const long long t0_ = clock64(); " + PRODUCT + " const long long t1_ = clock64(); "
+                 "if ((threadIdx.x & 31) == 0) warp_cycles[(blockIdx.x * blockDim.x + threadIdx.x) >> 5] += t1_ - t0_; "
+                 "if (threadIdx.x == 0) { unsigned int sm_; asm(\"mov.u32 %0, %%smid;\" : \"=r\"(sm_)); "
+                 "block_sm[blockIdx.x] = sm_; }")
+MAX_WARPS = 8192
+WARP_NUMBER = "warp((blockIdx.x * blockDim.x + threadIdx.x) >> 5)"
+WARP_NUMBER_BACKWARDS = "warp(((gridDim.x * blockDim.x) >> 5) - 1 - ((blockIdx.x * blockDim.x + threadIdx.x) >> 5))"
+
+
+def product_timed(backwards):
+    """A :class:`Variant` patch: the product's clock marks in pcg.cu; SELL's warps numbered backwards if asked."""
+    def patch(name, text):
+        if name == "pcg":
+            if text.count(PRODUCT) != 1:
+                raise RuntimeError("kernels/pcg.cu's stored product moved: the probe's marks need updating")
+            return (f"__device__ unsigned long long warp_cycles[{MAX_WARPS}]; __device__ int block_sm[{MAX_WARPS}];\n"
+                    + text.replace(PRODUCT, PRODUCT_TIMED))
+        if name == "sell" and backwards:
+            if WARP_NUMBER not in text:
+                raise RuntimeError("kernels/sell.cu's WorkItems moved: the probe's patch needs updating")
+            return text.replace(WARP_NUMBER, WARP_NUMBER_BACKWARDS)
+        return text
+    return patch
+
+
+def product_by_block(A, b, say):
+    """``--blocks``: the classic kernel's product (stored gather), us a warp an iteration, by block, with the
+    work dealt as it is and backwards."""
+    import cupy
+    say("| warps numbered | us/it (marked) | warp mean | block's slowest warp: mean, max | slowest blocks (SM): us |")
+    say("|---|---|---|---|---|")
+    for backwards in (False, True):
+        with Variant(False, product_timed(backwards)) as v:
+            g = pcg_gpu.GPUPCG(A, "jacobi", np.float64, "while", 32, False, "classic", gather="stored", renumber=True)
+        warps = g.grid * g.run_block // 32
+        if warps > MAX_WARPS:
+            raise RuntimeError(f"{warps} warps, more than the probe's {MAX_WARPS}")
+        bd = g.check_vector(b, "b")
+        g.solve(bd, None, 0.0, ITERATIONS, None, False)  # captures the graph
+        cycles = cupy.ndarray((MAX_WARPS,), cupy.uint64, memptr=v.module.get_global("warp_cycles"))
+        cycles[...] = 0
+        iterations = g.solve(bd, None, 0.0, ITERATIONS, None, False)[2]
+        seconds = g.last_loop_time / max(iterations, 1)
+        clock = cupy.cuda.Device().attributes["ClockRate"] * 1e3
+        warp_us = cycles[:warps].get().astype(np.float64) / max(iterations, 1) / clock * 1e6
+        sms = cupy.ndarray((MAX_WARPS,), cupy.int32, memptr=v.module.get_global("block_sm"))[:g.grid].get()
+        block_us = warp_us.reshape(g.grid, -1).max(axis=1)
+        slowest = np.argsort(-block_us)[:6]
+        cells = ", ".join(f"{k} ({sms[k]}): {block_us[k]:.1f}" for k in slowest)
+        say(f"| {'backwards' if backwards else 'as dealt'} | {seconds * 1e6:.2f} | {warp_us.mean():.1f} | "
+            f"{block_us.mean():.1f}, {block_us.max():.1f} | {cells} |")
+
+
 def solver(A):
     """The solver as ``PCG`` sets it up (SELL's own numbering where its layout takes one)."""
     return pcg_gpu.GPUPCG(A, "jacobi", np.float64, "while", 32, False, renumber=True)
@@ -114,7 +182,7 @@ def solver(A):
 def phases(A, b, staged, say):
     """The phases of ``auto``'s variant: cycles a warp an iteration, mean over warps."""
     import cupy
-    with Variant(staged, phases=True) as v:
+    with Variant(staged, with_marks) as v:
         g = solver(A)
     bd = g.check_vector(b, "b")
     g.solve(bd, None, 0.0, ITERATIONS, None, False)
@@ -136,6 +204,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", nargs="*", help="matrix names to run (substring match)")
     ap.add_argument("--variants", nargs="*", default=list(VARIANTS), help="variants to time (names of VARIANTS)")
+    ap.add_argument("--blocks", action="store_true",
+                    help="the classic product's time by block, dealt as is and backwards")
     ap.add_argument("--ncu", action="store_true", help="one eager solve of each matrix, for ncu")
     ap.add_argument("--out", default=str(pathlib.Path(__file__).resolve().parent / "results"))
     args = ap.parse_args(argv)
@@ -169,6 +239,13 @@ def main(argv=None):
             provenance.save(args.out, f"probe_pcg_phases_{stamp}_{gpu.replace(' ', '_')}_{commit}.md",
                             "\n".join(lines) + "\n")
         say()
+        if args.blocks:
+            say("The classic product by block, us a warp an iteration at the SM clock, clock marks compiled in:")
+            say()
+            product_by_block(A, b, say)
+            provenance.save(args.out, f"probe_pcg_phases_{stamp}_{gpu.replace(' ', '_')}_{commit}.md",
+                            "\n".join(lines) + "\n")
+            continue
         say("Phases, us a warp an iteration at the SM clock (share), clock marks compiled in:")
         say()
         rows = []
