@@ -11,10 +11,11 @@ The marks cost a little time of their own (the timings come from the unmarked
 kernels), and a warp that leaves a grid reduction early (every warp but the first
 of its block) waits for the totals in the next phase, at the block barrier there.
 
-``--blocks``: instead of the phases, the classic kernel's product (stored gather) timed per warp,
-reported by block (a block's slowest warp, the slowest blocks and their SMs), once with the work dealt
-as ``WorkItems`` deals it and once with its warps numbered backwards (the first warps take what the
-last took): slow blocks that move with the work are slow for their work, not for their SM.
+``--blocks``: instead of the phases (saved as ``probe_pcg_blocks_...``), the classic
+kernel's product (stored gather) timed per warp and reported by block (a block's slowest
+warp, the slowest blocks and their SMs), once with the work dealt as ``WorkItems`` deals it
+and once with its warps numbered backwards (the first warps take what the last took): slow
+blocks that move with the work are slow for their work, not for their SM.
 
 ``--ncu``: no timings; one eager solve of the named matrix (the ``auto`` choices),
 for ``ncu -k regex:pcg`` to profile a launch of the persistent kernel.
@@ -243,7 +244,7 @@ def main(argv=None):
             say("The classic product by block, us a warp an iteration at the SM clock, clock marks compiled in:")
             say()
             product_by_block(A, b, say)
-            provenance.save(args.out, f"probe_pcg_phases_{stamp}_{gpu.replace(' ', '_')}_{commit}.md",
+            provenance.save(args.out, f"probe_pcg_blocks_{stamp}_{gpu.replace(' ', '_')}_{commit}.md",
                             "\n".join(lines) + "\n")
             continue
         say("Phases, us a warp an iteration at the SM clock (share), clock marks compiled in:")
