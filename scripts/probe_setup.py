@@ -1,8 +1,10 @@
 """Where a GPU solver's set-up time goes: each stage of ``PCG(A, ...)`` timed with the device synchronised.
 
-Run on a GPU machine: ``python scripts/probe_setup.py [--diffusion N] [--elasticity N] [--methods jacobi,amg]``.
+Run on a GPU machine: ``python scripts/probe_setup.py [--diffusion N] [--elasticity N] [--methods jacobi,amg]
+[--graphs "geometric 50k,power-law 1000k"]``.
 For each of the benchmark's problems (``scripts/bench_precond.py``, the same names
-and sizes) and each method it sets the solver up ``--reps`` times after the
+and sizes; with ``--graphs``, :mod:`solvers.gallery`'s graph Laplacians named as in
+``scripts/bench_pcg.py``) and each method it sets the solver up ``--reps`` times after the
 benchmark's warm-up (one set-up and solve of each, so kernel compilation is not counted), with
 the set-up's stages wrapped: each wrapped call synchronises the device before and
 after, so its time is the device work it launched as well as its host work. The
@@ -10,7 +12,10 @@ times are inclusive (a stage contains the stages it calls) and are the medians
 over the repetitions; ``calls`` is the count in one set-up. The synchronisations
 add a little to the total, which is printed beside the plain (unwrapped) set-up.
 The wrapped set-up of the last repetition also runs under cProfile, whose top
-functions by cumulative time follow each table. Prints markdown and saves it
+functions by cumulative time follow each table, and a plain set-up under cProfile gives
+the host's own time by function (what the set-up costs on the host, with the reads
+back that wait for the device). The matrix format's conversion (``GPUPCG.format_time``)
+of each plain set-up is printed too. Prints markdown and saves it
 under ``scripts/results/`` with the date, the GPU and the commit.
 """
 import argparse
@@ -65,7 +70,21 @@ STAGES = (
     "solvers.pcg.preconditioners.smoothers:largest_scaled_eigenvalue",
     "solvers.pcg.preconditioners.device:DeviceMatrix.__init__",
     "solvers.pcg.preconditioners.device:choose_format",
+    "solvers.formats:pattern_stats",
+    "solvers.formats.sell:SELL._build",
+    "solvers.formats.sell:SELL._lay_out",
+    "solvers.formats.sell:SELL._cut_pieces",
+    "solvers.formats.sell:SELL._place_entries",
+    "solvers.formats.sell:SELL._sector_ratios",
+    "solvers.formats.sell:LayoutBuild.__init__",
+    "solvers.formats.sell:LayoutBuild.run",
+    "solvers.formats.base:MatrixFormat.values",
 )
+#: ``--graphs`` names: :mod:`solvers.gallery` graph Laplacians as ``scripts/bench_pcg.py`` names them.
+GRAPHS = {"geometric 50k": ("random_geometric_laplacian", 50_000),
+          "power-law 100k": ("power_law_laplacian", 100_000),
+          "geometric 2000k": ("random_geometric_laplacian", 2_000_000),
+          "power-law 1000k": ("power_law_laplacian", 1_000_000)}
 
 
 class StageTimer:
@@ -108,17 +127,28 @@ class StageTimer:
             setattr(owner, name, original)
 
 
-def set_up(A, preconditioner):
-    """Seconds of one plain set-up of the GPU solver (the solver is dropped)."""
+def set_up(A, preconditioner, conversions=None):
+    """Seconds of one plain set-up of the GPU solver (the solver is dropped); its format's conversion is
+    appended to ``conversions``."""
     import cupy
     cupy.cuda.Device().synchronize()
     t0 = time.perf_counter()
     solver = solvers.PCG(A, preconditioner=preconditioner, rtol=RTOL, device="gpu")
     cupy.cuda.Device().synchronize()
     seconds = time.perf_counter() - t0
+    if conversions is not None:
+        conversions.append(solver._impl.format_time)
     del solver
     cupy.get_default_memory_pool().free_all_blocks()
     return seconds
+
+
+def graphs(names):
+    """``(name, A, None)`` of each ``--graphs`` name (:data:`GRAPHS`)."""
+    from solvers import gallery
+    for name in names:
+        generator, n = GRAPHS[name]
+        yield name, getattr(gallery, generator)(n), None
 
 
 def main(argv=None):
@@ -126,6 +156,7 @@ def main(argv=None):
     ap.add_argument("--diffusion", type=int, default=2048, metavar="N", help="diffusion grid side (0: skip)")
     ap.add_argument("--elasticity", type=int, default=1024, metavar="N", help="elasticity grid side (0: skip)")
     ap.add_argument("--methods", default="jacobi,amg", help=f"comma-separated, of {', '.join(METHODS)}")
+    ap.add_argument("--graphs", default="", help=f"comma-separated, of {', '.join(GRAPHS)} (Jacobi only)")
     ap.add_argument("--reps", type=int, default=3, help="set-ups measured of each kind")
     ap.add_argument("--top", type=int, default=40, help="cProfile lines printed")
     ap.add_argument("--out", default=str(pathlib.Path(__file__).resolve().parent / "results"))
@@ -134,6 +165,10 @@ def main(argv=None):
     unknown = [name for name in names if name not in METHODS]
     if unknown:
         ap.error(f"--methods: unknown {', '.join(unknown)}; choose from {', '.join(METHODS)}")
+    graph_names = [name for name in args.graphs.split(",") if name]
+    unknown = [name for name in graph_names if name not in GRAPHS]
+    if unknown:
+        ap.error(f"--graphs: unknown {', '.join(unknown)}; choose from {', '.join(GRAPHS)}")
     import cupy
 
     gpu = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["name"].decode()
@@ -143,14 +178,21 @@ def main(argv=None):
         print(text, flush=True)
         lines.append(text)
 
-    cases = list(problems(args.diffusion, args.elasticity))
-    warm_up(cases, "gpu", names)
+    cases = [(problem, A, B, names) for problem, A, B in problems(args.diffusion, args.elasticity)]
+    cases += [(problem, A, B, ["jacobi"]) for problem, A, B in graphs(graph_names)]
+    for problem, A, B, methods in cases:
+        warm_up([(problem, A, B)], "gpu", methods)
     timer = StageTimer(STAGES)
     try:
-        for problem, A, B in cases:
-            for name in names:
+        for problem, A, B, methods in cases:
+            for name in methods:
                 label, make = METHODS[name]
-                plain = sorted(set_up(A, make(B, "gpu")) for _ in range(args.reps))
+                conversions = []
+                plain = sorted(set_up(A, make(B, "gpu"), conversions) for _ in range(args.reps))
+                own = cProfile.Profile()
+                own.enable()
+                set_up(A, make(B, "gpu"))
+                own.disable()
                 runs = []
                 for rep in range(args.reps):
                     timer.seconds.clear()
@@ -167,7 +209,8 @@ def main(argv=None):
                 say(f"## {problem} (n = {A.shape[0]:,}, nnz = {A.nnz:,}): {label}")
                 say()
                 say(f"plain set-up s: {', '.join(f'{s:.4f}' for s in plain)}; wrapped (synchronised): "
-                    f"{', '.join(f'{t:.4f}' for t, _, _ in runs)}")
+                    f"{', '.join(f'{t:.4f}' for t, _, _ in runs)}; format conversion ms (plain set-ups): "
+                    f"{', '.join(f'{1e3 * c:.2f}' for c in conversions)}")
                 say()
                 say("| stage (inclusive) | calls | ms (median) |")
                 say("|---|---|---|")
@@ -177,6 +220,16 @@ def main(argv=None):
                 say()
                 text = io.StringIO()
                 pstats.Stats(profile, stream=text).sort_stats("cumulative").print_stats(args.top)
+                say("```")
+                for row in text.getvalue().splitlines():
+                    if row.strip() and not row.startswith(("   Ordered by", "   List reduced")):
+                        say(row.rstrip()[:180])
+                say("```")
+                say()
+                say("A plain set-up, the host's own time by function:")
+                say()
+                text = io.StringIO()
+                pstats.Stats(own, stream=text).sort_stats("tottime").print_stats(args.top)
                 say("```")
                 for row in text.getvalue().splitlines():
                     if row.strip() and not row.startswith(("   Ordered by", "   List reduced")):
