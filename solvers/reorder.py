@@ -25,7 +25,7 @@ import scipy.sparse as sp
 from .backend import array_module, is_cupy_sparse
 from .cuthill_mckee import SORT_ON_DEVICE, cuthill_mckee, program, segments
 from .errors import InputError
-from .formats.base import window_sectors
+from .formats.base import increasing_rows, window_sectors
 
 REORDERINGS = ("auto", "none", "rcm", "neighbours")
 #: Passes of SELL's neighbours' order (:func:`solvers.formats.sell.neighbours_order`, then sorted by length
@@ -158,10 +158,17 @@ class Reordering:
 
 
 def canonical(A):
-    """A SciPy or cupyx CSR matrix with sorted column indices and no duplicates (a copy when ``A`` is not)."""
+    """A SciPy or cupyx CSR matrix with sorted column indices and no duplicates (a copy when ``A`` is not).
+
+    A cupyx matrix is checked entry by entry (:func:`~.formats.base.increasing_rows`) and marked, so that
+    cupyx's own check, a thread a row, never walks a long row alone."""
     A = A.tocsr()
+    if is_cupy_sparse(A):
+        import cupy
+        A.has_canonical_format = increasing_rows(A.indptr, A.indices[:A.nnz], cupy)
     if not A.has_canonical_format:
         A = A.copy()
+        A.has_canonical_format = False  # known: the copy is not checked again
         A.sum_duplicates()
     return A
 

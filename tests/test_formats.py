@@ -4,10 +4,11 @@ import itertools
 import numpy as np
 import pytest
 import scipy.sparse as sp
+from hypothesis import given, settings, strategies as st
 
 from solvers.errors import InputError
 from solvers.formats import CSR, ELL, SELL, choose_format
-from solvers.formats.base import Pattern, pattern_stats, window_sectors
+from solvers.formats.base import Pattern, increasing_rows, pattern_stats, window_sectors
 from solvers.formats.csr import row_lanes
 from solvers.formats.sell import LayoutBuild, neighbour_key, neighbours_order
 from solvers.gallery import poisson, power_law_laplacian, random_geometric_laplacian, stencil27
@@ -316,6 +317,36 @@ def test_pattern_stats_count_entries_longest_row_long_rows_and_columns(name):
     assert pattern_stats(*arrays(A), np, 64) == expected._replace(columns=0)
 
 
+# (row pointers, column indices, canonical: rows' columns strictly increasing, pointers not decreasing)
+CANONICAL_CASES = {
+    "sorted": ([0, 2, 3], [0, 1, 1], True),
+    "unsorted row": ([0, 2, 3], [1, 0, 1], False),
+    "duplicate": ([0, 2, 3], [1, 1, 0], False),
+    "falling only across rows": ([0, 2, 4], [2, 3, 0, 1], True),
+    "empty rows first, between and last": ([0, 0, 2, 2, 3, 3], [0, 1, 0], True),
+    "unsorted before empty last rows": ([0, 2, 2, 2], [1, 0], False),
+    "one entry": ([0, 1], [0], True),
+    "decreasing pointers": ([0, 2, 1, 3], [0, 1, 0], False),
+    "no entries": ([0, 0, 0], [], True),
+}
+
+
+@pytest.mark.parametrize("name", CANONICAL_CASES)
+def test_increasing_rows_tells_canonical_patterns(name):
+    indptr, indices, expected = CANONICAL_CASES[name]
+    assert increasing_rows(np.array(indptr), np.array(indices, dtype=np.int32), np) is expected
+
+
+@given(st.lists(st.lists(st.integers(0, 6), max_size=6), min_size=1, max_size=8))
+@settings(max_examples=200, deadline=None)
+def test_increasing_rows_agrees_with_scipy(rows):
+    indptr = np.cumsum([0] + [len(r) for r in rows])
+    indices = np.array([c for r in rows for c in r], dtype=np.int32)
+    A = sp.csr_matrix((np.ones(indices.size), indices, indptr), shape=(len(rows), 7))
+    assert increasing_rows(indptr, indices, np) is bool(A.has_canonical_format)
+    assert increasing_rows(indptr, indices, np) is all(all(a < b for a, b in zip(r, r[1:])) for r in rows)
+
+
 def test_unknown_format_is_refused():
     with pytest.raises(InputError, match="matrix format must be auto or one of ell, sell, csr"):
         choose_format(*arrays(poisson((4, 4))), np, "bsr")
@@ -379,6 +410,21 @@ def test_the_builds_sort_is_numpys_stable_argsort(cupy, n, bound):
     phases, order = build.sorted_by(cupy.asarray(key), bound)
     build.run(phases)
     np.testing.assert_array_equal(order.get(), np.argsort(key, kind="stable"))
+
+
+@pytest.mark.gpu
+def test_increasing_rows_on_the_device_is_numpys(cupy):
+    hub = power_law_laplacian(5000, seed=1)  # a row of thousands of entries
+    cases = [(ip, ix) for ip, ix, _ in CANONICAL_CASES.values()] + [(hub.indptr, hub.indices)]
+    swapped = hub.indices.copy()
+    start = int(hub.indptr[np.argmax(np.diff(hub.indptr))])
+    swapped[start + 1000], swapped[start + 1001] = swapped[start + 1001], swapped[start + 1000]
+    cases.append((hub.indptr, swapped))
+    for indptr, indices in cases:
+        indptr, indices = np.array(indptr), np.array(indices, dtype=np.int32)
+        on_device = increasing_rows(cupy.asarray(indptr), cupy.asarray(indices), cupy)
+        assert on_device is increasing_rows(indptr, indices, np)
+    assert not increasing_rows(hub.indptr, swapped, np)
 
 
 @pytest.mark.gpu

@@ -67,6 +67,23 @@ def test_device_permutation_is_the_reference(cupy, name, dtype):
         assert np.diff(indptr).max() > SORT_ON_DEVICE  # the rows the host sorts
 
 
+def test_canonical_checks_and_sums_a_device_matrix_by_entries(cupy):
+    import cupyx.scipy.sparse as csp
+    A = power_law_laplacian(5000, seed=2)
+    given = csp.csr_matrix(A)
+    assert canonical(given) is given and given.has_canonical_format
+    start = int(A.indptr[np.argmax(np.diff(A.indptr))])  # the hub row, its first entry twice
+    indices = A.indices.copy()
+    indices[start + 1] = indices[start]
+    repeated = csp.csr_matrix((cupy.asarray(A.data), cupy.asarray(indices), cupy.asarray(A.indptr)), shape=A.shape)
+    B = canonical(repeated)
+    expected = sp.csr_matrix((A.data, indices, A.indptr), shape=A.shape)
+    expected.sum_duplicates()
+    assert B is not repeated and B.has_canonical_format and B.nnz == A.nnz - 1
+    np.testing.assert_array_equal(B.indices.get(), expected.indices)
+    np.testing.assert_allclose(B.data.get(), expected.data)
+
+
 def test_rcm_on_the_gpu_is_our_order_reversed(cupy):
     import cupyx.scipy.sparse as csp
     A = random_geometric_laplacian(5000, seed=2)

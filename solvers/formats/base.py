@@ -221,6 +221,22 @@ def entry_rows(indptr, xp):
     return xp.cumsum(starts[:nnz], dtype=xp.int32)
 
 
+def increasing_rows(indptr, indices, xp=np):
+    """True when a CSR pattern is canonical: its row pointers do not decrease and each row's column indices
+    increase strictly (sorted, no duplicates).
+
+    One pass over the entries (each compared with the one before unless it starts a row), where cupyx's
+    ``has_canonical_format`` walks each row in one thread: on an H200 a row of 888k entries held that
+    check for 21 ms, this one takes a few kernels whatever the rows' lengths."""
+    nnz = int(indices.size)
+    if nnz < 2:
+        return bool(xp.all(xp.diff(indptr) >= 0))
+    starts = xp.zeros(nnz + 1, dtype=bool)  # one past the last entry: where empty last rows start
+    starts[xp.clip(indptr[:-1], 0, nnz)] = True  # clipped: a malformed pointer fails below, not out of bounds
+    rising = starts[1:nnz] | (indices[1:] > indices[:-1])
+    return bool(xp.all(rising) & xp.all(xp.diff(indptr) >= 0))
+
+
 def window_sectors(indptr, indices, rows, window, xp=np, samples=2048, itemsize=8, renumber=None):
     """Distinct 32-byte sectors of the multiplied vector that windows of rows read, per nonzero.
 

@@ -23,7 +23,7 @@ from ..errors import DeviceError, InputError
 from ..formats import choose_format
 from ..kernels.pcg_ref import RUNNING
 from ..kernels.structs import PROGRESS, SLOT, STATE, Struct
-from ..reorder import Reordering
+from ..reorder import Reordering, canonical
 from .cpu import resolve_variant
 from .preconditioners import as_preconditioner, jacobi_inverse_diagonal, make_preconditioner, refuse_unsupported
 from .preconditioners.device import DeviceProgram
@@ -183,7 +183,8 @@ def kernel_program(matrix_format, real, run_block_size, gather_stored, stream_ma
 
 
 def to_device_csr(A, dtype):
-    """Any supported matrix as a cupyx CSR matrix of ``dtype`` with int32 indices, on the device."""
+    """Any supported matrix as a canonical cupyx CSR matrix of ``dtype`` (sorted indices, no duplicates), on the
+    device."""
     cupy = require_cupy()
     import cupyx.scipy.sparse as csp
     import scipy.sparse as sp
@@ -201,8 +202,7 @@ def to_device_csr(A, dtype):
         if dense.ndim != 2:
             raise InputError(f"A must be 2-D, got shape {dense.shape}")
         M = csp.csr_matrix(dense.astype(dtype))
-    M.sum_duplicates()
-    return M
+    return canonical(M)
 
 
 class _HostMapped:

@@ -9,7 +9,9 @@ import dataclasses
 import numpy as np
 
 from .. import kernels
+from ..backend import array_module
 from ..errors import DeviceError, InputError
+from ..formats.base import entry_rows
 from ..kernels.structs import PROGRESS, STATE, Struct
 from .gpu import GPUPCG, to_device_csr
 
@@ -87,13 +89,14 @@ class ClustersUnavailable(DeviceError):
 
 
 def remote_fraction(indptr, indices, shape):
-    """The fraction of a CSR pattern's entries (host arrays) whose column another block of ``shape``'s
-    cluster holds (0 for one block)."""
+    """The fraction of a CSR pattern's entries (host or device arrays, measured where they are) whose column
+    another block of ``shape``'s cluster holds (0 for one block)."""
     n = indptr.size - 1
     if n <= shape.chunk or not indices.size:
         return 0.0
-    rows = np.repeat(np.arange(n), np.diff(indptr))
-    return float(np.mean(rows // shape.chunk != indices // shape.chunk))
+    xp = array_module(indptr)
+    rows = entry_rows(indptr, xp)
+    return float(xp.mean(rows // shape.chunk != indices[:rows.size] // shape.chunk))
 
 
 def host_pattern(A):
@@ -121,7 +124,7 @@ def choose_path(path, n, variant="auto", preconditioner="jacobi", A=None, itemsi
     if spread and variant == "classic":
         return "grid", (f"auto: classic PCG on chip runs inside one cluster (at most {ONCHIP_MAX_ROWS:,} rows), "
                         f"the whole GPU")
-    pattern = host_pattern(A) if A is not None and hasattr(A, "indptr") else None
+    pattern = (A.indptr, A.indices) if A is not None and hasattr(A, "indptr") else None  # where A is
     shape = latency_shape(n, pattern)
     remote = remote_fraction(*pattern, shape) if pattern is not None else 0.0
     limit = SPREAD_MAX_REMOTE if spread else ONCHIP_MAX_REMOTE
@@ -129,6 +132,7 @@ def choose_path(path, n, variant="auto", preconditioner="jacobi", A=None, itemsi
         return "grid", (f"auto: {remote:.0%} of the entries would be read from another block of a cluster "
                         f"(> {limit:.0%}), the whole GPU")
     if pattern is not None:
+        pattern = host_pattern(A)
         start = np.array([0, n])
         chosen = variant if variant in VARIANTS else auto_variant(pattern[0], start, itemsize, pattern[1])
         layout = choose_layout(pattern[0], start, itemsize, True, chosen, pattern[1])
@@ -361,8 +365,8 @@ def latency_shape(rows, pattern=None, spread=True):
     MEASUREMENTS.md): one block of up to 512 threads up to 2,048 rows; above, a cluster of 16 blocks
     of one row a thread while that takes at most ONE_ROW_BLOCK threads a block; else, or where its
     smaller blocks would read more than ONCHIP_MAX_REMOTE of the entries of the system's CSR
-    ``pattern`` (host ``(indptr, indices)``, where given) from other blocks, :func:`cluster_shape`;
-    above ONCHIP_MAX_ROWS rows, with ``spread`` (single-reduction PCG), :func:`spread_shape`.
+    ``pattern`` (``(indptr, indices)``, host or device arrays, where given) from other blocks,
+    :func:`cluster_shape`; above ONCHIP_MAX_ROWS rows, with ``spread`` (single-reduction PCG), :func:`spread_shape`.
     (Poisson 64^2, us an iteration, classic / single-reduction: 16 blocks of 256 threads 2.23 / 2.05,
     8 of 512 2.39 / 2.16; lap2D_5pt_n100: 16 of 640 2.75 / 2.24, 10 of 512 with 2 rows a thread 2.89 /
     2.86; Poisson 128^2: 16 of 512 with 2 rows 2.80 / 2.74, 16 of 1,024 3.29 / 3.06.)"""
