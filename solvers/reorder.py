@@ -161,14 +161,16 @@ def canonical(A):
     """A SciPy or cupyx CSR matrix with sorted column indices and no duplicates (a copy when ``A`` is not).
 
     A cupyx matrix is checked entry by entry (:func:`~.formats.base.increasing_rows`) and marked, so that
-    cupyx's own check, a thread a row, never walks a long row alone."""
+    cupyx's own check, a thread a row, never walks a long row alone; one that is not canonical is made so by
+    SciPy on the host (duplicates summed in their stored order, the same bits whatever the device)."""
     A = A.tocsr()
     if is_cupy_sparse(A):
         import cupy
+        import cupyx.scipy.sparse as csp
         A.has_canonical_format = increasing_rows(A.indptr, A.indices[:A.nnz], cupy)
+        return A if A.has_canonical_format else csp.csr_matrix(canonical(A.get()))
     if not A.has_canonical_format:
         A = A.copy()
-        A.has_canonical_format = False  # known: the copy is not checked again
         A.sum_duplicates()
     return A
 
