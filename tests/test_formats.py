@@ -8,7 +8,7 @@ from hypothesis import given, settings, strategies as st
 
 from solvers.errors import InputError
 from solvers.formats import CSR, ELL, SELL, choose_format
-from solvers.formats.base import Pattern, increasing_rows, pattern_stats, window_sectors
+from solvers.formats.base import Pattern, entry_rows, increasing_rows, pattern_stats, window_sectors
 from solvers.formats.csr import row_lanes
 from solvers.formats.sell import LayoutBuild, neighbour_key, neighbours_order
 from solvers.gallery import poisson, power_law_laplacian, random_geometric_laplacian, stencil27
@@ -410,6 +410,17 @@ def test_the_builds_sort_is_numpys_stable_argsort(cupy, n, bound):
     phases, order = build.sorted_by(cupy.asarray(key), bound)
     build.run(phases)
     np.testing.assert_array_equal(order.get(), np.argsort(key, kind="stable"))
+
+
+@pytest.mark.gpu
+def test_entry_rows_on_the_device_are_numpys(cupy):
+    hub = power_law_laplacian(5000, seed=1)
+    cases = [np.array([0, 0, 2, 2, 2, 5, 5]), np.array([0, 3]), np.array([0, 0, 0]), hub.indptr]
+    for indptr in cases:
+        for dtype in (np.int32, np.int64):
+            expected = entry_rows(indptr.astype(dtype), np)
+            np.testing.assert_array_equal(entry_rows(cupy.asarray(indptr, dtype=dtype), cupy).get(), expected)
+    assert entry_rows(np.array([0, 0, 2, 2, 2, 5, 5]), np).tolist() == [1, 1, 4, 4, 4]
 
 
 @pytest.mark.gpu

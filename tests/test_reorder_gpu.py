@@ -203,6 +203,23 @@ def test_auto_defers_renumbering_a_scattered_stencil_until_it_pays(cupy):
     np.testing.assert_allclose(solver.solve(b).x.get(), res.x.get() / 2, rtol=1e-6, atol=1e-8 * scale)
 
 
+def test_auto_measures_the_reads_only_where_a_plan_could_be_kept(cupy, monkeypatch):
+    from solvers.pcg import solver as solver_module
+    measured = []
+    monkeypatch.setattr(solver_module, "choose_reordering",
+                        lambda *args: measured.append(args[1]) or choose_reordering(*args))
+    graph = random_geometric_laplacian(50_000, seed=1)  # SELL numbers its rows as laid out
+    assert solvers.PCG(graph, device="gpu", path="grid").reordering == FORMAT_NUMBERING and measured == []
+    on_chip = solvers.PCG(poisson((100, 100)), device="gpu")  # on chip where the GPU has clusters
+    if on_chip.path == "on-chip":
+        assert on_chip.reordering.startswith("none (auto reorders the grid path") and measured == []
+    measured.clear()
+    stencil = solvers.PCG(shuffled(poisson((230, 220)), 2), device="gpu", path="grid")  # ELL, as numbered
+    assert measured == ["auto"] and stencil.reordering.startswith("neighbours after ")
+    given = solvers.PCG(cupy.asarray(poisson((30, 30)).toarray()), device="gpu", path="grid")
+    assert given.reordering == "none (the matrix is on the GPU)" and measured == ["auto"]
+
+
 def test_auto_plans_far_ahead_for_a_small_matrix_and_enqueue_gives_the_plan_up(cupy):
     A = shuffled(poisson((230, 220)), 2)  # 50,600 rows numbered at random: ELL, in the L2 cache
     solver = solvers.PCG(A, device="gpu", path="grid")

@@ -14,7 +14,7 @@ import scipy.sparse.linalg as spla
 
 from ..backend import is_cupy_sparse, is_device_array, require_cupy, resolve_device
 from ..errors import DeviceError, InputError
-from ..reorder import DeferredReordering, canonical, choose_reordering
+from ..reorder import canonical, choose_reordering
 from ..resources import require_device_memory, require_host_memory
 from . import scaling
 from .batched import BatchResult
@@ -223,10 +223,12 @@ class PCG:
         self.device, self.device_note = self._choose_device(A, M, spec, device, mode)
         given_on_device = is_cupy_sparse(A) or is_device_array(A)
         A = self._uploaded(A)
-        self._order, self.reordering = self._choose_reordering(A, reorder, given_on_device)
+        # auto on the GPU plans once the solver is set up: its format may number the rows its own way
+        plan_later = reorder == "auto" and self.device == "gpu" and not given_on_device
+        self._order, self.reordering = (None, None) if plan_later else self._choose_reordering(A, reorder,
+                                                                                               given_on_device)
         self._plan = None  # a DeferredReordering not yet due
-        if isinstance(self._order, DeferredReordering):
-            self._plan, self._order = self._order, None
+        unscaled = A
         if self._order is not None:
             A = self._order.matrix(self._where_solved(A))
         self.reorder_time = self._order.seconds if self._order is not None else 0.0
@@ -277,7 +279,8 @@ class PCG:
                                                         self._impl.variant, matrix_format, reordering=order,
                                                         renumber=renumber)
                 self._note_numbering()
-            self._keep_plan(self.path == "grid" and not self._impl.split, n, nnz)
+            if plan_later:
+                self._plan_reordering(unscaled, self.path == "grid" and not self._impl.split, n, nnz)
             self.shape = self._impl.shape
             variant = self._impl.variant
         if self.shape[0] != self.shape[1]:
@@ -313,24 +316,27 @@ class PCG:
         elif self.reordering == FORMAT_NUMBERING:  # a new pattern's layout keeps the given numbering
             self.reordering = "none"
 
-    def _keep_plan(self, fused_grid, n, nnz):
-        """Drop a deferred reordering the solver cannot carry out, saying why in ``reordering``.
+    def _plan_reordering(self, A, fused_grid, n, nnz):
+        """``reorder="auto"`` on the GPU, once the solver is set up with ``A`` as given: nothing more where the
+        format numbers the rows its own way (:meth:`_note_numbering`), else the plan of
+        :func:`~solvers.reorder.choose_reordering`, kept where the solver can carry it out.
 
-        Its cost model is the fused grid kernel's (the on-chip path and a preconditioner's own
-        launches gain differently), and it keeps ``A`` on the GPU until it is due.
+        Its cost model is the fused grid kernel's (the on-chip path and a preconditioner's own launches gain
+        differently), and it keeps ``A`` on the GPU until it is due. The reads are measured only where a plan
+        could be kept (a few ms at 50k rows, as much as the rest of the set-up's measurements).
         """
-        if self._plan is None:
+        if self.reordering == FORMAT_NUMBERING:
             return
-        why = None
-        if not fused_grid:
-            why = "auto reorders the grid path with Jacobi or no preconditioner; reorder='rcm' asks for it"
-        else:
+        if not fused_grid and (sp.issparse(A) or is_cupy_sparse(A)):
+            self.reordering = ("none (auto reorders the grid path with Jacobi or no preconditioner; "
+                               "reorder='rcm' asks for it)")
+            return
+        self._plan, self.reordering = choose_reordering(A, "auto", self.device)
+        if self._plan is not None:
             try:
                 require_device_memory(2 * device_bytes(n, nnz, self.dtype), "A kept for a later reordering")
             except DeviceError:
-                why = "no room on the GPU to keep A for a later reordering"
-        if why is not None:
-            self._plan, self.reordering = None, f"none ({why})"
+                self._plan, self.reordering = None, "none (no room on the GPU to keep A for a later reordering)"
 
     def _reorder_now(self, *vectors):
         """Carry out the deferred reordering; ``vectors`` (device, as numbered) in the numbering that follows.
