@@ -77,9 +77,9 @@ def test_canonical_checks_and_sums_a_device_matrix_by_entries(cupy):
     indices[start + 1] = indices[start]
     repeated = csp.csr_matrix((cupy.asarray(A.data), cupy.asarray(indices), cupy.asarray(A.indptr)), shape=A.shape)
     B = canonical(repeated)
-    expected = sp.csr_matrix((A.data, indices, A.indptr), shape=A.shape)
-    expected.sum_duplicates()
-    assert B is not repeated and B.has_canonical_format and B.nnz == A.nnz - 1
+    expected = sp.csr_matrix((A.data.copy(), indices.copy(), A.indptr.copy()), shape=A.shape)
+    expected.sum_duplicates()  # in place: on copies, so that A keeps its own
+    assert B is not repeated and B.has_canonical_format and B.nnz == A.nnz - 1 == expected.nnz
     np.testing.assert_array_equal(B.indices.get(), expected.indices)
     np.testing.assert_allclose(B.data.get(), expected.data)
 
