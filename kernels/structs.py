@@ -42,10 +42,19 @@ class Struct:
     def __init__(self, name, fields):
         self.name = name
         self.fields = tuple(fields)
+        self._hash = hash((name, self.fields))
         self.dtype = np.dtype([(f, self._numpy_type(t)) for f, t in self.fields], align=True)
         self._packer, self._slots = self._byte_layout()
         self._defaults = [bytes(self.dtype.fields[name][0].itemsize) if kind == "struct" else 0
                           for name, (_, count, kind) in self._slots.items() for _ in range(count)]
+
+    def __eq__(self, other):
+        """Equal when the C definitions are: a struct made again for another set-up (a kernel's parameters
+        over the same ``Matrix``) finds the module compiled for the first (:func:`kernels.module`'s cache)."""
+        return isinstance(other, Struct) and (self.name, self.fields) == (other.name, other.fields)
+
+    def __hash__(self):
+        return self._hash
 
     def _byte_layout(self):
         """A :class:`struct.Struct` writing the fields at the dtype's offsets (padding as pad bytes), and

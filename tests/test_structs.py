@@ -1,4 +1,5 @@
-"""Kernel argument structs (kernels/structs.py): packed bytes equal NumPy's own layout of the fields."""
+"""Kernel argument structs (kernels/structs.py): packed bytes equal NumPy's own layout of the fields; equal structs
+fetch one compiled module."""
 import numpy as np
 import pytest
 
@@ -34,3 +35,27 @@ def test_unnamed_fields_are_zero_and_null_pointers_are_zero():
 def test_an_unknown_field_is_refused():
     with pytest.raises(KeyError, match="Outer has no field 'q'"):
         OUTER.pack(q=1)
+
+
+def test_structs_made_again_are_equal_and_hash_alike():
+    again = Struct("Outer", list(OUTER.fields))
+    assert again == OUTER and hash(again) == hash(OUTER) and len({again, OUTER}) == 1
+    assert Struct("Inner", [("v", "double[3]"), ("k", "unsigned int")]) != INNER
+    assert Struct("Other", list(INNER.fields)) != INNER
+
+
+def test_a_program_made_again_from_equal_structs_is_fetched_not_built(monkeypatch):
+    from solvers import kernels
+    built = []
+    monkeypatch.setattr(kernels, "_compiled", lambda code: built.append(code) or object())
+    kernels._module.cache_clear()
+    try:
+        def made():  # new struct objects each time, as each set-up makes its kernel's parameters
+            return dict(name="sort", structs=(Struct("Outer", list(OUTER.fields)),))
+        first = kernels.module(**made())
+        assert kernels.module(**made()) is first and len(built) == 1
+        read = kernels.source
+        monkeypatch.setattr(kernels, "source", lambda name: read(name) + "// altered\n")
+        assert kernels.module(**made()) is not first and len(built) == 2 and built[1].endswith("// altered\n")
+    finally:
+        kernels._module.cache_clear()  # no stand-in left for later tests
