@@ -220,9 +220,8 @@ def entry_rows(indptr, xp):
     if xp is np:
         starts = np.bincount(indptr[1:n], minlength=nnz + 1)  # empty rows put several starts at one entry
     else:  # one atomic scatter, where CuPy's bincount first reads the least and largest values back
-        import cupyx
         starts = xp.zeros(nnz + 1, dtype=xp.int32)
-        cupyx.scatter_add(starts, indptr[1:n], 1)
+        xp.add.at(starts, indptr[1:n], 1)
     return xp.cumsum(starts[:nnz], dtype=xp.int32)
 
 
