@@ -151,6 +151,15 @@ def graphs(names):
         yield name, getattr(gallery, generator)(n), None
 
 
+def profile_block(profile, order, top):
+    """The ``top`` rows of a cProfile by ``order`` (a pstats sort key), as the lines of a fenced block."""
+    text = io.StringIO()
+    pstats.Stats(profile, stream=text).sort_stats(order).print_stats(top)
+    rows = [row.rstrip()[:180] for row in text.getvalue().splitlines()
+            if row.strip() and not row.startswith(("   Ordered by", "   List reduced"))]
+    return ["```", *rows, "```"]
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--diffusion", type=int, default=2048, metavar="N", help="diffusion grid side (0: skip)")
@@ -218,23 +227,13 @@ def main(argv=None):
                 for stage in stages:
                     say(f"| {stage} | {runs[-1][2][stage]} | {1e3 * np.median([r[1].get(stage, 0.0) for r in runs]):.1f} |")
                 say()
-                text = io.StringIO()
-                pstats.Stats(profile, stream=text).sort_stats("cumulative").print_stats(args.top)
-                say("```")
-                for row in text.getvalue().splitlines():
-                    if row.strip() and not row.startswith(("   Ordered by", "   List reduced")):
-                        say(row.rstrip()[:180])
-                say("```")
+                for line in profile_block(profile, "cumulative", args.top):
+                    say(line)
                 say()
                 say("A plain set-up, the host's own time by function:")
                 say()
-                text = io.StringIO()
-                pstats.Stats(own, stream=text).sort_stats("tottime").print_stats(args.top)
-                say("```")
-                for row in text.getvalue().splitlines():
-                    if row.strip() and not row.startswith(("   Ordered by", "   List reduced")):
-                        say(row.rstrip()[:180])
-                say("```")
+                for line in profile_block(own, "tottime", args.top):
+                    say(line)
                 say()
                 cupy.get_default_memory_pool().free_all_blocks()
     finally:
