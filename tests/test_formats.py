@@ -331,6 +331,10 @@ CANONICAL_CASES = {
 }
 
 
+def test_entry_rows_skip_empty_rows():
+    assert entry_rows(np.array([0, 0, 2, 2, 2, 5, 5]), np).tolist() == [1, 1, 4, 4, 4]
+
+
 @pytest.mark.parametrize("name", CANONICAL_CASES)
 def test_increasing_rows_tells_canonical_patterns(name):
     indptr, indices, expected = CANONICAL_CASES[name]
@@ -420,7 +424,6 @@ def test_entry_rows_on_the_device_are_numpys(cupy):
         for dtype in (np.int32, np.int64):
             expected = entry_rows(indptr.astype(dtype), np)
             np.testing.assert_array_equal(entry_rows(cupy.asarray(indptr, dtype=dtype), cupy).get(), expected)
-    assert entry_rows(np.array([0, 0, 2, 2, 2, 5, 5]), np).tolist() == [1, 1, 4, 4, 4]
 
 
 @pytest.mark.gpu

@@ -132,14 +132,14 @@ def choose_path(path, n, variant="auto", preconditioner="jacobi", A=None, itemsi
         return "grid", (f"auto: {remote:.0%} of the entries would be read from another block of a cluster "
                         f"(> {limit:.0%}), the whole GPU")
     if pattern is not None:
-        pattern = host_pattern(A)
+        indptr, indices = host_pattern(A)  # the layout's choice runs on the host
         start = np.array([0, n])
-        chosen = variant if variant in VARIANTS else auto_variant(pattern[0], start, itemsize, pattern[1])
-        layout = choose_layout(pattern[0], start, itemsize, True, chosen, pattern[1])
+        chosen = variant if variant in VARIANTS else auto_variant(indptr, start, itemsize, indices)
+        layout = choose_layout(indptr, start, itemsize, True, chosen, indices)
         if layout.in_shared < layout.entries:
             return "grid", (f"auto: {1 - layout.in_shared / layout.entries:.0%} of the matrix's slices would lie in "
                             f"global memory on chip, the whole GPU")
-        walk = slice_walk(pattern[0], layout)
+        walk = slice_walk(indptr, layout)
         if walk > ONCHIP_MAX_WALK:
             return "grid", (f"auto: its longest rows would take {walk:,} steps of a warp a product on chip "
                             f"(> {ONCHIP_MAX_WALK}), the whole GPU")
