@@ -45,3 +45,42 @@ extern "C" __global__ void ell_place(const EllPlace a) {
         }
     }
 }
+
+// DIA's layout (DIA.__init__), in two passes over the rows. stats holds [0] the entries off the
+// diagonals, [1] the largest column + 1, [2] the first row of `width` entries (starts at n), then from
+// [3] that row's offsets (column - row): the diagonals. src starts at -1.
+// struct DiaPlace (generated): n, width, indptr, indices, src, stats.
+extern "C" __global__ void dia_widest(const DiaPlace a) {
+    for (int r = blockIdx.x * blockDim.x + threadIdx.x; r < a.n; r += gridDim.x * blockDim.x)
+        if (a.indptr[r + 1] - a.indptr[r] == a.width) atomicMin(&a.stats[2], r);
+}
+
+// One thread a row r walks its entries and the diagonals together (both ascending): entry e goes to
+// slot k n + r where its offset is the k-th diagonal's; an entry on none of them (or out of order, or
+// repeated) is counted in stats[0]. Each slot is written once: nothing depends on the scheduling.
+extern "C" __global__ void dia_place(const DiaPlace a) {
+    const int widest = a.stats[2];
+    const int* diagonal = a.indices + a.indptr[widest];  // columns of the widest row: offsets + widest
+    int misses = 0, columns = 0;
+    for (int r = blockIdx.x * blockDim.x + threadIdx.x; r < a.n; r += gridDim.x * blockDim.x) {
+        if (r == widest)
+            for (int k = 0; k < a.width; ++k) a.stats[3 + k] = diagonal[k] - widest;
+        const int first = a.indptr[r], last = a.indptr[r + 1];
+        int k = 0;
+        for (int e = first; e < last; ++e) {
+            const int column = a.indices[e], offset = column - r;
+            columns = max(columns, column + 1);
+            while (k < a.width && diagonal[k] - widest < offset) ++k;
+            if (k < a.width && diagonal[k] - widest == offset) a.src[(size_t)k++ * a.n + r] = e;
+            else ++misses;
+        }
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        misses += __shfl_xor_sync(0xffffffffu, misses, o);
+        columns = max(columns, __shfl_xor_sync(0xffffffffu, columns, o));
+    }
+    if ((threadIdx.x & 31) == 0) {
+        if (misses) atomicAdd(&a.stats[0], misses);
+        atomicMax(&a.stats[1], columns);
+    }
+}

@@ -162,9 +162,10 @@ __device__ __forceinline__ Cols mr_precondition(const real_t* dinv, int i, Cols 
     return r;
 }
 
-// (A v)_i over the thread's columns' entries v(j) of the row. The matrix is the solver's own ELL
-// layout when it has one (MR_ELL_WIDTH entries a row, column-major, padding of value 0 at the row's
-// own column: the unrolled loop keeps all of a row's loads in flight), else CSR (rowptr, col, val).
+// (A v)_i over the thread's columns' entries v(j) of the row. The matrix is the solver's own ELL or
+// DIA slots when it has them (MR_ELL_WIDTH entries a row, column-major, padding of value 0 at a column
+// inside the vector; DIA's columns written out: the unrolled loop keeps all of a row's loads in
+// flight), else CSR (rowptr, col, val).
 template <typename V>
 __device__ __forceinline__ Cols row_product(const MultiRun& a, int i, V v) {
     Cols q;

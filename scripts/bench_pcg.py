@@ -8,7 +8,8 @@ name.
 
 Problems: Poisson stencils, the SuiteSparse matrices in ``tests/data``, and unstructured
 classes from :mod:`solvers.gallery` (random geometric and power-law graph
-Laplacians with random numbering, a 27-point stencil), once more with reverse
+Laplacians with random numbering, a 27-point stencil, also in ELL with its columns stored where
+``auto`` takes DIA), once more with reverse
 Cuthill-McKee reordering (``reorder="rcm"``) and with the neighbours' renumbering
 (``reorder="neighbours"``) where they apply; the large random geometric graph also as
 numbered (``reorder="none"``: SELL lays its rows out by neighbours but keeps the given
@@ -60,6 +61,7 @@ def problems(quick, data_dir):
            lambda: power_law_laplacian(big // 2), {})
     side = 48 if quick else 128
     yield (f"27-point {side}^3", lambda: stencil27((side, side, side)), {})
+    yield (f"27-point {side}^3, as ELL", lambda: stencil27((side, side, side)), {"matrix_format": "ell"})
     if not quick:
         yield ("Poisson 256x256x256", lambda: poisson((256, 256, 256)), {})
 

@@ -7,7 +7,7 @@ import scipy.sparse as sp
 from hypothesis import given, settings, strategies as st
 
 from solvers.errors import InputError
-from solvers.formats import CSR, ELL, SELL, choose_format
+from solvers.formats import CSR, DIA, ELL, SELL, DiagonalsDoNotFit, choose_format
 from solvers.formats.base import Pattern, entry_rows, increasing_rows, pattern_stats, window_sectors
 from solvers.formats.csr import row_lanes
 from solvers.formats.sell import LayoutBuild, neighbour_key, neighbours_order
@@ -46,14 +46,23 @@ def arrays(A):
     return A.indptr.astype(np.int32), A.indices.astype(np.int32)
 
 
+def shuffled(A, seed=0):
+    """``A`` numbered at random (symmetrically)."""
+    order = np.random.default_rng(seed).permutation(A.shape[0])
+    return sp.csr_matrix(A.tocsr()[order][:, order])
+
+
 @pytest.mark.parametrize("name", MATRICES)
-@pytest.mark.parametrize("fmt", ["ell", "sell", "csr"])
+@pytest.mark.parametrize("fmt", ["dia", "ell", "sell", "csr"])
 def test_layout_reproduces_the_product(name, fmt):
     A = MATRICES[name]()
     try:
         layout = choose_format(*arrays(A), np, fmt)
+    except DiagonalsDoNotFit as exc:
+        assert fmt == "dia" and name in ("geometric", "empty_rows") and "lie off them" in str(exc)
+        return
     except InputError as exc:
-        assert fmt == "ell" and "ELL needs rows" in str(exc)
+        assert fmt in ("ell", "dia") and f"{fmt.upper()} needs rows" in str(exc)
         assert np.diff(A.indptr).max() > ELL.MAX_WIDTH or np.diff(A.indptr).min() == 0
         return
     x = np.random.default_rng(0).standard_normal(A.shape[1])
@@ -68,11 +77,13 @@ def test_layout_reproduces_the_product(name, fmt):
     np.testing.assert_array_equal(layout.csr_values(val2), 2.0 * A.data)
 
 
-@pytest.mark.parametrize("name, expected", [("poisson2d", "ell"), ("poisson3d", "ell"), ("stencil27", "ell"),
+@pytest.mark.parametrize("name, expected", [("poisson2d", "dia"), ("poisson3d", "dia"), ("stencil27", "dia"),
+                                            ("stencil27 shuffled", "ell"), ("poisson2d shuffled", "ell"),
                                             ("geometric", "sell"), ("power_law", "sell"),
                                             ("one_long_row", "sell")])
-def test_auto_follows_row_lengths(name, expected):
-    assert choose_format(*arrays(MATRICES[name]()), np).name == expected
+def test_auto_follows_row_lengths_and_diagonals(name, expected):
+    A = MATRICES[name.split()[0]]()
+    assert choose_format(*arrays(shuffled(A) if "shuffled" in name else A), np).name == expected
 
 
 def test_ell_padding_points_at_its_own_row():
@@ -82,6 +93,69 @@ def test_ell_padding_points_at_its_own_row():
     pad = val == 0
     assert layout.width == 7 and pad.any()
     assert np.array_equal(layout.col[pad], np.tile(np.arange(n), 7)[pad])
+
+
+def banded_rectangular():
+    """Three diagonals of a 20 x 30 matrix: the columns run past the rows."""
+    return sp.csr_matrix(sp.diags([1.0, 2.0, 3.0], [0, 4, 9], shape=(20, 30)))
+
+
+@pytest.mark.parametrize("name", ["poisson2d", "poisson3d", "stencil27", "banded rectangular"])
+def test_dia_slots_are_ells_with_the_widest_rows_diagonals(name):
+    A = banded_rectangular() if name == "banded rectangular" else MATRICES[name]()
+    dia, ell = DIA(*arrays(A), np), ELL(*arrays(A), np)
+    n, widest = A.shape[0], int(np.argmax(np.diff(A.indptr)))
+    np.testing.assert_array_equal(dia.diagonals, A.indices[A.indptr[widest]:A.indptr[widest + 1]] - widest)
+    assert dia.describe().startswith(f"dia ({dia.width} diagonals") and dia.index_bytes() == 0
+    assert (dia.width, dia.size, dia.columns) == (ell.width, ell.size, max(n, int(A.indices.max()) + 1))
+    # every stored slot holds the same entry as ELL's, at a column the kernel computes
+    held = dia._src >= 0
+    np.testing.assert_array_equal(dia.slot_columns()[held], A.indices[dia._src[held]])
+    cols = dia.slot_columns()
+    assert cols.min() >= 0 and cols.max() < dia.columns
+    x = np.random.default_rng(2).standard_normal(dia.columns)
+    np.testing.assert_array_equal(dia.product(dia.values(A.data), x), ell.product(ell.values(A.data), x))
+
+
+# patterns DIA refuses: (indptr, indices), with the widest row first
+OFF_DIAGONAL = {
+    "an entry off the diagonals": ([0, 3, 5, 7], [0, 1, 2, 0, 1, 0, 2]),
+    "columns out of order": ([0, 3, 5, 7], [0, 1, 2, 1, 0, 1, 2]),
+    "a repeated entry": ([0, 3, 5, 7], [0, 1, 2, 1, 1, 2, 3]),
+}
+
+
+@pytest.mark.parametrize("name", OFF_DIAGONAL)
+def test_dia_refuses_a_pattern_off_the_widest_rows_diagonals(name):
+    indptr, indices = (np.array(a, dtype=np.int32) for a in OFF_DIAGONAL[name])
+    with pytest.raises(DiagonalsDoNotFit, match="DIA needs every entry on a diagonal of the widest row"):
+        DIA(indptr, indices, np)
+    assert choose_format(indptr, indices, np).name == "ell"  # auto lays it out as ELL instead
+
+
+@given(st.integers(3, 40), st.sets(st.integers(-6, 6), min_size=1, max_size=6), st.data())
+@settings(max_examples=150, deadline=None)
+def test_dia_holds_a_pattern_exactly_when_its_rows_lie_on_the_widest_rows_diagonals(n, offsets, data):
+    """Rows of random subsets of a band's diagonals: DIA holds them iff every row's offsets are a widest row's,
+    and then reproduces SciPy's product bit for bit."""
+    offsets = sorted(offsets)
+    rows = [[r + d for d in offsets if 0 <= r + d < n and data.draw(st.booleans())] for r in range(n)]
+    rows[0] = rows[0] or [0]
+    indptr = np.cumsum([0] + [len(r) for r in rows]).astype(np.int32)
+    indices = np.array([c for r in rows for c in r], dtype=np.int32)
+    lengths = np.diff(indptr)
+    widest = int(np.argmax(lengths))
+    diagonals = set(indices[indptr[widest]:indptr[widest + 1]] - widest)
+    fits = all(set(np.array(r) - i) <= diagonals for i, r in enumerate(rows))
+    try:
+        layout = DIA(indptr, indices, np)
+    except DiagonalsDoNotFit:
+        assert not fits
+        return
+    assert fits
+    A = sp.csr_matrix((np.random.default_rng(n).standard_normal(indices.size), indices, indptr), shape=(n, n))
+    x = np.random.default_rng(1).standard_normal(n)
+    np.testing.assert_array_equal(layout.product(layout.values(A.data), x), A @ x)
 
 
 @pytest.mark.parametrize("lanes", [1, 2, 4, 8])
@@ -352,7 +426,7 @@ def test_increasing_rows_agrees_with_scipy(rows):
 
 
 def test_unknown_format_is_refused():
-    with pytest.raises(InputError, match="matrix format must be auto or one of ell, sell, csr"):
+    with pytest.raises(InputError, match="matrix format must be auto or one of dia, ell, sell, csr"):
         choose_format(*arrays(poisson((4, 4))), np, "bsr")
 
 
@@ -448,6 +522,25 @@ def test_pattern_stats_kernel_equals_numpy(cupy, name):
     for columns in (False, True):
         expected = pattern_stats(*arrays(A), np, SELL.LONG_ROW, columns)
         assert pattern_stats(*(cupy.asarray(a) for a in arrays(A)), cupy, SELL.LONG_ROW, columns) == expected
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["poisson2d", "poisson3d", "stencil27", "banded rectangular", *OFF_DIAGONAL])
+def test_dia_layout_kernels_equal_the_numpy_layout(cupy, name):
+    A = banded_rectangular() if name == "banded rectangular" else MATRICES.get(name, lambda: None)()
+    pattern = arrays(A) if A is not None else tuple(np.array(a, dtype=np.int32) for a in OFF_DIAGONAL[name])
+    try:
+        ref = DIA(*pattern, np)
+    except DiagonalsDoNotFit as exc:
+        with pytest.raises(DiagonalsDoNotFit) as on_device:
+            DIA(*(cupy.asarray(a) for a in pattern), cupy)
+        assert str(on_device.value) == str(exc)  # the same count of misses, at the same widest row
+        return
+    dev = DIA(*(cupy.asarray(a) for a in pattern), cupy)
+    assert (dev.width, dev.size, dev.nnz, dev.columns) == (ref.width, ref.size, ref.nnz, ref.columns)
+    np.testing.assert_array_equal(dev.offsets, ref.offsets)
+    np.testing.assert_array_equal(dev._src.get(), ref._src)
+    np.testing.assert_array_equal(dev.values(cupy.asarray(A.data)).get(), ref.values(A.data))
 
 
 @pytest.mark.gpu

@@ -28,11 +28,12 @@ def compile_ok(text, tmp_path):
 
 
 def layout(fmt):
-    A = power_law_laplacian(3000, seed=1) if fmt != "ell" else poisson((12, 12))
+    A = power_law_laplacian(3000, seed=1) if fmt not in ("dia", "ell") else poisson((12, 12))
     return choose_format(A.indptr.astype(np.int32), A.indices.astype(np.int32), np, fmt)
 
 
-@pytest.mark.parametrize("fmt, real, stored", [("ell", "double", False), ("ell", "float", True),
+@pytest.mark.parametrize("fmt, real, stored", [("dia", "double", False), ("dia", "float", True),
+                                               ("ell", "double", False), ("ell", "float", True),
                                                ("sell", "double", True), ("sell", "float", False),
                                                ("csr", "double", True)])
 def test_pcg_and_distributed_kernels_compile(fmt, real, stored, tmp_path):
@@ -89,7 +90,7 @@ def test_onchip_kernels_compile(real, rows, latency, tmp_path):
             compile_ok(kernels.program(**kernel_program(layout, variant, real, 2)), tmp_path)
 
 
-@pytest.mark.parametrize("fmt, real", [("ell", "double"), ("sell", "float"), ("csr", "double")])
+@pytest.mark.parametrize("fmt, real", [("dia", "float"), ("ell", "double"), ("sell", "float"), ("csr", "double")])
 def test_split_pcg_kernels_compile(fmt, real, tmp_path):
     from solvers.pcg.gpu import kernel_program
     compile_ok(kernels.program(**kernel_program(layout(fmt), real, 512, False, split=True)), tmp_path)
@@ -98,10 +99,10 @@ def test_split_pcg_kernels_compile(fmt, real, tmp_path):
 @pytest.mark.parametrize("real, outer", [("double", "double"), ("float", "double"), ("float", "float")])
 def test_preconditioner_kernels_compile(real, outer, tmp_path):
     compile_ok(kernels.program("precond_pointwise", real, defines=(("outer_t", outer),)), tmp_path)
-    for fmt in ("ell", "sell", "csr"):
+    for fmt in ("dia", "ell", "sell", "csr"):
         matrix_format = layout(fmt)
         compile_ok(kernels.program("precond", real, defines=tuple(matrix_format.defines) + (("outer_t", outer),),
-                                   before=("matrix", fmt),
+                                   before=("matrix", *matrix_format.kernel_files),
                                    structs=(matrix_format.struct,)), tmp_path)
 
 

@@ -4,7 +4,7 @@ import pytest
 import scipy.sparse as sp
 
 import solvers
-from solvers.gallery import anisotropic_diffusion, poisson, power_law_laplacian, random_geometric_laplacian
+from solvers.gallery import anisotropic_diffusion, poisson, power_law_laplacian, random_geometric_laplacian, stencil27
 from solvers.mmio import read_matrix
 from solvers.pcg.result import Reason
 from solvers.pcg.solver import FORMAT_NUMBERING
@@ -45,8 +45,8 @@ def with_long_row(A, length=None):
 
 
 # (matrix format, gather): every kernel configuration the solver can run
-CONFIGS = [("ell", "formed"), ("ell", "stored"), ("sell", "formed"), ("sell", "stored"), ("csr", "formed"),
-           ("csr", "stored")]
+CONFIGS = [("dia", "formed"), ("dia", "stored"), ("ell", "formed"), ("ell", "stored"), ("sell", "formed"),
+           ("sell", "stored"), ("csr", "formed"), ("csr", "stored")]
 
 
 def set_state(g, **fields):
@@ -63,7 +63,7 @@ def test_classic_kernel_matches_numpy_reference(cupy, fmt, gather, held):
     from solvers.pcg.gpu import GPUPCG
 
     A = poisson((20, 30)) + sp.diags(np.linspace(0.1, 1.0, 600))
-    A = with_long_row(A.tocsr()) if fmt != "ell" else A.tocsr()
+    A = with_long_row(A.tocsr()) if fmt not in ("dia", "ell") else A.tocsr()
     rng = np.random.default_rng(3)
     g = GPUPCG(A, "jacobi", np.float64, "eager", 1, False, variant="classic", matrix_format=fmt, gather=gather,
                held=held)
@@ -150,7 +150,7 @@ def test_single_reduction_kernel_matches_numpy_reference(cupy, fmt, gather):
     from solvers.pcg.gpu import GPUPCG
 
     A = poisson((20, 30)) + sp.diags(np.linspace(0.1, 1.0, 600))
-    A = with_long_row(A.tocsr()) if fmt != "ell" else A.tocsr()
+    A = with_long_row(A.tocsr()) if fmt not in ("dia", "ell") else A.tocsr()
     n = A.shape[0]
     g = GPUPCG(A, "jacobi", np.float64, "eager", 1, False, variant="single-reduction", matrix_format=fmt,
                gather=gather)
@@ -341,11 +341,11 @@ IRREGULAR = {
 @pytest.mark.parametrize("fmt, gather", CONFIGS)
 def test_every_format_and_gather_agrees_across_modes_and_with_cpu(cupy, variant, fmt, gather):
     from solvers.pcg.gpu import GPUPCG
-    for name, make in IRREGULAR.items():
+    for name, make in {**IRREGULAR, "stencil": lambda: stencil27((12, 10, 9))}.items():
         A = make()
         n = A.shape[0]
-        if fmt == "ell" and np.diff(A.indptr).max() > 64:
-            with pytest.raises(solvers.InputError, match="ELL needs rows"):
+        if fmt in ("dia", "ell") and (np.diff(A.indptr).max() > 64 or fmt == "dia" and name != "stencil"):
+            with pytest.raises(solvers.InputError, match=f"{fmt.upper()} needs"):
                 GPUPCG(A, "jacobi", np.float64, "while", 4, False, variant, fmt, gather)
             continue
         b = np.random.default_rng(11).standard_normal(n)
@@ -407,7 +407,7 @@ def test_auto_format_gather_and_reordering_are_reported(cupy):
     res = solver.solve(b)
     assert res.converged and np.abs(res.x.get() - 1).max() < 1e-5
     stencil = solvers.PCG(poisson((50, 50)), device="gpu", path="grid")
-    assert stencil.format.startswith("ell") and "gather formed" in stencil.format
+    assert stencil.format.startswith("dia") and "gather formed" in stencil.format
     assert stencil.reordering.startswith("none (local reads")
 
 

@@ -249,13 +249,16 @@ def test_kernels_match_their_numpy_reference(dtype, monkeypatch):
 
     rng = np.random.default_rng(5)
     tolerance = 1e-12 if dtype == "float64" else 1e-5
-    # rows of 1 to ~80 entries (SELL of 1 to 8 lanes and long rows in pieces), a stencil (ELL, the
-    # solver's size), a prolongation (more rows than columns: CSR), a restriction and a dense block
+    # rows of 1 to ~80 entries (SELL of 1 to 8 lanes and long rows in pieces), a stencil (DIA, the
+    # solver's size), a prolongation (more rows than columns: CSR), a restriction, a dense block and the
+    # stencil numbered at random (ELL)
     matrices = [sp.random(500, 500, density=d, random_state=k, format="csr") + sp.eye(500) for k, d in
                 enumerate((0.0, 0.004, 0.02, 0.16))]
     matrices += [rotated_anisotropic_diffusion((40, 40)), sp.random(500, 120, density=0.05, random_state=9,
                                                                     format="csr"),
                  sp.random(120, 500, density=0.05, random_state=8, format="csr"), rng.standard_normal((40, 500))]
+    order = rng.permutation(matrices[4].shape[0])
+    matrices.append(sp.csr_matrix(matrices[4].tocsr()[order][:, order]))
     formats = set()
     for M in matrices:
         rows, cols = M.shape
@@ -268,7 +271,7 @@ def test_kernels_match_their_numpy_reference(dtype, monkeypatch):
         program.launch()
         expected = precond_ref.axpby(M, v.astype(dtype), y.astype(dtype), -1.0, 1.0)
         assert np.linalg.norm(dout.get() - expected) <= tolerance * np.linalg.norm(expected) * 10
-    assert formats == {"ell", "sell", "csr"}
+    assert formats == {"dia", "ell", "sell", "csr"}
     for A in (matrices[2], matrices[4]):
         n = A.shape[0]
         b, dinv, x, d_old, rs, s = (rng.standard_normal(n) for _ in range(6))

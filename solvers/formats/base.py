@@ -11,7 +11,9 @@ PATTERN = Struct("PatternStats", [("n", "int"), ("long_row", "int"), ("columns",
                                   ("indices", "const int*"), ("stats", "int*")])
 ELL_PLACE = Struct("EllPlace", [("n", "int"), ("width", "int"), ("indptr", "const int*"), ("indices", "const int*"),
                                 ("col", "int*"), ("src", "int*")])
-LAYOUT_STRUCTS = (PATTERN, ELL_PLACE)
+DIA_PLACE = Struct("DiaPlace", [("n", "int"), ("width", "int"), ("indptr", "const int*"), ("indices", "const int*"),
+                                ("src", "int*"), ("stats", "int*")])
+LAYOUT_STRUCTS = (PATTERN, ELL_PLACE, DIA_PLACE)
 # The device's stable sort of int keys carrying int values (kernels/sort.cu).
 RADIX_SORT = Struct("RadixSort", [("n", "int"), ("tile", "int"), ("tiles", "int"), ("passes", "int"),
                                   ("keys", "const int*"), ("values", "const int*"), ("counts", "int*"),
@@ -147,7 +149,10 @@ class MatrixFormat:
     ----------
     n, nnz : int
     defines : tuple of (str, str)
-        Preprocessor definitions the format's kernel file needs.
+        Preprocessor definitions the format's kernel files need.
+    gather : {"stored", "formed"}
+        How ``gather="auto"`` has the PCG kernels read the multiplied vector: formed where
+        each row's thread reads it at its columns (one thread a row), stored otherwise.
     numbering : int array or None
         Where the layout numbers the rows its own way: row ``i`` of its numbering is
         row ``numbering[i]`` of the CSR pattern (its products read and write vectors
@@ -158,6 +163,16 @@ class MatrixFormat:
     fields = ()
     defines = ()
     numbering = None
+    gather = "stored"
+
+    @property
+    def kernel_files(self):
+        """The files of ``kernels/`` that implement the format, in the order they are compiled."""
+        return (self.name,)
+
+    def index_bytes(self):
+        """Bytes of the index arrays a product reads besides the values."""
+        return self.col.nbytes
 
     def __init__(self, indptr, xp, nnz):
         self.xp = xp

@@ -126,10 +126,11 @@ def build_parser():
                         "auto: on the on-chip path classic in one block holding whole rows in registers, "
                         "else single-reduction; on the grid path single-reduction up to 131,072 rows, else "
                         "classic (default auto)")
-    p.add_argument("--format", choices=("auto", "ell", "sell", "csr"), default="auto",
-                   help="matrix storage on the GPU: ELL (rows of nearly equal length, e.g. stencils), "
+    p.add_argument("--format", choices=("auto", "dia", "ell", "sell", "csr"), default="auto",
+                   help="matrix storage on the GPU: DIA (ELL with every entry on a diagonal of the widest "
+                        "row, e.g. stencils on grids; no column indices), ELL (rows of nearly equal length), "
                         "SELL-C-sigma (any rows; very long ones split over several warps) or CSR; "
-                        "auto: ELL when the rows allow, else SELL")
+                        "auto: DIA or else ELL when the rows allow, else SELL")
     p.add_argument("--path", choices=("auto", "grid", "on-chip"), default="auto",
                    help="GPU kernel: the whole GPU with grid-wide barriers, or the iteration inside one "
                         "thread block or cluster, or over a few clusters (small systems); auto: on chip up "

@@ -175,7 +175,7 @@ def kernel_program(matrix_format, real, run_block_size, gather_stored, stream_ma
     if stream_matrix:
         defines += (("STREAM_MATRIX", "1"),)
     structs = (STATE, PROGRESS) + tuple(v.struct(matrix_format.struct) for v in VARIANTS.values())
-    program = dict(name="pcg", real=real, defines=defines, before=("stopping", "matrix", matrix_format.name),
+    program = dict(name="pcg", real=real, defines=defines, before=("stopping", "matrix", *matrix_format.kernel_files),
                    structs=structs)
     if split:
         program.update(structs=structs + (split_struct(matrix_format.struct),), extra=("pcg_split",))
@@ -225,14 +225,14 @@ class GPUPCG:
     A, preconditioner, dtype, mode, unroll, record_history, variant
         As for :class:`~solvers.pcg.solver.PCG` (``preconditioner`` a name or a
         :class:`~solvers.pcg.Preconditioner`, set up here on the device matrix).
-    matrix_format : {"auto", "ell", "sell", "csr"}
+    matrix_format : {"auto", "dia", "ell", "sell", "csr"}
         Storage of A (:func:`solvers.formats.choose_format`).
     gather : {"auto", "formed", "stored"}
         How the product reads the vector it multiplies at neighbouring rows
         (``kernels/pcg.cu``): formed on the fly from the vectors it is made of
         (no grid barrier before the product), or stored first (one vector
-        gathered). ``auto``: formed for ELL, whose neighbours sit close in memory,
-        stored for the other formats.
+        gathered). ``auto``: formed for ELL and DIA, whose neighbours sit close in
+        memory, stored for the other formats (``MatrixFormat.gather``).
     stream_matrix : bool, optional
         Load the matrix with evict-first hints (``STREAM_MATRIX`` in ``kernels/matrix.cu``);
         by default when the matrix is larger than the L2 cache, so it would not stay
@@ -337,12 +337,12 @@ class GPUPCG:
         self.format_time = time.perf_counter() - t0
         gather = self.requested_gather
         if gather == "auto":
-            gather = "formed" if self.format.name == "ell" else "stored"
+            gather = self.format.gather
         self.gather = gather
         self.stream_matrix = self.requested_stream
         if self.stream_matrix is None:
             l2 = int(cupy.cuda.Device().attributes["L2CacheSize"])
-            self.stream_matrix = self.val.nbytes + self.format.col.nbytes > l2
+            self.stream_matrix = self.val.nbytes + self.format.index_bytes() > l2
 
         self.run_block = self.requested_block or run_block(n)
         program = kernel_program(self.format, kernels.ctype(self.dtype), self.run_block, gather == "stored",

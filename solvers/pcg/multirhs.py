@@ -15,6 +15,7 @@ import numpy as np
 from .. import kernels
 from ..engine import GraphEngine
 from ..errors import InputError
+from ..formats import ELL
 from ..kernels.pcg_ref import RUNNING
 from ..kernels.structs import PROGRESS, STATE, Struct
 from ..resources import require_device_memory
@@ -72,12 +73,13 @@ class GPUMultiRHS:
         self.n, self.columns, self.dtype = solver.n, int(columns), solver.dtype
         indptr, indices = solver._pattern
         itemsize = self.dtype.itemsize
-        ell = solver.format.name == "ell"
-        require_device_memory((len(_VECTORS) + 2) * self.n * self.columns * itemsize
-                              + (0 if ell else indices.size * itemsize),
+        ell = isinstance(solver.format, ELL)  # DIA too: its slots with the columns written out
+        # what is laid out besides the solver's arrays: DIA's columns written out, or the values in CSR order
+        laid_out = solver.format.size * 4 - solver.format.index_bytes() if ell else indices.size * itemsize
+        require_device_memory((len(_VECTORS) + 2) * self.n * self.columns * itemsize + laid_out,
                               f"a PCG solve of {self.n:,} rows and {self.columns} right-hand sides")
         if ell:  # the solver's own arrays
-            self.rowptr, self.col, self.val = None, solver.format.col, solver.val
+            self.rowptr, self.col, self.val = None, solver.format.slot_columns(), solver.val
         else:  # CSR: the pattern, and the values back in its order from the format's
             self.rowptr, self.col = indptr, indices
             self.val = solver.format.csr_values(solver.val)

@@ -165,9 +165,10 @@ class PCG:
         single-reduction on the GPU's grid path for small systems (latency
         bound), classic otherwise and on the on-chip path; the ``variant``
         attribute says which ran.
-    matrix_format : {"auto", "ell", "sell", "csr"}
-        Storage of A on the GPU (:mod:`solvers.formats`): ``auto`` takes ELL for
-        rows of nearly equal length (stencils), else SELL; ``format`` says which.
+    matrix_format : {"auto", "dia", "ell", "sell", "csr"}
+        Storage of A on the GPU (:mod:`solvers.formats`): ``auto`` takes DIA for
+        a stencil on a grid numbered in order, ELL for other rows of nearly equal
+        length, else SELL; ``format`` says which.
     reorder : {"auto", "none", "rcm", "neighbours"}
         Symmetric reordering, hidden from the caller: ``b``, ``x0`` and ``x`` stay in
         the original numbering. ``rcm`` reorders at set-up by reverse Cuthill-McKee

@@ -191,7 +191,7 @@ class DeviceProgram:
         """``precond.cu`` compiled for the format of ``M`` (a :class:`DeviceMatrix`)."""
         fmt = M.format
         return kernels.module("precond", real=self._real, defines=tuple(fmt.defines) + self._outer,
-                              before=("matrix", fmt.name), structs=(fmt.struct,))
+                              before=("matrix", *fmt.kernel_files), structs=(fmt.struct,))
 
     def _add(self, module, name, work, *args):
         """Append a launch of ``name`` over ``work`` items (threads): enough blocks to fill the GPU, no more."""
