@@ -1,7 +1,7 @@
 """Time one PCG iteration for every kernel configuration on the matrix classes of the benchmark.
 
 Run on a GPU machine: ``python scripts/probe_formats.py [--quick] [--only NAME ...]``.
-For each matrix: the matrix format (ELL, SELL, CSR), how the product reads the
+For each matrix: the matrix format (DIA, ELL, SELL, CSR), how the product reads the
 vector it multiplies (formed on the fly or stored first), the variant, the
 matrix loads' cache hint, and reverse Cuthill-McKee reordering, each timed over
 a fixed number of iterations in while mode, beside one cuSPARSE SpMV and one
@@ -77,10 +77,12 @@ def row_orders():
 def configs(A):
     """(format, gather, variant, stream) tuples worth timing on A."""
     width = int(np.diff(A.indptr).max())
-    if width <= 32:  # a stencil: ELL as today against the new options
-        return [("ell", "formed", "classic", False), ("ell", "formed", "classic", True),
-                ("ell", "stored", "classic", None), ("sell", "formed", "classic", None),
-                ("sell", "stored", "classic", None), ("ell", "formed", "single-reduction", None)]
+    if width <= 32:  # a stencil: DIA and ELL (auto's choices) against the other options
+        return [("dia", "formed", "classic", None), ("dia", "stored", "classic", None),
+                ("dia", "formed", "single-reduction", None), ("ell", "formed", "classic", False),
+                ("ell", "formed", "classic", True), ("ell", "stored", "classic", None),
+                ("sell", "formed", "classic", None), ("sell", "stored", "classic", None),
+                ("ell", "formed", "single-reduction", None)]
     out = []
     for variant in ("classic", "single-reduction"):
         for gather in ("formed", "stored"):
