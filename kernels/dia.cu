@@ -5,7 +5,8 @@
 // matrix's edge (i + offsets[k] outside the columns) is padding of value 0 and reads the nearest
 // column instead. Host side: solvers/formats/dia.py; NumPy meaning: DIA.product.
 //
-// struct Matrix { const real_t* val; int n; int columns; int offsets[DIA_MAX_WIDTH]; } (generated).
+// struct Matrix { const real_t* val; int n; int columns; int offsets[64]; } (generated; the first
+// SLOT_WIDTH offsets are the diagonals).
 
 template <typename V, typename F>
 __device__ __forceinline__ void for_each_row_product(const Matrix& A, const MatrixStage&, V v, F finish) {

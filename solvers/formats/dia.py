@@ -52,12 +52,13 @@ class DIA(ELL):
             found = host(found)
         misses, columns, widest = (int(v) for v in found[:3])
         if misses:
-            raise DiagonalsDoNotFit(f"DIA needs every entry on a diagonal of the widest row (row {widest}, {width} "
-                              f"entries); {misses:,} entries lie off them: use the ell, sell or csr matrix format")
+            raise DiagonalsDoNotFit(f"DIA needs every entry on a diagonal of the widest row (row {widest}, "
+                                    f"{width} entries); {misses:,} entries lie off them: use the ell, sell or csr "
+                                    "matrix format")
         self.columns = max(n, columns)  # the multiplied vector's length: ELL's padding reads it at the row too
         if n + self.columns >= 2**31:
             raise DiagonalsDoNotFit(f"DIA needs fewer than 2^31 rows and columns together ({n:,} rows, "
-                             f"{self.columns:,} columns); use the ell or sell matrix format")
+                                    f"{self.columns:,} columns); use the ell or sell matrix format")
         self.diagonals = np.asarray(found[3:3 + width], dtype=np.int32)
         self.offsets = np.zeros(self.MAX_WIDTH, dtype=np.int32)
         self.offsets[:width] = self.diagonals
