@@ -1,15 +1,27 @@
 // DIA: column-major slots (slots.cu) whose columns are not stored: slot k of every row i lies on one
-// diagonal, column i + offsets[k] (the offsets of a widest row, ascending, so a row's entries keep
-// their order). The set-up checked that every entry lies on one of them (dia_place in layout.cu). The
-// product reads 8 bytes a slot where ELL reads 12, and its gathers are coalesced. A slot off the
-// matrix's edge (i + offsets[k] outside the columns) is padding of value 0 and reads the nearest
-// column instead. Host side: solvers/formats/dia.py; NumPy meaning: DIA.product.
+// diagonal, column i + offsets[k] (ascending: a row's entries are added in column order). The
+// diagonals are the offsets most frequent among sampled rows (solvers/formats/dia.py). The product reads 8 bytes a slot where ELL reads 12, and its gathers are coalesced. A
+// slot off the matrix's edge (i + offsets[k] outside the columns) is padding of value 0 and reads the
+// nearest column instead. With DIA_EXCEPTIONS, the few entries off the diagonals (periodic walls, a
+// rank's halo columns) follow as CSR rows: row i's at rest_ptr[i] to rest_ptr[i + 1], their values
+// after the slots' in val, added after the row's slots in their order. Host side:
+// solvers/formats/dia.py; NumPy meaning: DIA.product.
 //
-// struct Matrix { const real_t* val; int n; int columns; int offsets[64]; } (generated; the first
-// SLOT_WIDTH offsets are the diagonals).
+// struct Matrix { const real_t* val; int n; int columns; int offsets[64]; const int* rest_ptr;
+// const int* rest_col; } (generated; the first SLOT_WIDTH offsets are the diagonals).
 
 template <typename V, typename F>
 __device__ __forceinline__ void for_each_row_product(const Matrix& A, const MatrixStage&, V v, F finish) {
-    for_each_slot_row_product(
-        A, [&](int k, size_t, int i) { return min(max(i + A.offsets[k], 0), A.columns - 1); }, v, finish);
+    const auto column = [&](int k, size_t, int i) { return min(max(i + A.offsets[k], 0), A.columns - 1); };
+#if DIA_EXCEPTIONS
+    const real_t* rest_val = A.val + (size_t)SLOT_WIDTH * A.n;
+    for_each_slot_row_product(A, column, v, [&](int i, real_t sum, int part) {
+        const int last = matrix_load(&A.rest_ptr[i + 1]);
+        for (int e = matrix_load(&A.rest_ptr[i]); e < last; ++e)
+            sum += matrix_load(&rest_val[e]) * v(matrix_load(&A.rest_col[e]));
+        finish(i, sum, part);
+    });
+#else
+    for_each_slot_row_product(A, column, v, finish);
+#endif
 }

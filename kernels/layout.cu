@@ -46,34 +46,57 @@ extern "C" __global__ void ell_place(const EllPlace a) {
     }
 }
 
-// DIA's layout (DIA.__init__), in two passes over the rows. stats holds [0] the entries off the
-// diagonals, [1] the largest column + 1, [2] the first row of `width` entries (starts at n), then from
-// [3] that row's offsets (column - row): the diagonals. src starts at -1.
-// struct DiaPlace (generated): n, width, indptr, indices, src, stats.
-extern "C" __global__ void dia_widest(const DiaPlace a) {
-    for (int r = blockIdx.x * blockDim.x + threadIdx.x; r < a.n; r += gridDim.x * blockDim.x)
-        if (a.indptr[r + 1] - a.indptr[r] == a.width) atomicMin(&a.stats[2], r);
+// DIA's layout (DIA.__init__): the offsets (column - row) of `samples` rows spread evenly over the
+// matrix, from which the host takes the diagonals; then the entries placed on them. stats holds [0] the
+// entries off the diagonals and [1] the largest column + 1; src starts at -1, rest_ptr at 0.
+// struct DiaPlace (generated): n, width, samples, indptr, indices, diagonals, sample, src, stats, rest_ptr,
+// rest_col, rest_src.
+
+// Sampled row j is row (2j + 1) n / (2 samples); its first `width` offsets go to sample[j width ...], the
+// rest of its share the least int (no offset is).
+extern "C" __global__ void dia_sample(const DiaPlace a) {
+    const int j = blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= a.samples) return;
+    const int r = (int)((2ll * j + 1) * a.n / (2ll * a.samples));
+    const int first = a.indptr[r], length = a.indptr[r + 1] - first;
+    for (int t = 0; t < a.width; ++t)
+        a.sample[j * a.width + t] = t < length ? a.indices[first + t] - r : -2147483647 - 1;
 }
 
-// One thread a row r walks its entries and the diagonals together (both ascending): entry e goes to
-// slot k n + r where its offset is the k-th diagonal's; an entry on none of them (or out of order, or
-// repeated) is counted in stats[0]. Each slot is written once: nothing depends on the scheduling.
+// Row r's entries in their order: on_diagonal(e, k) for entry e whose offset is the k-th diagonal's (found
+// by bisection: the entries need not be sorted), the first of the row's to take it; off_diagonal(e) for the
+// others (off the diagonals, or a diagonal's repeat).
+template <typename On, typename Off>
+__device__ __forceinline__ void dia_walk(const DiaPlace& a, int r, On on_diagonal, Off off_diagonal) {
+    unsigned long long taken = 0;  // a bit a diagonal (at most 64)
+    for (int e = a.indptr[r]; e < a.indptr[r + 1]; ++e) {
+        const int offset = a.indices[e] - r;
+        int k = 0, end = a.width;  // k: the first diagonal not below offset
+        while (k < end) {
+            const int mid = (k + end) >> 1;
+            if (a.diagonals[mid] < offset) k = mid + 1;
+            else end = mid;
+        }
+        if (k < a.width && a.diagonals[k] == offset && !(taken >> k & 1ull)) {
+            taken |= 1ull << k;
+            on_diagonal(e, k);
+        } else {
+            off_diagonal(e);
+        }
+    }
+}
+
+// One thread a row r: each entry on a diagonal goes to slot k n + r; those off them are counted, in all
+// (stats[0]) and for the row (rest_ptr[r + 1], for the exceptions' scan). Each slot is written once:
+// nothing depends on the scheduling.
 extern "C" __global__ void dia_place(const DiaPlace a) {
-    const int widest = a.stats[2];
-    const int* diagonal = a.indices + a.indptr[widest];  // columns of the widest row: offsets + widest
     int misses = 0, columns = 0;
     for (int r = blockIdx.x * blockDim.x + threadIdx.x; r < a.n; r += gridDim.x * blockDim.x) {
-        if (r == widest)
-            for (int k = 0; k < a.width; ++k) a.stats[3 + k] = diagonal[k] - widest;
-        const int first = a.indptr[r], last = a.indptr[r + 1];
-        int k = 0;
-        for (int e = first; e < last; ++e) {
-            const int column = a.indices[e], offset = column - r;
-            columns = max(columns, column + 1);
-            while (k < a.width && diagonal[k] - widest < offset) ++k;
-            if (k < a.width && diagonal[k] - widest == offset) a.src[(size_t)k++ * a.n + r] = e;
-            else ++misses;
-        }
+        int row_misses = 0;
+        dia_walk(a, r, [&](int e, int k) { a.src[(size_t)k * a.n + r] = e; }, [&](int) { ++row_misses; });
+        a.rest_ptr[r + 1] = row_misses;
+        misses += row_misses;
+        for (int e = a.indptr[r]; e < a.indptr[r + 1]; ++e) columns = max(columns, a.indices[e] + 1);
     }
     for (int o = 16; o > 0; o >>= 1) {
         misses += __shfl_xor_sync(0xffffffffu, misses, o);
@@ -82,5 +105,18 @@ extern "C" __global__ void dia_place(const DiaPlace a) {
     if ((threadIdx.x & 31) == 0) {
         if (misses) atomicAdd(&a.stats[0], misses);
         atomicMax(&a.stats[1], columns);
+    }
+}
+
+// The entries off the diagonals, row by row in their order (rest_ptr scanned: each row's first): their
+// columns and CSR entries.
+extern "C" __global__ void dia_rest(const DiaPlace a) {
+    for (int r = blockIdx.x * blockDim.x + threadIdx.x; r < a.n; r += gridDim.x * blockDim.x) {
+        int at = a.rest_ptr[r];
+        if (at == a.rest_ptr[r + 1]) continue;
+        dia_walk(a, r, [](int, int) {}, [&](int e) {
+            a.rest_col[at] = a.indices[e];
+            a.rest_src[at++] = e;
+        });
     }
 }

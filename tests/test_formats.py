@@ -1,5 +1,6 @@
 """Matrix formats: each layout reproduces the product, and auto picks the format the rows call for."""
 import itertools
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -100,13 +101,21 @@ def banded_rectangular():
     return sp.csr_matrix(sp.diags([1.0, 2.0, 3.0], [0, 4, 9], shape=(20, 30)))
 
 
+def periodic_poisson(m):
+    """The 5-point Laplacian on an m x m torus, shifted by 0.1: the walls' couplings wrap around."""
+    T = sp.diags([-1.0, 2.0, -1.0], [-1, 0, 1], shape=(m, m)).tolil()
+    T[0, m - 1] = T[m - 1, 0] = -1.0
+    return sp.csr_matrix(sp.kron(sp.eye(m), T) + sp.kron(T, sp.eye(m)) + 0.1 * sp.eye(m * m))
+
+
 @pytest.mark.parametrize("name", ["poisson2d", "poisson3d", "stencil27", "banded rectangular"])
-def test_dia_slots_are_ells_with_the_widest_rows_diagonals(name):
+def test_dia_slots_are_ells_on_the_stencils_diagonals(name):
     A = banded_rectangular() if name == "banded rectangular" else MATRICES[name]()
     dia, ell = DIA(*arrays(A), np), ELL(*arrays(A), np)
     n, widest = A.shape[0], int(np.argmax(np.diff(A.indptr)))
     np.testing.assert_array_equal(dia.diagonals, A.indices[A.indptr[widest]:A.indptr[widest + 1]] - widest)
     assert dia.describe().startswith(f"dia ({dia.width} diagonals") and dia.index_bytes() == 0
+    assert dia.exceptions == 0 and dia.rest_ptr is None and ("DIA_EXCEPTIONS", "0") in dia.defines
     assert (dia.width, dia.size, dia.columns) == (ell.width, ell.size, max(n, int(A.indices.max()) + 1))
     # every stored slot holds the same entry as ELL's, at a column the kernel computes
     held = dia._src >= 0
@@ -117,45 +126,66 @@ def test_dia_slots_are_ells_with_the_widest_rows_diagonals(name):
     np.testing.assert_array_equal(dia.product(dia.values(A.data), x), ell.product(ell.values(A.data), x))
 
 
-# patterns DIA refuses: (indptr, indices), with the widest row first
+def test_dia_keeps_a_torus_wrapping_couplings_as_exceptions():
+    A = periodic_poisson(40)
+    layout = choose_format(*arrays(A), np)
+    assert layout.name == "dia" and list(layout.diagonals) == [-40, -1, 0, 1, 40]
+    assert layout.exceptions == 4 * 40 and ("DIA_EXCEPTIONS", "1") in layout.defines
+    assert "160 entries off them" in layout.describe() and layout.size == 5 * A.shape[0] + 160
+    np.testing.assert_array_equal(np.diff(layout.rest_ptr), np.diff(A.indptr) - np.count_nonzero(
+        layout._src[:layout.width * A.shape[0]].reshape(5, -1) >= 0, axis=0))
+    x = np.random.default_rng(3).standard_normal(A.shape[0])
+    val = layout.values(A.data)
+    np.testing.assert_allclose(layout.product(val, x), A @ x, rtol=1e-14, atol=1e-13)
+    np.testing.assert_array_equal(layout.csr_values(val), A.data)
+    assert choose_format(*arrays(periodic_poisson(8)), np).name == "ell"  # 10% of the entries wrap: too many
+
+
+# patterns with entries off the diagonals (indptr, indices, how many): the diagonals are the three offsets most
+# frequent among the rows, ties to the smaller
 OFF_DIAGONAL = {
-    "an entry off the diagonals": ([0, 3, 5, 7], [0, 1, 2, 0, 1, 0, 2]),
-    "columns out of order": ([0, 3, 5, 7], [0, 1, 2, 1, 0, 1, 2]),
-    "a repeated entry": ([0, 3, 5, 7], [0, 1, 2, 1, 1, 2, 3]),
+    "an entry off the diagonals": ([0, 3, 5, 7], [0, 1, 2, 0, 1, 0, 2], 2),
+    "columns out of order": ([0, 3, 5, 7], [0, 1, 2, 1, 0, 1, 2], 1),
+    "a repeated entry": ([0, 3, 5, 7], [0, 1, 2, 1, 1, 2, 3], 1),
 }
 
 
 @pytest.mark.parametrize("name", OFF_DIAGONAL)
-def test_dia_refuses_a_pattern_off_the_widest_rows_diagonals(name):
-    indptr, indices = (np.array(a, dtype=np.int32) for a in OFF_DIAGONAL[name])
-    with pytest.raises(DiagonalsDoNotFit, match="DIA needs every entry on a diagonal of the widest row"):
+def test_dia_holds_few_entries_off_its_diagonals_and_refuses_more(name, monkeypatch):
+    indptr, indices = (np.array(a, dtype=np.int32) for a in OFF_DIAGONAL[name][:2])
+    with pytest.raises(DiagonalsDoNotFit, match="lie off them: use the ell, sell or csr matrix format"):
         DIA(indptr, indices, np)
     assert choose_format(indptr, indices, np).name == "ell"  # auto lays it out as ELL instead
+    monkeypatch.setattr(DIA, "MAX_EXCEPTIONS", 1.0)
+    layout = DIA(indptr, indices, np)
+    assert layout.exceptions == OFF_DIAGONAL[name][2] and layout.size == 3 * 3 + layout.exceptions
+    data = np.arange(1.0, indices.size + 1)
+    A = sp.csr_matrix((data, indices, indptr), shape=(3, 4))  # SciPy sums a repeated entry's values
+    x = np.random.default_rng(0).standard_normal(4)
+    np.testing.assert_allclose(layout.product(layout.values(data), x), A @ x, rtol=1e-14)
 
 
 @given(st.integers(3, 40), st.sets(st.integers(-6, 6), min_size=1, max_size=6), st.data())
 @settings(max_examples=150, deadline=None)
-def test_dia_holds_a_pattern_exactly_when_its_rows_lie_on_the_widest_rows_diagonals(n, offsets, data):
-    """Rows of random subsets of a band's diagonals: DIA holds them iff every row's offsets are a widest row's,
-    and then reproduces SciPy's product bit for bit."""
+def test_dia_keeps_what_lies_off_its_diagonals_as_exceptions(n, offsets, data):
+    """Rows of random subsets of a band's diagonals: every entry whose offset is not one of DIA's diagonals is an
+    exception; rows without one reproduce SciPy's product bit for bit, the others to rounding."""
     offsets = sorted(offsets)
     rows = [[r + d for d in offsets if 0 <= r + d < n and data.draw(st.booleans())] for r in range(n)]
     rows[0] = rows[0] or [0]
     indptr = np.cumsum([0] + [len(r) for r in rows]).astype(np.int32)
     indices = np.array([c for r in rows for c in r], dtype=np.int32)
-    lengths = np.diff(indptr)
-    widest = int(np.argmax(lengths))
-    diagonals = set(indices[indptr[widest]:indptr[widest + 1]] - widest)
-    fits = all(set(np.array(r) - i) <= diagonals for i, r in enumerate(rows))
-    try:
+    with mock.patch.object(DIA, "MAX_EXCEPTIONS", 1.0):
         layout = DIA(indptr, indices, np)
-    except DiagonalsDoNotFit:
-        assert not fits
-        return
-    assert fits
+    diagonals = set(layout.diagonals.tolist())
+    off = [[c for c in r if c - i not in diagonals] for i, r in enumerate(rows)]
+    assert layout.width <= max(len(r) for r in rows) and layout.exceptions == sum(map(len, off))
     A = sp.csr_matrix((np.random.default_rng(n).standard_normal(indices.size), indices, indptr), shape=(n, n))
     x = np.random.default_rng(1).standard_normal(n)
-    np.testing.assert_array_equal(layout.product(layout.values(A.data), x), A @ x)
+    got, expected = layout.product(layout.values(A.data), x), A @ x
+    plain = np.array([not r for r in off])
+    np.testing.assert_array_equal(got[plain], expected[plain])
+    np.testing.assert_allclose(got, expected, rtol=1e-13, atol=1e-13)
 
 
 @pytest.mark.parametrize("lanes", [1, 2, 4, 8])
@@ -525,21 +555,35 @@ def test_pattern_stats_kernel_equals_numpy(cupy, name):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("name", ["poisson2d", "poisson3d", "stencil27", "banded rectangular", *OFF_DIAGONAL])
-def test_dia_layout_kernels_equal_the_numpy_layout(cupy, name):
-    A = banded_rectangular() if name == "banded rectangular" else MATRICES.get(name, lambda: None)()
-    pattern = arrays(A) if A is not None else tuple(np.array(a, dtype=np.int32) for a in OFF_DIAGONAL[name])
+@pytest.mark.parametrize("name", ["poisson2d", "poisson3d", "stencil27", "banded rectangular", "torus", "geometric",
+                                  *OFF_DIAGONAL])
+def test_dia_layout_kernels_equal_the_numpy_layout(cupy, name, monkeypatch):
+    if name in OFF_DIAGONAL:
+        monkeypatch.setattr(DIA, "MAX_EXCEPTIONS", 1.0)
+        indptr, indices, _ = OFF_DIAGONAL[name]
+        A = sp.csr_matrix((np.arange(1.0, len(indices) + 1), indices, indptr), shape=(3, 4))
+    else:
+        A = {"banded rectangular": banded_rectangular, "torus": lambda: periodic_poisson(40)}.get(
+            name, MATRICES.get(name))()
+    pattern = (A.indptr.astype(np.int32), A.indices.astype(np.int32))
     try:
         ref = DIA(*pattern, np)
     except DiagonalsDoNotFit as exc:
         with pytest.raises(DiagonalsDoNotFit) as on_device:
             DIA(*(cupy.asarray(a) for a in pattern), cupy)
-        assert str(on_device.value) == str(exc)  # the same count of misses, at the same widest row
+        assert str(on_device.value) == str(exc)  # the same diagonals and count of exceptions
         return
     dev = DIA(*(cupy.asarray(a) for a in pattern), cupy)
-    assert (dev.width, dev.size, dev.nnz, dev.columns) == (ref.width, ref.size, ref.nnz, ref.columns)
+    assert (dev.width, dev.size, dev.nnz, dev.columns, dev.exceptions) == (ref.width, ref.size, ref.nnz,
+                                                                          ref.columns, ref.exceptions)
+    assert dev.defines == ref.defines
     np.testing.assert_array_equal(dev.offsets, ref.offsets)
     np.testing.assert_array_equal(dev._src.get(), ref._src)
+    for field in ("rest_ptr", "rest_col"):
+        got, expected = getattr(dev, field), getattr(ref, field)
+        assert (got is None) == (expected is None), field
+        if got is not None:
+            np.testing.assert_array_equal(got.get(), expected, err_msg=field)
     np.testing.assert_array_equal(dev.values(cupy.asarray(A.data)).get(), ref.values(A.data))
 
 

@@ -28,11 +28,16 @@ def compile_ok(text, tmp_path):
 
 
 def layout(fmt):
-    A = power_law_laplacian(3000, seed=1) if fmt not in ("dia", "ell") else poisson((12, 12))
+    """A layout in format ``fmt``; "dia exceptions": DIA with entries off its diagonals (a torus)."""
+    if fmt == "dia exceptions":
+        from test_formats import periodic_poisson
+        A, fmt = periodic_poisson(40), "dia"
+    else:
+        A = power_law_laplacian(3000, seed=1) if fmt not in ("dia", "ell") else poisson((12, 12))
     return choose_format(A.indptr.astype(np.int32), A.indices.astype(np.int32), np, fmt)
 
 
-@pytest.mark.parametrize("fmt, real, stored", [("dia", "double", False), ("dia", "float", True),
+@pytest.mark.parametrize("fmt, real, stored", [("dia", "double", False), ("dia exceptions", "float", True),
                                                ("ell", "double", False), ("ell", "float", True),
                                                ("sell", "double", True), ("sell", "float", False),
                                                ("csr", "double", True)])
@@ -99,7 +104,7 @@ def test_split_pcg_kernels_compile(fmt, real, tmp_path):
 @pytest.mark.parametrize("real, outer", [("double", "double"), ("float", "double"), ("float", "float")])
 def test_preconditioner_kernels_compile(real, outer, tmp_path):
     compile_ok(kernels.program("precond_pointwise", real, defines=(("outer_t", outer),)), tmp_path)
-    for fmt in ("dia", "ell", "sell", "csr"):
+    for fmt in ("dia", "dia exceptions", "ell", "sell", "csr"):
         matrix_format = layout(fmt)
         compile_ok(kernels.program("precond", real, defines=tuple(matrix_format.defines) + (("outer_t", outer),),
                                    before=("matrix", *matrix_format.kernel_files),

@@ -11,8 +11,10 @@ PATTERN = Struct("PatternStats", [("n", "int"), ("long_row", "int"), ("columns",
                                   ("indices", "const int*"), ("stats", "int*")])
 ELL_PLACE = Struct("EllPlace", [("n", "int"), ("width", "int"), ("indptr", "const int*"), ("indices", "const int*"),
                                 ("col", "int*"), ("src", "int*")])
-DIA_PLACE = Struct("DiaPlace", [("n", "int"), ("width", "int"), ("indptr", "const int*"), ("indices", "const int*"),
-                                ("src", "int*"), ("stats", "int*")])
+DIA_PLACE = Struct("DiaPlace", [("n", "int"), ("width", "int"), ("samples", "int"), ("indptr", "const int*"),
+                                ("indices", "const int*"), ("diagonals", "const int*"), ("sample", "int*"),
+                                ("src", "int*"), ("stats", "int*"), ("rest_ptr", "int*"), ("rest_col", "int*"),
+                                ("rest_src", "int*")])
 LAYOUT_STRUCTS = (PATTERN, ELL_PLACE, DIA_PLACE)
 # The device's stable sort of int keys carrying int values (kernels/sort.cu).
 RADIX_SORT = Struct("RadixSort", [("n", "int"), ("tile", "int"), ("tiles", "int"), ("passes", "int"),

@@ -16,6 +16,7 @@ class ELL(MatrixFormat):
     kernel_files = ("slots", "ell")
     gather = "formed"
     fields = (("col", "const int*"), ("val", "const real_t*"), ("n", "int"))
+    exceptions = 0  # entries held apart from the slots (DIA's)
     AUTO_WIDTH = 32  # the longest rows auto lays out as ELL
     MAX_WIDTH = 64   # the longest rows the kernel's unrolled loop takes
 

@@ -73,7 +73,8 @@ class GPUMultiRHS:
         self.n, self.columns, self.dtype = solver.n, int(columns), solver.dtype
         indptr, indices = solver._pattern
         itemsize = self.dtype.itemsize
-        ell = isinstance(solver.format, ELL)  # DIA too: its slots with the columns written out
+        # ELL's slots, or DIA's with the columns written out where it holds every entry in them
+        ell = isinstance(solver.format, ELL) and not solver.format.exceptions
         # what is laid out besides the solver's arrays: DIA's columns written out, or the values in CSR order
         laid_out = solver.format.size * 4 - solver.format.index_bytes() if ell else indices.size * itemsize
         require_device_memory((len(_VECTORS) + 2) * self.n * self.columns * itemsize + laid_out,
