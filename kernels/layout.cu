@@ -52,12 +52,14 @@ extern "C" __global__ void ell_place(const EllPlace a) {
 // struct DiaPlace (generated): n, width, samples, indptr, indices, diagonals, sample, src, stats, rest_ptr,
 // rest_col, rest_src.
 
-// Sampled row j is row (2j + 1) n / (2 samples); its first `width` offsets go to sample[j width ...], the
-// rest of its share the least int (no offset is).
+// Sampled row j is row n frac((j + 1) / golden ratio), a spread that no grid's stride repeats (rows evenly
+// spaced by a power of two all lie on a power-of-two grid's walls); its first `width` offsets go to
+// sample[j width ...], the rest of its share the least int (no offset is). DIA.sampled_rows is the same.
 extern "C" __global__ void dia_sample(const DiaPlace a) {
     const int j = blockIdx.x * blockDim.x + threadIdx.x;
     if (j >= a.samples) return;
-    const int r = (int)((2ll * j + 1) * a.n / (2ll * a.samples));
+    const double spread = fmod(__dmul_rn((double)(j + 1), 0.6180339887498949), 1.0);
+    const int r = min((int)__dmul_rn(spread, (double)a.n), a.n - 1);
     const int first = a.indptr[r], length = a.indptr[r + 1] - first;
     for (int t = 0; t < a.width; ++t)
         a.sample[j * a.width + t] = t < length ? a.indices[first + t] - r : -2147483647 - 1;

@@ -17,7 +17,8 @@ class DIA(ELL):
     diagonals are kept apart, as CSR rows of exceptions.
 
     The diagonals are the offsets (column less row) most frequent among :attr:`SAMPLES`
-    rows spread evenly over the matrix, as many as its longest row has entries. A
+    rows spread over the matrix (:meth:`sampled_rows`), as many as its longest row has
+    entries. A
     stencil on a grid numbered in order has every entry on them, whatever its values;
     with periodic walls, or as one rank's rows with the neighbours' halo columns, a few
     entries are not, and those are the exceptions (at most :attr:`MAX_EXCEPTIONS` of the
@@ -43,8 +44,8 @@ class DIA(ELL):
         ------
         DiagonalsDoNotFit
             Where more than :attr:`MAX_EXCEPTIONS` of the entries lie off the
-            diagonals, or the rows and columns together reach 2^31 (a padding slot's
-            column is computed in int).
+            diagonals, the sampled rows are all empty, or the rows and columns
+            together reach 2^31 (a padding slot's column is computed in int).
         """
         stats = stats or pattern_stats(indptr, indices, xp)
         self._init_slots(indptr, xp, stats)
@@ -52,9 +53,8 @@ class DIA(ELL):
         samples = min(n, self.SAMPLES)
         fields = dict(n=n, width=self.width, samples=samples, indptr=indptr, indices=indices)
         if xp is np:
-            rows = (2 * np.arange(samples, dtype=np.int64) + 1) * n // (2 * samples)
             sample = np.full((samples, self.width), self.NO_OFFSET, dtype=np.int64)
-            for j, r in enumerate(rows):
+            for j, r in enumerate(self.sampled_rows(n, samples)):
                 row = indices[indptr[r]:indptr[r + 1]].astype(np.int64) - r
                 sample[j, :row.size] = row
         else:  # one launch and one read back
@@ -63,6 +63,9 @@ class DIA(ELL):
             sample = host(sample)
         self.diagonals = self.elect(sample, self.width)
         self.width = width = int(self.diagonals.size)
+        if not width:
+            raise DiagonalsDoNotFit(f"DIA found no diagonals: its {samples} sampled rows are empty; use the ell, sell "
+                                    "or csr matrix format")
         self.defines = (("SLOT_WIDTH", str(width)),)
         self.rest_ptr = xp.zeros(n + 1, dtype=xp.int32)
         if xp is np:
@@ -77,7 +80,7 @@ class DIA(ELL):
         self.exceptions, columns = int(found[0]), int(found[1])
         if self.exceptions > self.MAX_EXCEPTIONS * self.nnz:
             raise DiagonalsDoNotFit(f"DIA holds at most {self.MAX_EXCEPTIONS:.1%} of the entries off its diagonals "
-                                    f"(the {width} offsets most frequent in {samples} rows spread over the matrix); "
+                                    f"(the {width} offsets most frequent in {samples} sampled rows); "
                                     f"{self.exceptions:,} of {self.nnz:,} lie off them: use the ell, sell or csr "
                                     "matrix format")
         self.columns = max(n, columns)  # the multiplied vector's length: ELL's padding reads it at the row too
@@ -92,6 +95,13 @@ class DIA(ELL):
         if not self.exceptions:
             self.rest_ptr = self.rest_col = None
         self.defines += (("DIA_EXCEPTIONS", "1" if self.exceptions else "0"),)
+
+    @staticmethod
+    def sampled_rows(n, samples):
+        """The rows whose offsets elect the diagonals (``dia_sample``): row ``n frac((j + 1) / golden ratio)`` for
+        j below ``samples``, spread so that no grid's stride repeats them."""
+        spread = np.fmod(np.arange(1, samples + 1, dtype=np.float64) * 0.6180339887498949, 1.0)
+        return np.minimum((spread * n).astype(np.int64), n - 1)
 
     @classmethod
     def elect(cls, sample, width):
