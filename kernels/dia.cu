@@ -1,11 +1,12 @@
 // DIA: column-major slots (slots.cu) whose columns are not stored: slot k of every row i lies on one
 // diagonal, column i + offsets[k] (ascending: a row's entries are added in column order). The
-// diagonals are the offsets most frequent among sampled rows (solvers/formats/dia.py). The product reads 8 bytes a slot where ELL reads 12, and its gathers are coalesced. A
-// slot off the matrix's edge (i + offsets[k] outside the columns) is padding of value 0 and reads the
-// nearest column instead. With DIA_EXCEPTIONS, the few entries off the diagonals (periodic walls, a
-// rank's halo columns) follow as CSR rows: row i's at rest_ptr[i] to rest_ptr[i + 1], their values
-// after the slots' in val, added after the row's slots in their order. Host side:
-// solvers/formats/dia.py; NumPy meaning: DIA.product.
+// diagonals are the offsets most frequent among sampled rows (solvers/formats/dia.py). The product
+// reads 8 bytes a slot where ELL reads 12, and its gathers are coalesced. A slot off the matrix's
+// edge (i + offsets[k] outside the columns) is padding of value 0 and reads the nearest column
+// instead. With DIA_EXCEPTIONS, the few entries off the diagonals (periodic walls, a rank's halo
+// columns) follow as CSR rows: row i's at rest_ptr[i] to rest_ptr[i + 1], their values after the
+// slots' in val, added after the row's slots in their order. Host side: solvers/formats/dia.py;
+// NumPy meaning: DIA.product.
 //
 // struct Matrix { const real_t* val; int n; int columns; int offsets[64]; const int* rest_ptr;
 // const int* rest_col; } (generated; the first SLOT_WIDTH offsets are the diagonals).

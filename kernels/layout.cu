@@ -46,8 +46,8 @@ extern "C" __global__ void ell_place(const EllPlace a) {
     }
 }
 
-// DIA's layout (DIA.__init__): the offsets (column - row) of `samples` rows spread evenly over the
-// matrix, from which the host takes the diagonals; then the entries placed on them. stats holds [0] the
+// DIA's layout (DIA.__init__): the offsets (column - row) of `samples` rows spread over the matrix
+// (dia_sample), from which the host takes the diagonals; then the entries placed on them. stats holds [0] the
 // entries off the diagonals and [1] the largest column + 1; src starts at -1, rest_ptr at 0.
 // struct DiaPlace (generated): n, width, samples, indptr, indices, diagonals, sample, src, stats, rest_ptr,
 // rest_col, rest_src.

@@ -8,8 +8,9 @@ name.
 
 Problems: Poisson stencils, the SuiteSparse matrices in ``tests/data``, and unstructured
 classes from :mod:`solvers.gallery` (random geometric and power-law graph
-Laplacians with random numbering, a 27-point stencil, also in ELL with its columns stored where
-``auto`` takes DIA), once more with reverse
+Laplacians with random numbering, a 27-point stencil and a 7-point stencil on a torus (whose
+wrapping couplings DIA keeps apart), each also in ELL with its columns stored where ``auto``
+takes DIA), once more with reverse
 Cuthill-McKee reordering (``reorder="rcm"``) and with the neighbours' renumbering
 (``reorder="neighbours"``) where they apply; the large random geometric graph also as
 numbered (``reorder="none"``: SELL lays its rows out by neighbours but keeps the given
@@ -34,7 +35,8 @@ import scipy.sparse.linalg as spla  # noqa: E402
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 import provenance  # noqa: E402
 import solvers  # noqa: E402
-from solvers.gallery import poisson, power_law_laplacian, random_geometric_laplacian, stencil27  # noqa: E402
+from solvers.gallery import (periodic_poisson, poisson, power_law_laplacian, random_geometric_laplacian,  # noqa: E402
+                             stencil27)
 from solvers.mmio import read_matrix  # noqa: E402
 
 RTOL = 1e-8
@@ -62,6 +64,8 @@ def problems(quick, data_dir):
     side = 48 if quick else 128
     yield (f"27-point {side}^3", lambda: stencil27((side, side, side)), {})
     yield (f"27-point {side}^3, as ELL", lambda: stencil27((side, side, side)), {"matrix_format": "ell"})
+    yield (f"torus {side}^3", lambda: periodic_poisson((side, side, side)), {})
+    yield (f"torus {side}^3, as ELL", lambda: periodic_poisson((side, side, side)), {"matrix_format": "ell"})
     if not quick:
         yield ("Poisson 256x256x256", lambda: poisson((256, 256, 256)), {})
 

@@ -45,6 +45,42 @@ def poisson(shape, dtype=np.float64):
     return _laplacian(shape, [1.0] * len(shape), dtype)
 
 
+def periodic_poisson(shape, shift=1e-2, dtype=np.float64):
+    """Finite-difference Laplacian on a torus (periodic walls), plus ``shift`` on the diagonal.
+
+    Each point is coupled (``-1``) to its two neighbours along every axis of more
+    than two points, the last point of a line to the first; the diagonal holds
+    the couplings' count plus ``shift``, which makes the matrix SPD (the plain
+    periodic Laplacian is singular). In C order the wrap-around couplings lie off
+    the stencil's diagonals: a few entries of each line's ends.
+
+    Parameters
+    ----------
+    shape : tuple of int
+        Grid points per dimension.
+    shift : float
+        Added to the diagonal (positive).
+    """
+    shape = tuple(int(m) for m in shape)
+    if shift <= 0:
+        raise ValueError(f"shift must be positive, not {shift}")
+    n = int(np.prod(shape))
+    idx = np.arange(n).reshape(shape)
+    rows, cols = [], []
+    for axis, m in enumerate(shape):
+        if m > 2:  # two points would couple twice to the same neighbour
+            rows.append(idx.ravel())
+            cols.append(np.roll(idx, -1, axis=axis).ravel())
+    rows = np.concatenate(rows) if rows else np.zeros(0, dtype=np.int64)
+    cols = np.concatenate(cols) if cols else np.zeros(0, dtype=np.int64)
+    W = sp.coo_matrix((np.ones(rows.size), (rows, cols)), shape=(n, n))
+    W = (W + W.T).tocsr()
+    A = sp.diags(np.asarray(W.sum(axis=1)).ravel() + shift) - W
+    A = sp.csr_matrix(A, dtype=dtype)
+    A.sort_indices()
+    return A
+
+
 def anisotropic_diffusion(shape, eps=1e-3, dtype=np.float64):
     """Laplacian whose first-axis coupling is scaled by ``eps`` (hard for Jacobi)."""
     return _laplacian(shape, [eps] + [1.0] * (len(shape) - 1), dtype)

@@ -12,7 +12,8 @@ from solvers.formats import CSR, DIA, ELL, SELL, DiagonalsDoNotFit, choose_forma
 from solvers.formats.base import Pattern, entry_rows, increasing_rows, pattern_stats, window_sectors
 from solvers.formats.csr import row_lanes
 from solvers.formats.sell import LayoutBuild, neighbour_key, neighbours_order
-from solvers.gallery import poisson, power_law_laplacian, random_geometric_laplacian, stencil27
+from solvers.gallery import (periodic_poisson, poisson, power_law_laplacian, random_geometric_laplacian,
+                             stencil27)
 
 
 def one_long_row(n=300, length=2000):
@@ -101,11 +102,24 @@ def banded_rectangular():
     return sp.csr_matrix(sp.diags([1.0, 2.0, 3.0], [0, 4, 9], shape=(20, 30)))
 
 
-def periodic_poisson(m):
-    """The 5-point Laplacian on an m x m torus, shifted by 0.1: the walls' couplings wrap around."""
-    T = sp.diags([-1.0, 2.0, -1.0], [-1, 0, 1], shape=(m, m)).tolil()
-    T[0, m - 1] = T[m - 1, 0] = -1.0
-    return sp.csr_matrix(sp.kron(sp.eye(m), T) + sp.kron(T, sp.eye(m)) + 0.1 * sp.eye(m * m))
+def torus(m):
+    """The 5-point Laplacian on an m x m torus: the walls' couplings wrap around."""
+    return periodic_poisson((m, m), shift=0.1)
+
+
+def test_periodic_poisson_is_the_torus_laplacian():
+    def ring(m):
+        T = sp.diags([-1.0, 2.0, -1.0], [-1, 0, 1], shape=(m, m)).tolil()
+        T[0, m - 1] = T[m - 1, 0] = -1.0
+        return sp.csr_matrix(T)
+    A = periodic_poisson((5, 6), shift=0.25)
+    expected = sp.kron(ring(5), sp.eye(6)) + sp.kron(sp.eye(5), ring(6)) + 0.25 * sp.eye(30)
+    assert abs(A - expected).max() == 0 and A.has_sorted_indices
+    B = periodic_poisson((4, 3, 5))  # every point has six neighbours; the least eigenvalue is the shift
+    assert set(np.diff(B.indptr)) == {7} and abs(B - B.T).max() == 0
+    assert np.linalg.eigvalsh(B.toarray()).min() == pytest.approx(1e-2, rel=1e-9)
+    with pytest.raises(ValueError, match="shift must be positive"):
+        periodic_poisson((4, 4), shift=0.0)
 
 
 @pytest.mark.parametrize("name", ["poisson2d", "poisson3d", "stencil27", "banded rectangular"])
@@ -127,7 +141,7 @@ def test_dia_slots_are_ells_on_the_stencils_diagonals(name):
 
 
 @pytest.mark.parametrize("make, width", [(lambda: poisson((16, 16, 16)), 7), (lambda: stencil27((16, 16, 16)), 27),
-                                         (lambda: periodic_poisson(64), 5)])
+                                         (lambda: torus(64), 5)])
 def test_dia_elects_the_stencils_diagonals_on_power_of_two_grids(make, width):
     """Rows sampled at even spacings would all lie on such a grid's walls, whose rows lack diagonals."""
     A = make()
@@ -138,7 +152,7 @@ def test_dia_elects_the_stencils_diagonals_on_power_of_two_grids(make, width):
 
 
 def test_dia_keeps_a_torus_wrapping_couplings_as_exceptions():
-    A = periodic_poisson(40)
+    A = torus(40)
     layout = choose_format(*arrays(A), np)
     assert layout.name == "dia" and list(layout.diagonals) == [-40, -1, 0, 1, 40]
     assert layout.exceptions == 4 * 40 and ("DIA_EXCEPTIONS", "1") in layout.defines
@@ -149,7 +163,7 @@ def test_dia_keeps_a_torus_wrapping_couplings_as_exceptions():
     val = layout.values(A.data)
     np.testing.assert_allclose(layout.product(val, x), A @ x, rtol=1e-14, atol=1e-13)
     np.testing.assert_array_equal(layout.csr_values(val), A.data)
-    assert choose_format(*arrays(periodic_poisson(8)), np).name == "ell"  # 10% of the entries wrap: too many
+    assert choose_format(*arrays(torus(8)), np).name == "ell"  # 10% of the entries wrap: too many
 
 
 # patterns with entries off the diagonals (indptr, indices, how many): the diagonals are the three offsets most
@@ -579,7 +593,7 @@ def test_dia_layout_kernels_equal_the_numpy_layout(cupy, name, monkeypatch):
         indptr, indices, _ = OFF_DIAGONAL[name]
         A = sp.csr_matrix((np.arange(1.0, len(indices) + 1), indices, indptr), shape=(3, 4))
     else:
-        A = {"banded rectangular": banded_rectangular, "torus": lambda: periodic_poisson(40)}.get(
+        A = {"banded rectangular": banded_rectangular, "torus": lambda: torus(40)}.get(
             name, MATRICES.get(name))()
     pattern = (A.indptr.astype(np.int32), A.indices.astype(np.int32))
     try:

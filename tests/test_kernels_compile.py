@@ -13,7 +13,7 @@ import pytest
 
 from solvers import kernels
 from solvers.formats import choose_format
-from solvers.gallery import poisson, power_law_laplacian
+from solvers.gallery import periodic_poisson, poisson, power_law_laplacian
 
 NVCC = shutil.which("nvcc")
 pytestmark = pytest.mark.skipif(NVCC is None, reason="nvcc (CUDA toolkit) not installed")
@@ -30,8 +30,7 @@ def compile_ok(text, tmp_path):
 def layout(fmt):
     """A layout in format ``fmt``; "dia exceptions": DIA with entries off its diagonals (a torus)."""
     if fmt == "dia exceptions":
-        from test_formats import periodic_poisson
-        A, fmt = periodic_poisson(40), "dia"
+        A, fmt = periodic_poisson((40, 40)), "dia"
     else:
         A = power_law_laplacian(3000, seed=1) if fmt not in ("dia", "ell") else poisson((12, 12))
     return choose_format(A.indptr.astype(np.int32), A.indices.astype(np.int32), np, fmt)

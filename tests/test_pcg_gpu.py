@@ -4,11 +4,11 @@ import pytest
 import scipy.sparse as sp
 
 import solvers
-from solvers.gallery import anisotropic_diffusion, poisson, power_law_laplacian, random_geometric_laplacian, stencil27
+from solvers.gallery import (anisotropic_diffusion, periodic_poisson, poisson, power_law_laplacian,
+                             random_geometric_laplacian, stencil27)
 from solvers.mmio import read_matrix
 from solvers.pcg.result import Reason
 from solvers.pcg.solver import FORMAT_NUMBERING
-from test_formats import periodic_poisson
 
 pytestmark = pytest.mark.gpu
 MODES = ("eager", "graph", "while")
@@ -342,7 +342,7 @@ IRREGULAR = {
 @pytest.mark.parametrize("fmt, gather", CONFIGS)
 def test_every_format_and_gather_agrees_across_modes_and_with_cpu(cupy, variant, fmt, gather):
     from solvers.pcg.gpu import GPUPCG
-    slots = {"stencil": lambda: stencil27((12, 10, 9)), "torus": lambda: periodic_poisson(40)}  # DIA holds them
+    slots = {"stencil": lambda: stencil27((12, 10, 9)), "torus": lambda: periodic_poisson((40, 40))}  # DIA holds them
     for name, make in {**IRREGULAR, **slots}.items():
         A = make()
         n = A.shape[0]
