@@ -5,11 +5,13 @@
 // edge (i + offsets[k] outside the columns) is padding of value 0 and reads the nearest column
 // instead. With DIA_EXCEPTIONS, the few entries off the diagonals (periodic walls, a rank's halo
 // columns) follow as CSR rows: row i's at rest_ptr[i] to rest_ptr[i + 1], their values after the
-// slots' in val, added after the row's slots in their order. Host side: solvers/formats/dia.py;
-// NumPy meaning: DIA.product.
+// slots' in val, added after the row's slots in their order; bit i % 32 of rest_rows[i / 32] says
+// whether row i has any (a warp's rows read one word, and only those rows read their row pointers).
+// Host side: solvers/formats/dia.py; NumPy meaning: DIA.product.
 //
-// struct Matrix { const real_t* val; int n; int columns; int offsets[64]; const int* rest_ptr;
-// const int* rest_col; } (generated; the first SLOT_WIDTH offsets are the diagonals).
+// struct Matrix { const real_t* val; int n; int columns; int offsets[64]; const unsigned* rest_rows;
+// const int* rest_ptr; const int* rest_col; } (generated; the first SLOT_WIDTH offsets are the
+// diagonals).
 
 template <typename V, typename F>
 __device__ __forceinline__ void for_each_row_product(const Matrix& A, const MatrixStage&, V v, F finish) {
@@ -17,9 +19,11 @@ __device__ __forceinline__ void for_each_row_product(const Matrix& A, const Matr
 #if DIA_EXCEPTIONS
     const real_t* rest_val = A.val + (size_t)SLOT_WIDTH * A.n;
     for_each_slot_row_product(A, column, v, [&](int i, real_t sum, int part) {
-        const int last = matrix_load(&A.rest_ptr[i + 1]);
-        for (int e = matrix_load(&A.rest_ptr[i]); e < last; ++e)
-            sum += matrix_load(&rest_val[e]) * v(matrix_load(&A.rest_col[e]));
+        if (matrix_load(&A.rest_rows[i >> 5]) >> (i & 31) & 1u) {
+            const int last = matrix_load(&A.rest_ptr[i + 1]);
+            for (int e = matrix_load(&A.rest_ptr[i]); e < last; ++e)
+                sum += matrix_load(&rest_val[e]) * v(matrix_load(&A.rest_col[e]));
+        }
         finish(i, sum, part);
     });
 #else

@@ -38,9 +38,11 @@ import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 import provenance  # noqa: E402
+from bench_pcg import matrix_and_rhs, with_random_solution  # noqa: E402
 from probe_setup import StageTimer  # noqa: E402
 from solvers import formats  # noqa: E402
-from solvers.gallery import poisson, power_law_laplacian, random_geometric_laplacian, stencil27  # noqa: E402
+from solvers.gallery import (periodic_poisson, poisson, power_law_laplacian, random_geometric_laplacian,  # noqa: E402
+                             stencil27)
 from solvers.pcg.gpu import GPUPCG  # noqa: E402
 from solvers.reorder import choose_reordering, gather_sectors  # noqa: E402
 
@@ -56,6 +58,8 @@ def matrices(quick):
     yield "power-law 1M", lambda: power_law_laplacian(1_000_000)
     yield "27-point 128^3", lambda: stencil27((128, 128, 128))
     yield "Poisson 160^3", lambda: poisson((160, 160, 160))
+    yield "Poisson 128^3", lambda: poisson((128, 128, 128))
+    yield "torus 128^3", lambda: with_random_solution(periodic_poisson((128, 128, 128)))
 
 
 def sweep(A):
@@ -446,9 +450,8 @@ def main(argv=None):
         if args.only and not any(o in name for o in args.only):
             continue
         t0 = time.perf_counter()
-        A = make()
+        A, b = matrix_and_rhs(make)
         n = A.shape[0]
-        b = A @ np.ones(n)
         print(f"# {name}: generated in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
         spmv, cupyx_it = peers(A, b)
         if (args.sweep or args.rows) and np.diff(A.indptr).max() <= 32:
