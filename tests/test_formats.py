@@ -129,7 +129,7 @@ def test_dia_slots_are_ells_on_the_stencils_diagonals(name):
     n, widest = A.shape[0], int(np.argmax(np.diff(A.indptr)))
     np.testing.assert_array_equal(dia.diagonals, A.indices[A.indptr[widest]:A.indptr[widest + 1]] - widest)
     assert dia.describe().startswith(f"dia ({dia.width} diagonals") and dia.index_bytes() == 0
-    assert dia.exceptions == 0 and dia.rest_ptr is None and dia.rest_rows is None and ("DIA_EXCEPTIONS", "0") in dia.defines
+    assert dia.exceptions == 0 and dia.rest_ptr is None and ("DIA_EXCEPTIONS", "0") in dia.defines
     assert (dia.width, dia.size, dia.columns) == (ell.width, ell.size, max(n, int(A.indices.max()) + 1))
     # every stored slot holds the same entry as ELL's, at a column the kernel computes
     held = dia._src >= 0
@@ -159,12 +159,6 @@ def test_dia_keeps_a_torus_wrapping_couplings_as_exceptions():
     assert "160 entries off them" in layout.describe() and layout.size == 5 * A.shape[0] + 160
     np.testing.assert_array_equal(np.diff(layout.rest_ptr), np.diff(A.indptr) - np.count_nonzero(
         layout._src[:layout.width * A.shape[0]].reshape(5, -1) >= 0, axis=0))
-    # a row's bit says whether it has exceptions: the rows at either end of a line along either axis
-    flags = np.unpackbits(layout.rest_rows.view(np.uint8), bitorder="little")[:A.shape[0]].astype(bool)
-    np.testing.assert_array_equal(flags, np.diff(layout.rest_ptr) > 0)
-    line_end = np.zeros((40, 40), dtype=bool)
-    line_end[[0, -1], :] = line_end[:, [0, -1]] = True
-    np.testing.assert_array_equal(flags, line_end.ravel())
     x = np.random.default_rng(3).standard_normal(A.shape[0])
     val = layout.values(A.data)
     np.testing.assert_allclose(layout.product(val, x), A @ x, rtol=1e-14, atol=1e-13)
@@ -615,7 +609,7 @@ def test_dia_layout_kernels_equal_the_numpy_layout(cupy, name, monkeypatch):
     assert dev.defines == ref.defines
     np.testing.assert_array_equal(dev.offsets, ref.offsets)
     np.testing.assert_array_equal(dev._src.get(), ref._src)
-    for field in ("rest_rows", "rest_ptr", "rest_col"):
+    for field in ("rest_ptr", "rest_col"):
         got, expected = getattr(dev, field), getattr(ref, field)
         assert (got is None) == (expected is None), field
         if got is not None:

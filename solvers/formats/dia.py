@@ -32,7 +32,7 @@ class DIA(ELL):
     name = "dia"
     kernel_files = ("slots", "dia")
     fields = (("val", "const real_t*"), ("n", "int"), ("columns", "int"), ("offsets", f"int[{ELL.MAX_WIDTH}]"),
-              ("rest_rows", "const unsigned*"), ("rest_ptr", "const int*"), ("rest_col", "const int*"))
+              ("rest_ptr", "const int*"), ("rest_col", "const int*"))
     SAMPLES = 64  # rows whose offsets elect the diagonals
     MAX_EXCEPTIONS = 1 / 32  # of the entries: each costs about what a row of slots does less than ELL's
     NO_OFFSET = -2**31  # a sampled row's share past its entries (kernels/layout.cu, dia_sample)
@@ -92,21 +92,9 @@ class DIA(ELL):
         if xp is not np and self.exceptions:
             self._lay_out_exceptions(fields)
         self.size = width * n + self.exceptions
-        if self.exceptions:
-            self.rest_rows = self.flag_rows(xp.diff(self.rest_ptr) > 0, xp)
-        else:
-            self.rest_rows = self.rest_ptr = self.rest_col = None
+        if not self.exceptions:
+            self.rest_ptr = self.rest_col = None
         self.defines += (("DIA_EXCEPTIONS", "1" if self.exceptions else "0"),)
-
-    @staticmethod
-    def flag_rows(flags, xp):
-        """``flags`` (a bool a row) as bits, row i's bit ``i % 32`` of word ``i // 32``: a warp of rows reads one
-        word to learn which of its rows have exceptions, where each reading its row pointers would read 4
-        bytes a row."""
-        words = -(-int(flags.size) // 32)
-        bits = xp.zeros(words * 32, dtype=xp.uint32)
-        bits[:flags.size] = flags
-        return (bits.reshape(words, 32) << xp.arange(32, dtype=xp.uint32)).sum(axis=1, dtype=xp.uint32)
 
     @staticmethod
     def sampled_rows(n, samples):
@@ -154,7 +142,7 @@ class DIA(ELL):
         return np.array([off.size, int(indices[:nnz].max()) + 1 if nnz else 0])
 
     def index_bytes(self):
-        return 0 if not self.exceptions else self.rest_rows.nbytes + self.rest_ptr.nbytes + self.rest_col.nbytes
+        return 0 if not self.exceptions else self.rest_ptr.nbytes + self.rest_col.nbytes
 
     def slot_columns(self):
         """The column of every slot as the kernel computes it, slot ``k * n + i`` (where the layout's arrays are:
