@@ -87,14 +87,17 @@ class DIA(ELL):
         if n + self.columns >= 2**31:
             raise DiagonalsDoNotFit(f"DIA needs fewer than 2^31 rows and columns together ({n:,} rows, "
                                     f"{self.columns:,} columns); use the ell or sell matrix format")
-        self.offsets = np.zeros(self.MAX_WIDTH, dtype=np.int32)
-        self.offsets[:width] = self.diagonals
         if xp is not np and self.exceptions:
             self._lay_out_exceptions(fields)
         self.size = width * n + self.exceptions
         if not self.exceptions:
             self.rest_ptr = self.rest_col = None
         self.defines += (("DIA_EXCEPTIONS", "1" if self.exceptions else "0"),)
+
+    @property
+    def offsets(self):
+        """The diagonals in the kernel struct's array of :attr:`MAX_WIDTH` (``Matrix.offsets``)."""
+        return np.pad(self.diagonals, (0, self.MAX_WIDTH - self.width))
 
     @staticmethod
     def sampled_rows(n, samples):
