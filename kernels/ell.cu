@@ -6,5 +6,6 @@
 
 template <typename V, typename F>
 __device__ __forceinline__ void for_each_row_product(const Matrix& A, const MatrixStage&, V v, F finish) {
-    for_each_slot_row_product(A, [&](int, size_t slot, int) { return matrix_load(&A.col[slot]); }, v, finish);
+    for_each_slot_row_product(A, [&](int, size_t slot, int) { return matrix_load(&A.col[slot]); }, v, finish,
+                              NothingApart{});
 }
