@@ -8,7 +8,7 @@ from .ell import ELL
 
 
 class DiagonalsDoNotFit(InputError):
-    """A pattern DIA cannot hold: too many entries off the diagonals of its widest row, or too many columns."""
+    """A pattern DIA cannot hold: too many entries off its diagonals, none sampled, or too many columns."""
 
 
 class DIA(ELL):
@@ -18,8 +18,7 @@ class DIA(ELL):
 
     The diagonals are the offsets (column less row) most frequent among :attr:`SAMPLES`
     rows spread over the matrix (:meth:`sampled_rows`), as many as its longest row has
-    entries. A
-    stencil on a grid numbered in order has every entry on them, whatever its values;
+    entries. A stencil on a grid numbered in order has every entry on them, whatever its values;
     with periodic walls, or as one rank's rows with the neighbours' halo columns, a few
     entries are not, and those are the exceptions (at most :attr:`MAX_EXCEPTIONS` of the
     entries). The product reads 8 bytes a slot where ELL reads 12, and each of its
