@@ -19,7 +19,7 @@ several solves, set-up included. Peers run plain CG
 for a fixed number of iterations to measure time per iteration (on the Poisson
 matrices Jacobi is a scaled identity, so the iteration counts agree); their time
 to solution is that times the iterations this project needed. JAX runs in a process of its own for each
-problem, so that its allocator does not slow the peers timed after it.
+problem: with JAX in the benchmark's process, the peers timed after it ran slower.
 """
 import argparse
 import datetime
@@ -146,7 +146,8 @@ def bench_spmv(Ad, xd, cupy):
 
 
 def jax_cg_time(A, b, iters):
-    """Seconds an iteration of JAX's ``cg`` on ``A`` (a BCOO matrix) for ``iters`` iterations, in this process;
+    """Seconds an iteration of JAX's ``cg`` on ``A`` (SciPy sparse, as a BCOO matrix) for ``iters`` iterations, in
+    this process;
     nan where JAX or its GPU backend is missing."""
     try:
         import jax
