@@ -146,9 +146,8 @@ def bench_spmv(Ad, xd, cupy):
 
 
 def jax_cg_time(A, b, iters):
-    """Seconds an iteration of JAX's ``cg`` on ``A`` (SciPy sparse, as a BCOO matrix) for ``iters`` iterations, in
-    this process;
-    nan where JAX or its GPU backend is missing."""
+    """Seconds an iteration of JAX's ``cg`` on ``A`` (SciPy sparse, as a BCOO matrix) for ``iters``
+    iterations, in this process; nan where JAX or its GPU backend is missing."""
     try:
         import jax
         jax.config.update("jax_enable_x64", True)
