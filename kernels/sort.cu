@@ -3,7 +3,7 @@
 // the argsort itself), least significant digit first: each pass orders the elements by RADIX_BITS bits of
 // their keys and keeps the order of equal digits, so the passes over all of the keys' bits leave them
 // sorted, ties in their given order. A pass counts the digits of each tile of `tile` elements
-// (radix_count_tile); after a barrier a warp a digit turns its counts into the tiles' starts among the
+// (radix_count_tile); after a barrier a block a digit turns its counts into the tiles' starts among the
 // digit's elements and its total (radix_prefix); after another, each tile adds the smaller digits'
 // totals and writes its elements in their order (radix_scatter_tile). Blocks of SORT_THREADS take the
 // tiles in turn. Nothing depends on the scheduling, and nothing is read back to the host.
@@ -12,8 +12,8 @@
 // value_buffers (two of n each, alternating: the result is value_buffers + ((passes - 1) % 2) n).
 // The sort runs as phases of a cooperative kernel (sell_build in sell_layout.cu), whose grid barriers
 // radix_sort_passes takes.
-// RADIX_BITS (a pass's digits) and SORT_THREADS (a block's threads) are generated from
-// solvers/formats/base.py.
+// RADIX_BITS (a pass's digits), SORT_THREADS (a block's threads) and SORT_TILES (a sort's tiles at most, a
+// multiple of SORT_THREADS) are generated from solvers/formats/base.py.
 #define RADIX (1 << RADIX_BITS)
 
 __device__ __forceinline__ int radix_digit(int key, int shift) { return (key >> shift) & (RADIX - 1); }
@@ -49,25 +49,47 @@ __device__ void radix_count_tile(const RadixSort& s, int p, int tile) {
     __syncthreads();
 }
 
-// A warp a digit: the tiles' counts of the digit become their exclusive prefix sums, 32 tiles at a time,
-// and the digit's total goes after the tiles' counts.
+// A block a digit: the tiles' counts of the digit become their exclusive prefix sums, and the digit's total
+// goes after the tiles' counts. Each warp takes a run of SORT_TILES / (SORT_THREADS / 32) tiles, its lanes
+// loading their PREFIX_TILES counts at once, where a warp walking all of a digit's tiles would wait for
+// each load in turn; the warps' sums are added through shared memory.
 __device__ void radix_prefix(const RadixSort& s) {
-    const int lane = threadIdx.x & 31, warps = gridDim.x * (blockDim.x >> 5);
-    for (int d = (blockIdx.x * blockDim.x + threadIdx.x) >> 5; d < RADIX; d += warps) {
-        int carry = 0;
-        for (int first = 0; first < s.tiles; first += 32) {
-            const int t = first + lane;
-            const int c = t < s.tiles ? s.counts[(long long)t * RADIX + d] : 0;
-            int v = c;
+    constexpr int warps = SORT_THREADS / 32, PREFIX_TILES = SORT_TILES / SORT_THREADS;  // tiles a lane
+    __shared__ int warp_sums[warps];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (int d = blockIdx.x; d < RADIX; d += gridDim.x) {
+        int count[PREFIX_TILES], below[PREFIX_TILES], sum = 0;
+#pragma unroll
+        for (int k = 0; k < PREFIX_TILES; ++k) {
+            const int t = (warp * PREFIX_TILES + k) * 32 + lane;
+            count[k] = t < s.tiles ? s.counts[(long long)t * RADIX + d] : 0;
+        }
+#pragma unroll
+        for (int k = 0; k < PREFIX_TILES; ++k) {  // exclusive prefix within the warp's run
+            int v = count[k];
 #pragma unroll
             for (int o = 1; o < 32; o <<= 1) {
                 const int up = __shfl_up_sync(0xffffffffu, v, o);
                 if (lane >= o) v += up;
             }
-            if (t < s.tiles) s.counts[(long long)t * RADIX + d] = carry + v - c;
-            carry += __shfl_sync(0xffffffffu, v, 31);
+            below[k] = sum + v - count[k];
+            sum += __shfl_sync(0xffffffffu, v, 31);
         }
-        if (lane == 0) s.counts[(long long)s.tiles * RADIX + d] = carry;
+        if (lane == 0) warp_sums[warp] = sum;
+        __syncthreads();
+        int base = 0, total = 0;
+#pragma unroll
+        for (int w = 0; w < warps; ++w) {
+            base += w < warp ? warp_sums[w] : 0;
+            total += warp_sums[w];
+        }
+#pragma unroll
+        for (int k = 0; k < PREFIX_TILES; ++k) {
+            const int t = (warp * PREFIX_TILES + k) * 32 + lane;
+            if (t < s.tiles) s.counts[(long long)t * RADIX + d] = base + below[k];
+        }
+        if (threadIdx.x == 0) s.counts[(long long)s.tiles * RADIX + d] = total;
+        __syncthreads();  // warp_sums is free for the block's next digit
     }
 }
 

@@ -536,10 +536,11 @@ def test_sell_numbered_layout_on_the_device_is_numpys(cupy, name):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("n, bound", [(1, 0), (1000, 1), (1025, 255), (1025, 256), (5000, 65), (50_001, 50_001),
-                                      (300_000, 300_001), (300_000, 2**31 - 1)])
+                                      (300_000, 300_001), (300_000, 2**31 - 1), (2**20, 2**20 - 1)])
 def test_the_builds_sort_is_numpys_stable_argsort(cupy, n, bound):
     # many ties (keys drawn from few values unless the bound is large), tiles of several chunks (300k keys:
-    # 293 tiles of 1024), one to four passes of 8 bits
+    # 293 tiles of 1024; 2^20 keys: the most tiles, 1024, every warp of the prefix's blocks), one to four
+    # passes of 8 bits
     rng = np.random.default_rng(n + bound)
     values = rng.integers(0, bound + 1, size=max(n // 7, 1))
     key = rng.choice(values, size=n).astype(np.int32)

@@ -21,7 +21,8 @@ RADIX_SORT = Struct("RadixSort", [("n", "int"), ("tile", "int"), ("tiles", "int"
                                   ("keys", "const int*"), ("values", "const int*"), ("counts", "int*"),
                                   ("key_buffers", "int*"), ("value_buffers", "int*")])
 RADIX_BITS, SORT_THREADS, SORT_TILES = 8, 256, 1024  # a pass's digits; a block's threads; a sort's tiles at most
-SORT_DEFINES = (("RADIX_BITS", str(RADIX_BITS)), ("SORT_THREADS", str(SORT_THREADS)))  # for kernels/sort.cu
+SORT_DEFINES = (("RADIX_BITS", str(RADIX_BITS)), ("SORT_THREADS", str(SORT_THREADS)),  # for kernels/sort.cu
+                ("SORT_TILES", str(SORT_TILES)))
 
 
 @functools.lru_cache(maxsize=None)

@@ -492,7 +492,11 @@ class SELL(MatrixFormat):
     def _lay_out(self, indptr, indices, order, sizes):
         """The slices and pieces of the rows in ``order`` (short rows first) from their ``sizes``
         (:meth:`_offsets`), and every entry's place; with :attr:`places`, the rows and columns numbered by
-        them."""
+        them.
+
+        The arrays the layout keeps are carved from one allocation (:meth:`_held`); the order and the sizes,
+        which live in the build's buffers on the device, are copied in, so that those buffers are freed with
+        the build."""
         xp, n, ns = self.xp, self.n, self.short
         slice_ptr, long_start, row_pieces, (sliced, long_entries, self.pieces) = sizes
         self.size = sliced + long_entries
@@ -500,13 +504,29 @@ class SELL(MatrixFormat):
             raise InputError("the SELL layout needs 2^31 or more entries (int32 offsets): "
                              "use the csr matrix format")
         self.padding = (sliced - (self.nnz - long_entries)) / max(self.nnz, 1)
-        self.slice_ptr, self.long_rows, self.row_pieces = slice_ptr, order[ns:], row_pieces
-        self.piece_ptr, self.piece_row = self._cut_pieces(long_start, row_pieces, sliced)
-        self._src, self.col, self.slice_rows = self._place_entries(indptr, indices, order, long_start, sliced)
+        numbered = n if self.places is not None else 0
+        held = self._held(col=self.size, src=self.size, slice_rows=self.slices * SLICE, slice_ptr=self.slices + 1,
+                          row_pieces=n - ns + 1, long_rows=n - ns, piece_ptr=self.pieces + 1, piece_row=self.pieces,
+                          tickets=max(n - ns, 1), numbering=numbered, places=numbered)
+        for name, value in (("slice_ptr", slice_ptr), ("row_pieces", row_pieces), ("long_rows", order[ns:]),
+                            ("numbering", self.numbering), ("places", self.places)):
+            if value is not None:
+                held[name][...] = value
+                setattr(self, name, held[name])
+        self.piece_ptr, self.piece_row = held["piece_ptr"], held["piece_row"]
+        self._cut_pieces(long_start, sliced)
+        self._src, self.col, self.slice_rows = held["src"], held["col"], held["slice_rows"]
+        self._place_entries(indptr, indices, order, long_start, sliced)
         if self.places is not None:  # the long rows come last: numbered from the short rows' count on
-            self.long_rows = xp.arange(ns, n, dtype=xp.int32)
-        self.tickets = xp.zeros(max(n - ns, 1), dtype=xp.uint32)
+            self.long_rows[...] = xp.arange(ns, n, dtype=xp.int32)
+        self.tickets = held["tickets"].view(xp.uint32)
+        self.tickets[...] = 0
         self._piece_sums = {}
+
+    def _held(self, **sizes):
+        """Views of one int32 allocation, one of each of ``sizes`` by name: a fresh device allocation costs
+        0.06-0.09 ms however large (H200, MEASUREMENTS.md), so the layout takes one, not one an array."""
+        return dict(zip(sizes, carve(self.xp.empty(sum(sizes.values()), dtype=self.xp.int32), sizes.values())))
 
     def _offsets(self, indptr, order):
         """``(slice_ptr, long_start, row_pieces, (sliced, long_entries, pieces))``: where each slice starts (and
@@ -521,27 +541,25 @@ class SELL(MatrixFormat):
         totals = (int(slice_ptr[-1]), int(long_start[-1]), int(row_pieces[-1]))
         return slice_ptr.astype(np.int32), long_start.astype(np.int32), row_pieces.astype(np.int32), totals
 
-    def _cut_pieces(self, long_start, row_pieces, sliced):
-        """``(piece_ptr, piece_row)``: where each piece of the long rows starts (and one past the last), and
-        which long row it belongs to (``sell_cut_pieces`` on the device)."""
-        xp, longs, pieces = self.xp, int(long_start.size) - 1, self.pieces
+    def _cut_pieces(self, long_start, sliced):
+        """Fill :attr:`piece_ptr` and :attr:`piece_row`: where each piece of the long rows starts (and one past the
+        last), and which long row it belongs to (``sell_cut_pieces`` on the device)."""
+        xp, longs, pieces, row_pieces = self.xp, int(long_start.size) - 1, self.pieces, self.row_pieces
         if xp is np:
             piece_row = entry_rows(row_pieces, np)  # pieces are the "entries" of the long rows
             within = np.arange(pieces, dtype=np.int32) - row_pieces[piece_row]
-            piece_ptr = np.append(sliced + long_start[piece_row] + within * self.PIECE_LENGTH,
-                                  sliced + long_start[-1]).astype(np.int32)
-            return piece_ptr, piece_row.astype(np.int32)
-        piece_ptr = xp.empty(pieces + 1, dtype=xp.int32)
-        piece_row = xp.empty(pieces, dtype=xp.int32)
+            self.piece_ptr[...] = np.append(sliced + long_start[piece_row] + within * self.PIECE_LENGTH,
+                                            sliced + long_start[-1])
+            self.piece_row[...] = piece_row
+            return
         launch("sell_cut_pieces", pieces + 1, PIECES, longs=longs, pieces=pieces, sliced=sliced,
-               piece_length=self.PIECE_LENGTH, long_start=long_start, row_pieces=row_pieces, piece_ptr=piece_ptr,
-               piece_row=piece_row)
-        return piece_ptr, piece_row
+               piece_length=self.PIECE_LENGTH, long_start=long_start, row_pieces=row_pieces, piece_ptr=self.piece_ptr,
+               piece_row=self.piece_row)
 
     def _place_entries(self, indptr, indices, order, long_start, sliced):
-        """``(src, col, slice_rows)``: the CSR entry in every slot of the layout (-1 for padding), the columns,
-        and the row of every lane of the slices (-1 for none); with :attr:`places`, rows and columns as
-        numbered by them (a short row's number its position).
+        """Fill ``_src``, :attr:`col` and :attr:`slice_rows`: the CSR entry in every slot of the layout (-1 for
+        padding), the columns, and the row of every lane of the slices (-1 for none); with :attr:`places`, rows
+        and columns as numbered by them (a short row's number its position).
 
         The NumPy meaning of ``sell_place`` (a warp a slice)
         and ``sell_place_long`` (a thread an entry of the long rows), which the
@@ -552,23 +570,22 @@ class SELL(MatrixFormat):
         """
         xp, lanes, rows_per_slice, ns = self.xp, self.lanes, SLICE // self.lanes, self.short
         if xp is not np:
-            src, col = xp.empty(self.size, dtype=xp.int32), xp.empty(self.size, dtype=xp.int32)
-            slice_rows = xp.empty(self.slices * SLICE, dtype=xp.int32)
             max_steps = -(-self.LONG_ROW // lanes)  # a slice's first row is its longest, and short
             fields = dict(lanes=lanes, rows=ns, positions=self.slices * rows_per_slice, sliced=sliced, indptr=indptr,
                           indices=indices, order=order, slice_ptr=self.slice_ptr, long_start=long_start,
                           long_rows=self.long_rows, longs=int(self.long_rows.size), places=self.places,
-                          max_steps=max_steps, col=col, src=src, slice_rows=slice_rows)
+                          max_steps=max_steps, col=self.col, src=self._src, slice_rows=self.slice_rows)
             if self.long_rows.size:
                 launch("sell_place_long", self.size - sliced, LAYOUT, **fields)
             if self.slices:  # a warp a slice, PLACE_WARPS a block
                 layout_kernel("sell_place")((min(-(-self.slices // PLACE_WARPS), 4096),), (32 * PLACE_WARPS,),
                                             (LAYOUT.pack(**fields),),
                                             shared_mem=4 * PLACE_WARPS * (3 * SLICE + SLICE * max_steps))
-            return src, col, slice_rows
+            return
         slot_rows = np.full(self.slices * rows_per_slice, -1, dtype=np.int32)
         slot_rows[:ns] = order[:ns] if self.places is None else np.arange(ns)
-        slice_rows = np.repeat(slot_rows, lanes)  # the row of every lane
+        slice_rows = self.slice_rows
+        slice_rows[...] = np.repeat(slot_rows, lanes)  # the row of every lane
         slot = np.empty(self.n, dtype=np.int32)
         slot[order] = np.arange(self.n, dtype=np.int32)
         is_long = slot >= ns
@@ -584,12 +601,12 @@ class SELL(MatrixFormat):
         # padding points at its lane's own row (0 for lanes without one): it gathers nothing new
         slice_of = entry_rows(slice_ptr, np)  # positions are the "entries" of the slices
         pad_col = np.maximum(slice_rows[slice_of.astype(np.int64) * SLICE + np.arange(sliced) % SLICE], 0)
-        col = np.zeros(self.size, dtype=np.int32)
+        col, src = self.col, self._src
+        col[...] = 0
         col[:sliced] = pad_col
         col[pos] = indices if self.places is None else self.places[indices]
-        src = np.full(self.size, -1, dtype=np.int32)
+        src[...] = -1
         src[pos] = np.arange(self.nnz, dtype=np.int32)
-        return src, col, slice_rows
 
     @property
     def piece_sums(self):
