@@ -4,8 +4,8 @@ import numpy as np
 from ..errors import InputError
 from ..kernels.structs import Struct
 from . import base
-from .base import (RADIX_SORT, SORT_DEFINES, SORT_THREADS, MatrixFormat, carve, cooperative_kernel, entry_rows, host,
-                   pattern_stats, radix_sort_fields, radix_sort_size, window_sectors)
+from .base import (RADIX_SORT, SORT_DEFINES, SORT_THREADS, MatrixFormat, carve, cooperative_kernel, copy_into,
+                   entry_rows, host, pattern_stats, radix_sort_fields, radix_sort_size, window_sectors)
 
 SLICE = 32  # rows a slice: one warp, a thread a row
 PLACE_WARPS = 4  # warps a block of the placing kernel (sell_place): 34 KiB of shared memory at one lane a row
@@ -511,7 +511,7 @@ class SELL(MatrixFormat):
         for name, value in (("slice_ptr", slice_ptr), ("row_pieces", row_pieces), ("long_rows", order[ns:]),
                             ("numbering", self.numbering), ("places", self.places)):
             if value is not None:
-                held[name][...] = value
+                copy_into(held[name], value)
                 setattr(self, name, held[name])
         self.piece_ptr, self.piece_row = held["piece_ptr"], held["piece_row"]
         self._cut_pieces(long_start, sliced)
@@ -520,7 +520,7 @@ class SELL(MatrixFormat):
         if self.places is not None:  # the long rows come last: numbered from the short rows' count on
             self.long_rows[...] = xp.arange(ns, n, dtype=xp.int32)
         self.tickets = held["tickets"].view(xp.uint32)
-        self.tickets[...] = 0
+        self.tickets.fill(0)
         self._piece_sums = {}
 
     def _held(self, **sizes):
