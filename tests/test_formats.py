@@ -9,7 +9,7 @@ from hypothesis import given, settings, strategies as st
 
 from solvers.errors import InputError
 from solvers.formats import CSR, DIA, ELL, SELL, DiagonalsDoNotFit, choose_format
-from solvers.formats.base import Pattern, entry_rows, increasing_rows, pattern_stats, window_sectors
+from solvers.formats.base import Pattern, copy_into, entry_rows, increasing_rows, pattern_stats, window_sectors
 from solvers.formats.csr import row_lanes
 from solvers.formats.sell import LayoutBuild, neighbour_key, neighbours_order
 from solvers.gallery import (periodic_poisson, poisson, power_law_laplacian, random_geometric_laplacian,
@@ -532,6 +532,31 @@ def test_sell_numbered_layout_on_the_device_is_numpys(cupy, name):
     assert (dev.row_order, dev.sectors) == (ref.row_order, ref.sectors) and ref.numbering is not None
     for field in ("numbering", "places", "_src", "col", "slice_ptr", "slice_rows", "piece_ptr", "long_rows"):
         np.testing.assert_array_equal(getattr(dev, field).get(), getattr(ref, field), err_msg=field)
+
+
+def test_copy_into_copies_or_refuses_a_mismatch():
+    out = np.zeros(4, dtype=np.int32)
+    copy_into(out, np.arange(4, dtype=np.int32))
+    np.testing.assert_array_equal(out, np.arange(4))
+    for wrong in (np.arange(3, dtype=np.int32), np.arange(4, dtype=np.int64), np.arange(8, dtype=np.int32)[::2]):
+        with pytest.raises(ValueError, match="copy_into"):
+            copy_into(out, wrong)
+
+
+@pytest.mark.gpu
+def test_a_sell_layout_holds_nothing_of_its_build(cupy):
+    # the orders and sizes are copied out of the build's buffers, which are freed with it: what the layout keeps
+    # is its own allocation (a device pattern's arrays aside), whatever its row order
+    pool = cupy.get_default_memory_pool()
+    for A, rows in ((power_law_laplacian(20_000, seed=3), "auto"), (random_geometric_laplacian(20_000), "auto"),
+                    (random_geometric_laplacian(20_000), "length")):
+        indptr, indices = (cupy.asarray(a.astype(np.int32)) for a in (A.indptr, A.indices))
+        pool.free_all_blocks()
+        before = pool.used_bytes()
+        layout = SELL(indptr, indices, cupy, row_order=rows, renumber=True)
+        held = 4 * (2 * layout.size + layout.slices * 33 + 1 + 3 * (layout.n - layout.short) + 2 * layout.pieces + 2
+                    + (2 * layout.n if layout.numbering is not None else 0) + (layout.n == layout.short))
+        assert pool.used_bytes() - before <= held + 2048, rows  # CuPy rounds an allocation up to 512 bytes
 
 
 @pytest.mark.gpu
