@@ -292,8 +292,8 @@ def window_sectors(indptr, indices, rows, window, xp=np, samples=2048, itemsize=
 
 
 def copy_into(out, a):
-    """``out[...] = a`` for contiguous arrays of one type: on the device one asynchronous copy of the bytes, where
-    CuPy's assignment is an elementwise kernel with several times the host's work."""
+    """``out[...] = a`` for contiguous arrays of one shape and type: on the device one asynchronous copy of the
+    bytes on the current stream, where CuPy's assignment launches an elementwise kernel."""
     if out.shape != a.shape or out.dtype != a.dtype or not (out.flags.c_contiguous and a.flags.c_contiguous):
         raise ValueError(f"copy_into needs contiguous arrays of one shape and type, not {out.shape} {out.dtype} "
                          f"and {a.shape} {a.dtype}")
