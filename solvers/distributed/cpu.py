@@ -9,7 +9,7 @@ import time
 
 import numpy as np
 
-from ..pcg.cpu import VARIANTS, pcg_iterate, pcg_single_reduction
+from ..pcg.cpu import pcg_iterate, pcg_single_reduction
 from .comm import HostComm
 
 

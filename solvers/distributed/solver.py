@@ -11,7 +11,7 @@ from ..pcg import scaling
 from ..pcg.result import SolveResult, confirmed
 from ..pcg.solver import DTYPES, check_tolerances, refuse_complex
 from .comm import agree
-from .cpu import VARIANTS
+from ..pcg.cpu import VARIANTS
 from .partition import split_rows
 
 
