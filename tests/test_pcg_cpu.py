@@ -227,3 +227,24 @@ def test_residual_held_for_all_of_a_threads_rows_or_none(n, held):
     assert held_rows(2_000_000, 132, 1024, 200_000, 8, requested=100) == 15  # the thread's rows
     assert held_rows(2_000_000, 132, 1024, 65_536, 8, requested=100) == 8  # what fits
     assert held_rows(10, 132, 1024, 200_000, 8, requested=5) == 1
+
+
+@pytest.mark.parametrize("options", [{}, {"preconditioner": "chebyshev"}, {"preconditioner": "amg"},
+                                     {"reorder": "rcm"}, {"variant": "single-reduction"}],
+                         ids=["jacobi", "chebyshev", "amg", "rcm", "single-reduction"])
+def test_a_dropped_solver_is_freed_at_once(options):
+    """Nothing the solver keeps refers back to it: ``del`` frees it (and its arrays) without waiting for
+    Python's cyclic garbage collector, which runs on the count of Python objects, not on memory."""
+    import gc
+    import weakref
+    A = poisson((10, 10, 10))
+    solver = solvers.PCG(A, device="cpu", rtol=1e-8, **options)
+    assert solver.solve(np.ones(A.shape[0])).converged
+    gc.collect()
+    gc.disable()
+    try:
+        ref = weakref.ref(solver)
+        del solver
+        assert ref() is None
+    finally:
+        gc.enable()

@@ -448,3 +448,58 @@ def test_reordering_is_invisible_to_the_caller(cupy, reorder):
     np.testing.assert_allclose(res.x.get(), plain.x.get(), rtol=1e-7, atol=1e-9)
     assert abs(res.iterations - plain.iterations) <= 2
     assert seen and abs(seen[-1] - float(res.x[7])) < 1e-12  # the callback sees the original numbering
+
+
+def _pcg(A, **options):
+    solver = solvers.PCG(A, rtol=1e-8, device="gpu", **options)
+    assert solver.solve(A @ np.ones(A.shape[0])).converged
+    return solver
+
+
+def _columns(A):
+    solver = solvers.PCG(A, rtol=1e-8, device="gpu")
+    assert solver.solve(np.column_stack([A @ np.ones(A.shape[0])] * 3)).reasons[0] == Reason.CONVERGED
+    return solver
+
+
+def _batched(A):
+    solver = solvers.BatchedPCG([A, 2 * A], rtol=1e-8, device="gpu")
+    solver.solve(np.ones((2, A.shape[0])))
+    return solver
+
+
+def _md(_):
+    from solvers.md import LennardJones, Simulation, VelocityVerlet, lattice_state
+    sim = Simulation(lattice_state(cells=(4, 4, 4)), LennardJones(), VelocityVerlet(0.005), device="gpu",
+                     mode="while")
+    sim.run(10)
+    return sim
+
+
+# (what is made, how): every kind of object that keeps an engine or device buffers
+DROPPED = {"grid, while (sell)": lambda A: _pcg(with_long_row(A), path="grid"),
+           "grid, graph": lambda A: _pcg(A, path="grid", mode="graph"),
+           "grid, eager": lambda A: _pcg(A, path="grid", mode="eager"),
+           "on chip": lambda A: _pcg(A, path="on-chip"),
+           "split body (amg)": lambda A: _pcg(A, preconditioner="amg"),
+           "columns at once": _columns, "batched": _batched, "md": _md}
+
+
+@pytest.mark.parametrize("make", DROPPED.values(), ids=DROPPED.keys())
+def test_a_dropped_solver_gives_its_device_memory_back_at_once(cupy, make):
+    """``del`` frees a solver's device buffers: no reference cycle holds them until Python's cyclic garbage
+    collector runs (which counts Python objects, not device memory), so a program that sets solvers up in a
+    loop does not grow on the GPU."""
+    import gc
+    pool = cupy.get_default_memory_pool()
+    A = poisson((24, 24))
+    gc.collect()
+    gc.disable()
+    try:
+        before = pool.used_bytes()
+        made = make(A)
+        assert pool.used_bytes() > before
+        del made
+        assert pool.used_bytes() == before
+    finally:
+        gc.enable()

@@ -298,13 +298,7 @@ class GPUPCG:
         # The persistent kernel itself runs `unroll` iterations a launch: the engine launches it once a
         # pass. The split body is one iteration: the engine captures `unroll` of them.
         self.unroll = self.iterations_per_launch = int(unroll)
-        if self.split:
-            self.engine = GraphEngine(lambda stream, loop: self.launch_split(loop.handle, stream),
-                                      mode=mode, unroll=self.unroll)
-        else:
-            self.engine = GraphEngine(
-                lambda stream, loop: self.launch_run(self.iterations_per_launch, loop.handle, stream),
-                mode=mode, unroll=1)
+        self.engine = GraphEngine(self.launch_body, mode=mode, unroll=self.unroll if self.split else 1)
         self.mode_note = self.engine.note
 
     # -- set-up ---------------------------------------------------------------
@@ -533,6 +527,13 @@ class GPUPCG:
         self.state.set(np.frombuffer(STATE.pack(tol=tol, maxiter=maxiter, status=RUNNING, iteration=-1).tobytes(),
                                      dtype=np.uint8))  # iteration -1: the set-up pass
         self.progress.host[...] = 0
+
+    def launch_body(self, stream, loop):
+        """The engine's body: one iteration of the split body, or one launch of the persistent kernel."""
+        if self.split:
+            self.launch_split(loop.handle, stream)
+        else:
+            self.launch_run(self.iterations_per_launch, loop.handle, stream)
 
     def launch_split(self, handle, stream=None):
         """Enqueue one iteration of the split body (``handle``: the WHILE node's, or 0)."""

@@ -103,13 +103,16 @@ class GPUMultiRHS:
         self._args = MULTI_RUN.pack(rowptr=self.rowptr, col=self.col, val=self.val, dinv=self.dinv, st=self.states,
                                     partials=self.partials, ticket=self.ticket, n=self.n, **self.vectors)
         self.unroll = int(unroll)
-        self.engine = GraphEngine(lambda stream, loop: self.launch_iteration(loop.handle, stream),
-                                  mode=mode, unroll=self.unroll)
+        self.engine = GraphEngine(self.launch_body, mode=mode, unroll=self.unroll)
         self.mode, self.mode_note = self.engine.mode, self.engine.note
 
     @property
     def instantiations(self):
         return self.engine.instantiations
+
+    def launch_body(self, stream, loop):
+        """The engine's body: one iteration."""
+        self.launch_iteration(loop.handle, stream)
 
     def launch_iteration(self, handle, stream=None):
         """Enqueue one iteration (``handle``: the WHILE node's, or 0)."""

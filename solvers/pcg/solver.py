@@ -253,7 +253,8 @@ class PCG:
             if M is None:
                 refuse_unsupported(spec, "cpu", variant, self.dtype)
                 precond = make_preconditioner(spec, A, self._order)
-                self._rebuild = lambda A, order: CPUPCG(A, make_preconditioner(spec, A, order), self.dtype, variant)
+                dtype = self.dtype  # the closure takes values, not self: a cycle would outlive `del`
+                self._rebuild = lambda A, order: CPUPCG(A, make_preconditioner(spec, A, order), dtype, variant)
             else:
                 precond = _OperatorPreconditioner(M, self._a_shift)
             self._impl = CPUPCG(A, precond, self.dtype, variant)
@@ -276,9 +277,9 @@ class PCG:
                 renumber = reorder == "auto"  # SELL's layout by neighbours may number the rows its way
                 self._impl = GPUPCG(A, spec, self.dtype, mode, unroll, record_history, variant, matrix_format,
                                     reordering=self._order, renumber=renumber)
-                self._rebuild = lambda A, order: GPUPCG(A, spec, self.dtype, mode, unroll, record_history,
-                                                        self._impl.variant, matrix_format, reordering=order,
-                                                        renumber=renumber)
+                dtype, chosen = self.dtype, self._impl.variant  # values, not self: a cycle would outlive `del`
+                self._rebuild = lambda A, order: GPUPCG(A, spec, dtype, mode, unroll, record_history, chosen,
+                                                        matrix_format, reordering=order, renumber=renumber)
                 self._note_numbering()
             if plan_later:
                 self._plan_reordering(unscaled, self.path == "grid" and not self._impl.split, n, nnz)
