@@ -146,18 +146,22 @@ class LoopContext:
             branch.end_building()
 
 
-def _held_weakly(body):
-    """``body``, or where it is a bound method, a body that calls it through a weak reference to its object."""
-    if not inspect.ismethod(body):
-        return body
-    method = weakref.WeakMethod(body)
+def held_weakly(call):
+    """``call``, or where it is a bound method, a callable that calls it through a weak reference to its object.
 
-    def call(stream, loop):
+    An object that keeps an engine, or steps, made of its own methods then does not sit in a reference cycle
+    with them: dropped, it frees its device buffers at once, not at Python's next cyclic collection.
+    """
+    if not inspect.ismethod(call):
+        return call
+    method = weakref.WeakMethod(call)
+
+    def weak(*args):
         bound = method()
         if bound is None:
-            raise RuntimeError("the object whose method is this engine's body no longer exists")
-        return bound(stream, loop)
-    return call
+            raise RuntimeError(f"the object whose method {call.__name__} this calls no longer exists")
+        return bound(*args)
+    return weak
 
 
 class GraphEngine:
@@ -167,9 +171,7 @@ class GraphEngine:
     ----------
     body : callable
         ``body(stream, loop)`` enqueues one iteration (see module docstring). A bound
-        method is held by a weak reference to its object: an engine that its object
-        keeps does not keep that object alive, so a dropped solver gives its device
-        memory back at once instead of at the next cyclic garbage collection.
+        method is called through a weak reference to its object (:func:`held_weakly`).
     mode : {"auto", "eager", "graph", "while"}
     unroll : int
         Iterations per graph launch in ``graph`` mode and per pass of the
@@ -194,7 +196,7 @@ class GraphEngine:
         cupy = require_cupy()
         if unroll < 1:
             raise ValueError("unroll must be >= 1")
-        self.body = _held_weakly(body)
+        self.body = held_weakly(body)
         self.mode, self.note = resolve_mode(mode)
         self.unroll = int(unroll)
         self.stream = stream if stream is not None else cupy.cuda.Stream(non_blocking=True)

@@ -476,13 +476,21 @@ def _md(_):
     return sim
 
 
+def _distributed(A):
+    from solvers.distributed.solver import DistributedPCG
+    solver = DistributedPCG(A.tocsr(), [0, A.shape[0]], None, rtol=1e-8, device="gpu")
+    assert solver.solve(A @ np.ones(A.shape[0])).converged
+    return solver
+
+
 # (what is made, how): every kind of object that keeps an engine or device buffers
 DROPPED = {"grid, while (sell)": lambda A: _pcg(with_long_row(A), path="grid"),
            "grid, graph": lambda A: _pcg(A, path="grid", mode="graph"),
            "grid, eager": lambda A: _pcg(A, path="grid", mode="eager"),
            "on chip": lambda A: _pcg(A, path="on-chip"),
-           "split body (amg)": lambda A: _pcg(A, preconditioner="amg"),
-           "columns at once": _columns, "batched": _batched, "md": _md}
+           "split body (amg, float32 levels)": lambda A: _pcg(poisson((32, 32, 32)), preconditioner="amg"),
+           "split body (chebyshev)": lambda A: _pcg(A, preconditioner="chebyshev"),
+           "columns at once": _columns, "batched": _batched, "md": _md, "distributed, one rank": _distributed}
 
 
 @pytest.mark.parametrize("make", DROPPED.values(), ids=DROPPED.keys())

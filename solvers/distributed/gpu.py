@@ -270,13 +270,15 @@ class DistGPUPCG:
         waits for the exchange; its product kernel takes the decision pending from the last
         allreduce.
         """
-        cap, n = self.driver.capture, self.n
+        # the communication steps are kept, so they call the communicator, not self: a cycle through
+        # them would keep this solver's device buffers until Python's cyclic collector ran
+        cap, n, nccl = self.driver.capture, self.n, self.nccl
 
         def halo(transfers):
-            return lambda s: self.nccl.exchange(transfers, s)
+            return lambda s: nccl.exchange(transfers, s)
 
         def allreduce(send, recv, count):
-            return Communicate(lambda s: self.nccl.allreduce(send, recv, count, s))
+            return Communicate(lambda s: nccl.allreduce(send, recv, count, s))
 
         decide = cap(self._decide)
         if self.variant == "classic":

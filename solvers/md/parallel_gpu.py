@@ -38,7 +38,7 @@ import numpy as np
 
 from ..backend import require_cupy
 from ..distributed.comm import DeviceComm
-from ..engine import Communicate, Segment, SegmentDriver, StatusCopies
+from ..engine import Communicate, Segment, SegmentDriver, StatusCopies, held_weakly
 from ..errors import DeviceError
 from ..kernels import md_params, md_ref, module
 from ..kernels.md_params import (C_BUILDS, C_CELLMAX, C_FAR, C_FORCED, C_NBMAX, C_REBUILD, C_REQ, C_STATUS, C_STEP,
@@ -332,8 +332,8 @@ class DistGpuBackend(DeviceAccess):
     def _capture_step(self):
         cap = self.driver.capture
         self._force_graph = cap(lambda s: self._launch_force(stream=s))
-        self.iteration = [Segment(cap(self._kick_drift_and_pack)), Communicate(self._exchange),
-                          Communicate(self._reduce_flags), Segment(cap(self._build_and_force))]
+        self.iteration = [Segment(cap(self._kick_drift_and_pack)), Communicate(held_weakly(self._exchange)),
+                          Communicate(held_weakly(self._reduce_flags)), Segment(cap(self._build_and_force))]
 
     def _kick_drift_and_pack(self, s):
         self._kick_drift(s)

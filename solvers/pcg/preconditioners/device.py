@@ -138,7 +138,7 @@ class DeviceProgram:
         self._real = kernels.ctype(self.dtype)
         self._outer = (("outer_t", kernels.ctype(r.dtype)),)
         self._pointwise = kernels.module("precond_pointwise", real=self._real, defines=self._outer)
-        self._last_writes_output = None  # (launches then, re-append into another vector) of a retargetable launch
+        self._last_writes_output = None  # (launches then, the step's arguments) of a retargetable Chebyshev step
         self._capacity = {}
         self._launches, self.labels, self._label = [], [], ""
         self._uploads = {}   # id of a host or device object -> (the object, its device copy)
@@ -229,14 +229,15 @@ class DeviceProgram:
 
     def chebyshev_step(self, A, dinv, d_old, d_new, rs, x_in, x_out, c1, c2, add_old=False):
         """``rs -= D^-1 A d_old``, ``d_new = c1 d_old + c2 rs``, ``x_out = x_in (+ d_old) + d_new``."""
-        real = self.dtype.type
-
-        def append(name, out):
-            self._add(self._products(A), name, A.work, A.struct, dinv, d_old, d_new, rs, x_in, out, real(c1),
-                      real(c2), np.int32(add_old))
-        append("chebyshev_step", x_out)
+        step = (A, dinv, d_old, d_new, rs, x_in, c1, c2, add_old)
+        self._chebyshev_step("chebyshev_step", x_out, *step)
         if x_out is self.output and self._z is not None:  # close() may have it write z instead
-            self._last_writes_output = (len(self._launches), append)
+            self._last_writes_output = (len(self._launches), step)
+
+    def _chebyshev_step(self, name, out, A, dinv, d_old, d_new, rs, x_in, c1, c2, add_old):
+        real = self.dtype.type
+        self._add(self._products(A), name, A.work, A.struct, dinv, d_old, d_new, rs, x_in, out, real(c1), real(c2),
+                  np.int32(add_old))
 
     def jacobi_sweep(self, A, y, b, s, out):
         """``out = y + s (b - A y)`` (``out`` is not ``y``)."""
@@ -258,7 +259,7 @@ class DeviceProgram:
             if last is not None and last[0] == len(self._launches):
                 self._launches.pop()
                 with self.section(self.labels.pop()):
-                    last[1]("chebyshev_step_to_outer", self._z)
+                    self._chebyshev_step("chebyshev_step_to_outer", self._z, *last[1])
             else:
                 self._add(self._pointwise, "to_outer", self.n, np.int32(self.n), self.output, self._z)
             self._z = None
