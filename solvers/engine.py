@@ -154,12 +154,12 @@ def held_weakly(call):
     """
     if not inspect.ismethod(call):
         return call
-    method = weakref.WeakMethod(call)
+    method, name = weakref.WeakMethod(call), call.__name__  # the closure must not hold `call` itself
 
     def weak(*args):
         bound = method()
         if bound is None:
-            raise RuntimeError(f"the object whose method {call.__name__} this calls no longer exists")
+            raise RuntimeError(f"the object whose method {name} this calls no longer exists")
         return bound(*args)
     return weak
 

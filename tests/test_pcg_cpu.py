@@ -248,3 +248,31 @@ def test_a_dropped_solver_is_freed_at_once(options):
         assert ref() is None
     finally:
         gc.enable()
+
+
+def test_held_weakly_calls_a_method_without_keeping_its_object():
+    """The engine's bodies and the distributed steps are methods of the objects that keep them."""
+    import gc
+    import weakref
+    from solvers.engine import held_weakly
+
+    class Owner:
+        def __init__(self):
+            self.step = held_weakly(self.add)
+
+        def add(self, a, b):
+            return a + b
+
+    assert held_weakly(len) is len  # not a bound method: as it is
+    gc.collect()
+    gc.disable()
+    try:
+        owner = Owner()
+        assert owner.step(2, 3) == 5
+        step, ref = owner.step, weakref.ref(owner)
+        del owner
+        assert ref() is None
+        with pytest.raises(RuntimeError, match="method add .* no longer exists"):
+            step(2, 3)
+    finally:
+        gc.enable()
