@@ -55,6 +55,8 @@ __device__ void radix_count_tile(const RadixSort& s, int p, int tile) {
 // each load in turn; the warps' sums are added through shared memory.
 __device__ void radix_prefix(const RadixSort& s) {
     constexpr int warps = SORT_THREADS / 32, PREFIX_TILES = SORT_TILES / SORT_THREADS;  // tiles a lane
+    static_assert(SORT_TILES % SORT_THREADS == 0 && SORT_THREADS % 32 == 0,
+                  "every lane of the block takes PREFIX_TILES tiles: SORT_TILES a multiple of SORT_THREADS");
     __shared__ int warp_sums[warps];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     for (int d = blockIdx.x; d < RADIX; d += gridDim.x) {

@@ -545,8 +545,8 @@ def test_copy_into_copies_or_refuses_a_mismatch():
 
 @pytest.mark.gpu
 def test_a_sell_layout_holds_nothing_of_its_build(cupy):
-    # the orders and sizes are copied out of the build's buffers, which are freed with it: what the layout keeps
-    # is its own allocation (a device pattern's arrays aside), whatever its row order
+    # the orders and sizes are copied out of the build's buffers, which are freed with it: every array the layout
+    # keeps lies in one allocation of its own, and the pool holds nothing else for it, whatever its row order
     pool = cupy.get_default_memory_pool()
     for A, rows in ((power_law_laplacian(20_000, seed=3), "auto"), (random_geometric_laplacian(20_000), "auto"),
                     (random_geometric_laplacian(20_000), "length")):
@@ -554,9 +554,12 @@ def test_a_sell_layout_holds_nothing_of_its_build(cupy):
         pool.free_all_blocks()
         before = pool.used_bytes()
         layout = SELL(indptr, indices, cupy, row_order=rows, renumber=True)
-        held = 4 * (2 * layout.size + layout.slices * 33 + 1 + 3 * (layout.n - layout.short) + 2 * layout.pieces + 2
-                    + (2 * layout.n if layout.numbering is not None else 0) + (layout.n == layout.short))
-        assert pool.used_bytes() - before <= held + 2048, rows  # CuPy rounds an allocation up to 512 bytes
+        kept = [getattr(layout, name) for name in ("col", "_src", "slice_rows", "slice_ptr", "row_pieces",
+                                                   "long_rows", "piece_ptr", "piece_row", "tickets")]
+        kept += [layout.numbering, layout.places] if layout.numbering is not None else []
+        allocations = {id(a.data.mem) for a in kept}
+        assert len(allocations) == 1, rows
+        assert pool.used_bytes() - before == kept[0].data.mem.size, rows
 
 
 @pytest.mark.gpu
