@@ -557,9 +557,11 @@ def test_a_sell_layout_holds_nothing_of_its_build(cupy):
         kept = [getattr(layout, name) for name in ("col", "_src", "slice_rows", "slice_ptr", "row_pieces",
                                                    "long_rows", "piece_ptr", "piece_row", "tickets")]
         kept += [layout.numbering, layout.places] if layout.numbering is not None else []
-        allocations = {id(a.data.mem) for a in kept}
-        assert len(allocations) == 1, rows
-        assert pool.used_bytes() - before == kept[0].data.mem.size, rows
+        allocations = {a.data.mem.ptr for a in kept}
+        assert len(allocations) == 1, (rows, [(a.size, a.data.mem.ptr, a.data.mem.size) for a in kept])
+        assert pool.used_bytes() - before == kept[0].data.mem.size, (rows, pool.used_bytes() - before,
+                                                                      kept[0].data.mem.size)
+        del layout, kept  # freed before the next case measures
 
 
 @pytest.mark.gpu
