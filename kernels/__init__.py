@@ -91,6 +91,31 @@ def _compiled(code):
     return mod
 
 
+@functools.lru_cache(maxsize=None)
+def _device_facts(device_id):
+    """``(name, attributes)`` of CUDA device ``device_id``, asked once a process: they do not change, and
+    asking is slow (CUDA's properties call takes about a millisecond, CuPy's attributes a call each)."""
+    import cupy
+
+    name = cupy.cuda.runtime.getDeviceProperties(device_id)["name"].decode()
+    return name, dict(cupy.cuda.Device(device_id).attributes)
+
+
+def device_name():
+    """The current CUDA device's name."""
+    import cupy
+
+    return _device_facts(cupy.cuda.Device().id)[0]
+
+
+def device_attribute(name):
+    """The current CUDA device's attribute ``name`` as CuPy's ``Device.attributes`` spells it
+    (``"MultiProcessorCount"``, ``"L2CacheSize"``)."""
+    import cupy
+
+    return _device_facts(cupy.cuda.Device().id)[1][name]
+
+
 def resident_blocks(kernel, block, spare_sms=0, shared_mem=0):
     """How many blocks of ``block`` threads of ``kernel`` the device holds at once.
 
@@ -113,8 +138,7 @@ def resident_blocks(kernel, block, spare_sms=0, shared_mem=0):
 
     function = kernel.kernel  # the cupy.cuda.function.Function behind the RawKernel
     per_sm = cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(function.ptr, block, shared_mem)
-    sms = int(cupy.cuda.Device().attributes["MultiProcessorCount"])
-    return int(per_sm) * max(1, sms - spare_sms)
+    return int(per_sm) * max(1, int(device_attribute("MultiProcessorCount")) - spare_sms)
 
 
 def cooperative(kernel, block, shared_mem=0):

@@ -107,7 +107,7 @@ class _DeviceLevels(_Arrays):
         super().__init__(indptr, indices, cupy)
         kernel = kernels.module(**program()).get_function("cm_levels")
         self._launch, capacity = kernels.cooperative(kernel, BLOCK)
-        sms = int(cupy.cuda.Device().attributes["MultiProcessorCount"])
+        sms = int(kernels.device_attribute("MultiProcessorCount"))
         # two blocks an SM: enough groups of lanes for a level of ten thousand vertices, and a barrier
         # of more blocks costs more
         self.grid = max(1, min(capacity, 2 * sms))

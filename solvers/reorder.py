@@ -240,13 +240,14 @@ def choose_reordering(A, requested, device):
         if requested == "auto":
             return None, "none (auto reorders on the GPU only)"
         return _scipy_rcm(A), "rcm"
-    import cupy
     import cupyx.scipy.sparse as csp
+
+    from . import kernels
 
     A = canonical(A if is_cupy_sparse(A) else csp.csr_matrix(sp.csr_matrix(A)))
     if requested == "rcm":
         return _cuthill_mckee_reversed(A), "rcm"
-    return auto_reordering(A, int(cupy.cuda.Device().attributes["L2CacheSize"]))
+    return auto_reordering(A, int(kernels.device_attribute("L2CacheSize")))
 
 
 def auto_reordering(A, cache_bytes):

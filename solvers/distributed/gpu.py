@@ -87,8 +87,7 @@ def bind_device(comm):
                               "run one rank per GPU (one GPU visible per rank, or all GPUs visible to all ranks)")
 
     agree(comm, check_one_rank_per_gpu)  # every rank sees the same owners: an agreed set-up error
-    props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
-    return props["name"].decode()
+    return kernels.device_name()
 
 
 class DistGPUPCG:

@@ -50,11 +50,9 @@ HELD_BYTES = 64 * 1024
 
 def dynamic_shared_limit(kernel, blocks_per_sm):
     """Dynamic shared memory a block of ``kernel`` may take where an SM holds ``blocks_per_sm`` of them."""
-    import cupy
-
-    attributes = cupy.cuda.Device().attributes
-    per_sm = int(attributes["MaxSharedMemoryPerMultiprocessor"]) // blocks_per_sm
-    return min(int(attributes["MaxSharedMemoryPerBlockOptin"]), per_sm - STAGE_RESERVED) - kernel.shared_size_bytes
+    per_sm = int(kernels.device_attribute("MaxSharedMemoryPerMultiprocessor")) // blocks_per_sm
+    return (min(int(kernels.device_attribute("MaxSharedMemoryPerBlockOptin")), per_sm - STAGE_RESERVED)
+            - kernel.shared_size_bytes)
 
 
 def stage_bytes(matrix_format, grid, block, limit, itemsize):
@@ -290,7 +288,7 @@ class GPUPCG:
         self.split = not spec.pointwise
         self.M = None
         self.record_history = record_history
-        self.device_name = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["name"].decode()
+        self.device_name = kernels.device_name()
         try:
             self._setup(A)
         except cupy.cuda.memory.OutOfMemoryError as exc:
@@ -335,7 +333,7 @@ class GPUPCG:
         self.gather = gather
         self.stream_matrix = self.requested_stream
         if self.stream_matrix is None:
-            l2 = int(cupy.cuda.Device().attributes["L2CacheSize"])
+            l2 = int(kernels.device_attribute("L2CacheSize"))
             self.stream_matrix = self.val.nbytes + self.format.index_bytes() > l2
 
         self.run_block = self.requested_block or run_block(n)
@@ -354,7 +352,7 @@ class GPUPCG:
         self._run, capacity = kernels.cooperative(run_kernel, self.run_block)
         self._run_struct = variant.struct(self.format.struct)
 
-        sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
+        sms = int(kernels.device_attribute("MultiProcessorCount"))
         threads = max(self.format.threads(), n)  # the product's work items, or the rows of the pointwise phases
         # The residual kernel strides over the rows with enough blocks to fill the GPU; the
         # persistent kernel takes its share of the work items up to the blocks the GPU holds at once,

@@ -567,7 +567,7 @@ class OnChipKernel:
             cupy.cuda.driver.funcSetAttribute(self._function.ptr, NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1)
         per_sm = cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(self._function.ptr, self.shape.block,
                                                                              self.shared_bytes)
-        sms = int(cupy.cuda.Device().attributes["MultiProcessorCount"])
+        sms = int(kernels.device_attribute("MultiProcessorCount"))
         members = self.shape.team * self.shape.groups  # blocks a system
         # One wave: a team a system up to what the GPU holds at once; teams then take the next systems.
         teams = max(1, min(self.systems, int(per_sm) * sms // members))
