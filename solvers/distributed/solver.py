@@ -9,9 +9,9 @@ from ..errors import InputError
 from ..pcg.preconditioners import as_preconditioner, jacobi_inverse_diagonal, refuse_unsupported
 from ..pcg import scaling
 from ..pcg.result import SolveResult, confirmed
+from ..pcg.cpu import VARIANTS
 from ..pcg.solver import DTYPES, check_tolerances, refuse_complex
 from .comm import agree
-from ..pcg.cpu import VARIANTS
 from .partition import split_rows
 
 
