@@ -17,7 +17,6 @@ PyAMG: one ``smoothed_aggregation_solver`` call (its defaults but ``max_coarse``
 ``--pyamg-max-rows`` rows (it takes about a minute at 2048^2).
 """
 import argparse
-import datetime
 import pathlib
 import sys
 import time
@@ -158,7 +157,7 @@ def main(argv=None):
 def save(rows, folder, gpu, args):
     """Write the table so far under ``folder``; return the file's path."""
     commit = provenance.commit()
-    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d_%H%M")
+    stamp = provenance.stamp()
     text = (f"# AMG set-up benchmark, {stamp} UTC, {gpu}, commit {commit}\n\n"
             f"float64; coarsening stops at {COARSE_ROWS:,} rows' worth of nodes (default_coarse_size); GPU times are medians of {args.reps} runs "
             f"after a warm-up (see the script's docstring for the columns); PyAMG timed once, up to "

@@ -3,8 +3,8 @@
 Run on a GPU machine: ``python scripts/bench_pcg.py [--quick] [--only NAME ...] [--skip NAME ...]
 [--modes while ...] [--peers cupyx spmv ...]`` (a column not timed shows "-").
 Prints a markdown table (time per iteration, iterations, time to solution, set-up
-costs, ratios) and saves it under ``scripts/results/`` with the date and the GPU
-name.
+costs, ratios) and saves it under ``scripts/results/`` with the run's start (date and
+time, UTC), the GPU name and the commit.
 
 Problems: Poisson stencils, the SuiteSparse matrices in ``tests/data``, and unstructured
 classes from :mod:`solvers.gallery` (random geometric and power-law graph
@@ -22,7 +22,6 @@ to solution is that times the iterations this project needed. JAX runs in a proc
 problem: with JAX in the benchmark's process, the peers timed after it ran slower.
 """
 import argparse
-import datetime
 import os
 import pathlib
 import subprocess
@@ -276,8 +275,8 @@ def main(argv=None):
 def save(rows, policies, folder, gpu):
     """Write the tables so far under ``folder``; return the file's path."""
     commit = provenance.commit()
-    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
-    text = (f"# PCG benchmark, {stamp}, {gpu}, commit {commit}\n\n"
+    stamp = provenance.stamp()
+    text = (f"# PCG benchmark, {stamp} UTC, {gpu}, commit {commit}\n\n"
             f"float64, Jacobi PCG to rtol {RTOL:g} for this project (classic in three modes, single-reduction "
             f"(1-red.) in while mode; 'best' is the faster while variant; 'storage' is the automatic "
             f"choice of matrix format; 'format ms' its conversion, 'reorder ms' the reordering where asked "

@@ -5,7 +5,8 @@ Problems (``solvers.gallery``): rotated anisotropic diffusion (PyAMG's
 ``diffusion_stencil_2d(epsilon=1e-3, theta=pi/6)``) on an N x N grid (2048) and 2-D
 linear elasticity on N x N (1024) with its rigid body modes as AMG's near-nullspace.
 float64, rtol 1e-8, a random right-hand side. Prints a markdown table, one row a
-method, and saves it under ``scripts/results/`` with the date, the GPU and the commit.
+method, and saves it under ``scripts/results/`` with the run's start (date and time, UTC), the GPU and
+the commit.
 
 Rows: ``--methods`` (Jacobi, AMG with its defaults, AMG variants, Chebyshev, PyAMG, cupyx).
 Columns: ``setup s`` is the solver's whole set-up (upload, matrix format, the
@@ -24,7 +25,6 @@ Jacobi-PCG's): its time to solution is its time per iteration times the iteratio
 Jacobi-PCG took here.
 """
 import argparse
-import datetime
 import os
 import pathlib
 import sys
@@ -246,8 +246,8 @@ def main(argv=None):
 def save(rows, notes, folder, gpu, sizes):
     """Write the table and notes so far under ``folder`` (``sizes`` names the problems); return the file's path."""
     commit = provenance.commit()
-    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
-    text = (f"# Preconditioner benchmark, {stamp}, {gpu}, commit {commit}\n\n"
+    stamp = provenance.stamp()
+    text = (f"# Preconditioner benchmark, {stamp} UTC, {gpu}, commit {commit}\n\n"
             f"float64, rtol {RTOL:g}, random right-hand side; set-up and solve measured separately "
             "(see scripts/bench_precond.py for what each column holds); where AMG's hierarchy is built is in "
             "its rows (set-up gpu, or cpu: PyAMG, uploaded once).\n\n"

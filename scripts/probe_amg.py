@@ -18,7 +18,6 @@ iteration less the V-cycle's. Prints markdown tables and saves them under
 """
 import argparse
 import collections
-import datetime
 import pathlib
 import sys
 import time
@@ -154,7 +153,7 @@ def main(argv=None):
                 say(row)
         say()
     commit = provenance.commit()
-    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d_%H%M")
+    stamp = provenance.stamp()
     text = (f"# AMG V-cycle probe{(' ' + args.label) if args.label else ''}, {stamp} UTC, {gpu}, commit {commit}\n\n"
             f"`python scripts/probe_amg.py {' '.join(argv if argv is not None else sys.argv[1:])}`; float64 CG, "
             f"rtol {RTOL:g}, hierarchy built on the GPU.\n\n" + "\n".join(lines) + "\n")

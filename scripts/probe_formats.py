@@ -27,7 +27,6 @@ iteration on the geometric graphs of up to 200k rows. Saved like ``--sell``'s.
 """
 import argparse
 import cProfile
-import datetime
 import io
 import pathlib
 import pstats
@@ -124,7 +123,7 @@ def results_log():
     and keeps it in ``lines`` for the results file."""
     import cupy
     gpu = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["name"].decode()
-    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d_%H%M")
+    stamp = provenance.stamp()
     lines = []
 
     def say(text=""):

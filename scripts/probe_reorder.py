@@ -32,7 +32,6 @@ setting the solver up again, the first reordered solve's capture), and the
 iterations of a solve due at several points against one as numbered.
 """
 import argparse
-import datetime
 import pathlib
 import sys
 import time
@@ -290,7 +289,7 @@ def save(out, cupy, prefix, title, body):
     """Print ``body`` under a heading (``title``, time, GPU, commit); save it as
     ``<prefix>_<stamp>_<gpu>_<commit>.md`` under ``out``."""
     commit, gpu = provenance.commit(), gpu_name(cupy)
-    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d_%H%M")
+    stamp = provenance.stamp()
     text = f"# {title}, {stamp} UTC, {gpu}, commit {commit}\n\n{body}\n"
     path = provenance.save(out, f"{prefix}_{stamp}_{gpu.replace(' ', '_')}_{commit}.md", text)
     print("\n" + text)

@@ -21,7 +21,6 @@ under ``scripts/results/`` with the date, the GPU and the commit.
 import argparse
 import collections
 import cProfile
-import datetime
 import functools
 import importlib
 import io
@@ -239,7 +238,7 @@ def main(argv=None):
     finally:
         timer.restore()
     commit = provenance.commit()
-    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d_%H%M")
+    stamp = provenance.stamp()
     text = (f"# GPU solver set-up probe, {stamp} UTC, {gpu}, commit {commit}\n\n"
             f"`python scripts/probe_setup.py {' '.join(argv if argv is not None else sys.argv[1:])}`\n\n"
             + "\n".join(lines) + "\n")

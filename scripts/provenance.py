@@ -1,9 +1,24 @@
-"""Where a benchmark result comes from: the commit it was measured at (shared by the bench scripts)."""
+"""Where a benchmark result comes from: the commit it was measured at, and when its run began (shared by the
+bench and probe scripts)."""
+import datetime
 import os
 import pathlib
 import subprocess
+import sys
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+from solvers.outfiles import AtomicFile  # noqa: E402
+
+# the run's start: every file a run saves (a table rewritten after each problem) bears the same stamp,
+# and two runs of a day on one commit do not overwrite each other's
+_STARTED = datetime.datetime.now(datetime.timezone.utc)
+
+
+def stamp():
+    """The run's start, UTC, as ``YYYY-MM-DD_HHMM`` (in results files' names and titles)."""
+    return _STARTED.strftime("%Y-%m-%d_%H%M")
 
 
 def commit():
@@ -19,8 +34,9 @@ def commit():
 
 
 def save(folder, name, text):
-    """Write a results file ``folder/name`` (the folder made if missing); returns its path."""
+    """Write a results file ``folder/name`` whole or not at all (the folder made if missing); returns its path."""
     path = pathlib.Path(folder) / name
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text, encoding="utf-8")
+    with AtomicFile(path, "results file", text=True) as out:
+        out.write(text)
     return path

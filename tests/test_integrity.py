@@ -425,3 +425,19 @@ def test_complex_check_reads_other_libraries_dtypes():
     refuse_complex(_ForeignArray("float64", False), "b")  # real: accepted without asking NumPy
     with pytest.raises(InputError, match="b must be real, got dtype foreign.complex128"):
         refuse_complex(_ForeignArray("complex128", True), "b")
+
+
+def test_a_benchmark_run_saves_its_results_whole_under_one_stamp(tmp_path, monkeypatch):
+    """The bench and probe scripts rewrite their table after each problem: one file a run (the run's start in
+    its name, so two runs of a day do not overwrite each other), written whole, never a directory replaced."""
+    monkeypatch.syspath_prepend(str(REPO / "scripts"))
+    import provenance
+    first = provenance.stamp()
+    path = provenance.save(tmp_path / "results", f"pcg_{first}.md", "| a |\n")
+    provenance.save(tmp_path / "results", f"pcg_{provenance.stamp()}.md", "| a |\n| b |\n")
+    assert provenance.stamp() == first and len(first) == len("2026-12-02_1848")
+    assert [p.name for p in (tmp_path / "results").iterdir()] == [path.name] and leftovers(tmp_path / "results") == []
+    assert path.read_text() == "| a |\n| b |\n"
+    (tmp_path / "results" / "table.md").mkdir()
+    with pytest.raises(InputError, match="is a directory"):
+        provenance.save(tmp_path / "results", "table.md", "x")
