@@ -27,6 +27,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 import provenance  # noqa: E402
+from solvers import kernels  # noqa: E402
 from solvers.gallery import linear_elasticity_2d, rotated_anisotropic_diffusion  # noqa: E402
 from solvers.pcg.preconditioners.amg import AMG, COARSE_ROWS, default_coarse_size  # noqa: E402
 from solvers.pcg.preconditioners.amg_gpu_setup import (aggregate, build_hierarchy, device_backend,  # noqa: E402
@@ -109,7 +110,7 @@ def main(argv=None):
     warm_A = csp.csr_matrix(rotated_anisotropic_diffusion((64, 64)))
     build_hierarchy(warm_A, None, backend, coarse_size=default_coarse_size(1))
     AMG().setup(warm_A)
-    gpu = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["name"].decode()
+    gpu = kernels.device_name()
     header = ("| problem | rows | nonzeros | GPU hierarchy ms | GPU aggregation ms | GPU reuse ms | GPU AMG.setup ms "
               "| PyAMG set-up s | PyAMG / GPU hierarchy | PyAMG levels (rows) | PyAMG op. / grid complexity "
               "| GPU levels (rows) | GPU op. / grid complexity |")

@@ -38,6 +38,7 @@ import scipy.sparse.linalg as spla  # noqa: E402
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 import provenance  # noqa: E402
 import solvers  # noqa: E402
+from solvers import kernels  # noqa: E402
 from solvers.gallery import (periodic_poisson, poisson, power_law_laplacian, random_geometric_laplacian,  # noqa: E402
                              stencil27)
 from solvers.mmio import read_matrix  # noqa: E402
@@ -195,10 +196,6 @@ def bench_scipy(A, b, iters):
     return median_time(lambda: spla.cg(A, b, rtol=1e-300, atol=0.0, maxiter=iters), 1) / iters
 
 
-def gpu_name(cupy):
-    return cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["name"].decode()
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="skip the largest problem")
@@ -266,7 +263,7 @@ def main(argv=None):
             policies.append((name, reorder_policies(A, b)))
         del Ad, bd
         cupy.get_default_memory_pool().free_all_blocks()
-        path = save(rows, policies, args.out, gpu_name(cupy))  # after every problem: a cut run keeps its rows
+        path = save(rows, policies, args.out, kernels.device_name())  # after every problem: a cut run keeps its rows
     print(pathlib.Path(path).read_text())
     print(f"saved {path}", file=sys.stderr)
     return 0

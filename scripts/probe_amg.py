@@ -27,6 +27,7 @@ import numpy as np
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 import provenance  # noqa: E402
 import solvers  # noqa: E402
+from solvers import kernels  # noqa: E402
 from bench_precond import problems  # noqa: E402  (the benchmark's problems, by the same names)
 from solvers.pcg import AMG  # noqa: E402
 
@@ -105,7 +106,7 @@ def main(argv=None):
 
     configs = args.config or list(CONFIGS)
     detailed = set(args.breakdown or configs[:1])
-    gpu = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["name"].decode()
+    gpu = kernels.device_name()
     lines = []
 
     def say(text=""):

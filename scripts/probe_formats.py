@@ -5,8 +5,9 @@ For each matrix: the matrix format (DIA, ELL, SELL, CSR), how the product reads 
 vector it multiplies (formed on the fly or stored first), the variant, the
 matrix loads' cache hint, and reverse Cuthill-McKee reordering, each timed over
 a fixed number of iterations in while mode, beside one cuSPARSE SpMV and one
-iteration of cupyx ``cg`` on the same matrix. Prints a markdown table; this is
-the measurement ``auto``'s choices rest on (MEASUREMENTS.md).
+iteration of cupyx ``cg`` on the same matrix. Prints a markdown table and saves it
+under ``scripts/results/`` with the date, the GPU and the commit; this is the
+measurement ``auto``'s choices rest on (MEASUREMENTS.md).
 
 ``--sell``: the SELL path of the irregular matrices (random geometric graph 2M
 rows, power-law graph 1M rows; 200k and 100k with ``--quick``). First where the
@@ -30,6 +31,7 @@ import cProfile
 import io
 import pathlib
 import pstats
+import shlex
 import sys
 import time
 
@@ -39,7 +41,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 import provenance  # noqa: E402
 from bench_pcg import matrix_and_rhs, with_random_solution  # noqa: E402
 from probe_setup import StageTimer  # noqa: E402
-from solvers import formats  # noqa: E402
+from solvers import formats, kernels  # noqa: E402
 from solvers.gallery import (periodic_poisson, poisson, power_law_laplacian, random_geometric_laplacian,  # noqa: E402
                              stencil27)
 from solvers.pcg.gpu import GPUPCG  # noqa: E402
@@ -121,8 +123,7 @@ def timed_solves(g, b):
 def results_log():
     """``(gpu, stamp, lines, say)``: the GPU's name, the UTC time, and ``say(text)``, which prints a line
     and keeps it in ``lines`` for the results file."""
-    import cupy
-    gpu = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["name"].decode()
+    gpu = kernels.device_name()
     stamp = provenance.stamp()
     lines = []
 
@@ -487,6 +488,13 @@ def main(argv=None):
         import cupy
         cupy.get_default_memory_pool().free_all_blocks()
     print("\n" + "\n".join(rows))
+    gpu, stamp = kernels.device_name(), provenance.stamp()
+    text = (f"# Format probe, {stamp} UTC, {gpu}, commit {provenance.commit()}\n\n"
+            f"`python scripts/probe_formats.py {shlex.join(argv if argv is not None else sys.argv[1:])}`: one PCG "
+            f"iteration ({ITERATIONS} a solve, while mode, Jacobi, float64) for each kernel configuration, its "
+            f"conversion (the solver's first set-up of the matrix) and the layout, beside one cuSPARSE SpMV and one "
+            f"iteration of cupyx `cg`.\n\n" + "\n".join(rows) + "\n")
+    provenance.save(args.out, f"probe_formats_{stamp}_{gpu.replace(' ', '_')}_{provenance.commit()}.md", text)
     return 0
 
 

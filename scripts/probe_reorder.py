@@ -41,7 +41,7 @@ import numpy as np
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 import provenance  # noqa: E402
 import solvers  # noqa: E402
-from bench_pcg import gpu_name  # noqa: E402
+from solvers import kernels  # noqa: E402
 from probe_formats import ITERATIONS, peers, per_iteration  # noqa: E402
 from solvers.gallery import power_law_laplacian, random_geometric_laplacian  # noqa: E402
 from solvers.reorder import choose_reordering, gather_sectors  # noqa: E402
@@ -243,12 +243,12 @@ def main(argv=None):
                 continue
             rows += numbered(name, make())
             cupy.get_default_memory_pool().free_all_blocks()
-        return save(args.out, cupy, "probe_numbered", "SELL's own numbering of the rows, by passes",
+        return save(args.out, "probe_numbered", "SELL's own numbering of the rows, by passes",
                     f"PCG: while mode, Jacobi, float64, {ITERATIONS} iterations that do not stop (the fastest of "
                     f"three solves), automatic format; the conversion the best of {REPEATS} set-ups.\n\n"
                     + "\n".join(rows))
     if args.deferred:
-        return save_deferred(args.out, cupy)
+        return save_deferred(args.out)
     if args.row_orders:
         header = ("| matrix | numbering | ordering ms | permute A ms | sectors a nonzero | PCG us/it | format |\n"
                   "|---|---|---|---|---|---|---|")
@@ -256,7 +256,7 @@ def main(argv=None):
         for name, make in list(matrices())[1:3]:
             rows += row_orders(name, make())
             cupy.get_default_memory_pool().free_all_blocks()
-        return save(args.out, cupy, "probe_row_orders", "Renumbering by SELL's neighbours' order against RCM",
+        return save(args.out, "probe_row_orders", "Renumbering by SELL's neighbours' order against RCM",
                     f"PCG: while mode, Jacobi, float64, {ITERATIONS} iterations that do not stop, the faster "
                     f"variant, automatic format; the ordering (with the SELL layout it comes from) and the "
                     f"permutation the best of {REPEATS} after a warm-up.\n\n" + "\n".join(rows))
@@ -277,7 +277,7 @@ def main(argv=None):
         notes.append(layouts)
         print(row, flush=True)
         cupy.get_default_memory_pool().free_all_blocks()
-    return save(args.out, cupy, "probe_reorder", "Reverse Cuthill-McKee on the GPU",
+    return save(args.out, "probe_reorder", "Reverse Cuthill-McKee on the GPU",
                 f"PCG: while mode, Jacobi, float64, {ITERATIONS} iterations that do not stop, the faster variant, "
                 f"automatic format; the GPU ordering and the permutation of A the best of {REPEATS} after a "
                 f"warm-up; 'iterations to pay' = (ordering + permutation) / (us saved an iteration); auto's "
@@ -285,10 +285,10 @@ def main(argv=None):
                 + "\n".join(rows) + "\n\nFormats: " + "; ".join(notes))
 
 
-def save(out, cupy, prefix, title, body):
+def save(out, prefix, title, body):
     """Print ``body`` under a heading (``title``, time, GPU, commit); save it as
     ``<prefix>_<stamp>_<gpu>_<commit>.md`` under ``out``."""
-    commit, gpu = provenance.commit(), gpu_name(cupy)
+    commit, gpu = provenance.commit(), kernels.device_name()
     stamp = provenance.stamp()
     text = f"# {title}, {stamp} UTC, {gpu}, commit {commit}\n\n{body}\n"
     path = provenance.save(out, f"{prefix}_{stamp}_{gpu.replace(' ', '_')}_{commit}.md", text)
@@ -297,12 +297,12 @@ def save(out, cupy, prefix, title, body):
     return 0
 
 
-def save_deferred(out, cupy):
+def save_deferred(out):
     """Run :func:`deferred` on the 500k- and 2M-row geometric graphs; print and save their lines."""
     lines = []
     for n in (500_000, 2_000_000):
         lines += [f"## geometric {n // 1000}k", ""] + deferred(random_geometric_laplacian(n)) + [""]
-    return save(out, cupy, "probe_reorder_deferred", "Deferred reverse Cuthill-McKee, random geometric graphs",
+    return save(out, "probe_reorder_deferred", "Deferred reverse Cuthill-McKee, random geometric graphs",
                 "While mode, Jacobi, float64, rtol 1e-8, automatic format and variant.\n\n" + "\n".join(lines))
 
 
