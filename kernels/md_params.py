@@ -41,6 +41,16 @@ ST_UNSTABLE = 3
 ST_REBUILD = 4   # distributed runs: the ranks agreed on a list build the host does (with a migration)
 
 
+def neighbour_list_entries(maxnb, rows, tpp):
+    """Entries md.cu's neighbour list needs for ``rows`` particles of up to ``maxnb`` neighbours each.
+
+    ``nlist_index`` lays slot s of particle g at ``((s // tpp) * rows + g) * tpp + s % tpp`` (a
+    group's ``tpp`` lanes read consecutive entries; :func:`kernels.md_ref.neighbour_slot`), so the
+    slots come in whole runs of ``tpp``: ``maxnb`` rounded up to a multiple of ``tpp``, times ``rows``.
+    """
+    return -(-int(maxnb) // int(tpp)) * int(tpp) * int(rows)
+
+
 def ctl_defines():
     """The control block's slots, size and states as the kernels' preprocessor definitions."""
     return tuple((name, str(value)) for name, value in globals().items()

@@ -19,6 +19,7 @@ kernel code             reference
 ``md_unpack``           :func:`unpack_records`
 ``md_ghost_routes``     :func:`route_masks`
 ``md_bits_*``           :func:`partition_bits` (count, then scatter)
+``nlist_index``         :func:`neighbour_slot`
 ======================  ===============================================
 
 ``md_run`` / ``md_run_rebuilding`` take whole steps from these pieces;
@@ -114,6 +115,12 @@ def drift_wrap(x, v, img, box, dt):
     img = img + hi
     img -= lo
     return x, img, np.einsum("ij,ij->i", dx, dx)
+
+
+def neighbour_slot(g, s, rows, tpp):
+    """Where slot ``s`` of particle (lane group) ``g``'s neighbour list lies among ``rows`` lists,
+    ``tpp`` lanes a particle: runs of ``tpp`` slots, one particle's run after another's."""
+    return ((s // tpp) * rows + g) * tpp + s % tpp
 
 
 def minimum_image(d, box):

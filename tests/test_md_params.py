@@ -73,3 +73,18 @@ def test_backends_fill_every_field_through_one_function(integrator, distributed)
     if integrator.langevin:
         assert packed["bath"]["seed_hi"] == 256 and packed["bath"]["seed_lo"] == 9
         assert packed["bath"]["gamma_m"] == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize("tpp", [1, 2, 4, 8, 16, 32])
+def test_neighbour_list_entries_hold_every_slot(tpp):
+    """The list's allocation covers every slot the kernels write: a capacity that is not a multiple
+    of the lanes a particle still gets whole runs of slots (78 slots at 4 lanes reach 80 rows' worth)."""
+    from solvers.kernels.md_ref import neighbour_slot
+
+    rows = 7
+    for maxnb in range(1, 70):
+        g, s = np.meshgrid(np.arange(rows), np.arange(maxnb), indexing="ij")
+        where = neighbour_slot(g, s, rows, tpp)
+        entries = md_params.neighbour_list_entries(maxnb, rows, tpp)
+        assert where.max() < entries <= rows * (maxnb + tpp - 1)
+        assert np.unique(where).size == where.size  # no two slots share an entry

@@ -241,7 +241,7 @@ class GpuBackend(DeviceAccess):
         self.cell_pos = cp.zeros((ncells * self.cellcap, 4), self.real)
         self.cell_start = cp.zeros(ncells, np.int32)
         self.order = cp.arange(self.n, dtype=np.int32)
-        self.nlist = cp.zeros(self.maxnb * self.n, np.int32)
+        self.nlist = cp.zeros(md_params.neighbour_list_entries(self.maxnb, self.n, self.tpp), np.int32)
         self.ncount = cp.zeros(self.n, np.int32)
         self._params = None
 

@@ -268,7 +268,7 @@ class DistGpuBackend(DeviceAccess):
         self.cell_pos = cp.zeros((ncells * self.cellcap, 4), self.real)
         self.cell_start = cp.zeros(ncells, np.int32)
         self.order = cp.arange(self.capacity, dtype=np.int32)
-        self.nlist = cp.empty(self.maxnb * self.capacity, np.int32)
+        self.nlist = cp.empty(md_params.neighbour_list_entries(self.maxnb, self.capacity, self.tpp), np.int32)
         self.ncount = cp.zeros(self.capacity, np.int32)
 
     def _param_values(self):
