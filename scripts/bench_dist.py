@@ -15,7 +15,6 @@ single-process solver (``solvers.PCG``, while and graph modes) on the same matri
 table is printed and saved under ``scripts/results/`` with the date.
 """
 import argparse
-import datetime
 import json
 import os
 import pathlib
@@ -159,8 +158,8 @@ def main():
         jobs = [(g, round((args.weak * g) ** (1 / 3))) for g in args.gpus]
     else:
         jobs = [(g, s) for s in sorted(set(args.small + args.sizes)) for g in args.gpus]
-    stamp = datetime.datetime.now(datetime.timezone.utc)
-    name = f"bench_dist_{stamp:%Y-%m-%d_%H%M}_{'weak' if args.weak else 'strong'}_{'-'.join(map(str, args.gpus))}gpu"
+    stamp = provenance.stamp()
+    name = f"bench_dist_{stamp}_{'weak' if args.weak else 'strong'}_{'-'.join(map(str, args.gpus))}gpu"
     rows = []
     for gpus, size in jobs:
         rows += run_job(gpus, size, args)
@@ -168,7 +167,7 @@ def main():
             continue
         # Saved after every job, so an interrupted run keeps what it measured.
         text = (f"# Distributed PCG, 3D Poisson (7-point), Jacobi, float64\n\n"
-                f"{stamp:%Y-%m-%d %H:%M} UTC, {rows[0]['device']}, commit {provenance.commit()}, "
+                f"{stamp} UTC, {rows[0]['device']}, commit {provenance.commit()}, "
                 f"{args.iterations} iterations per timing "
                 f"(best of {args.repeats}), host status read every {args.check_every} iterations.\n\n"
                 + table(rows, bool(args.weak)) + "\n")

@@ -12,7 +12,6 @@ against it) and saves it under ``scripts/results/``.
     python scripts/bench_dist_md.py --gpus 1 2 --sizes 4000 --device cpu --precision double   # CPU ranks
 """
 import argparse
-import datetime
 import faulthandler
 import json
 import os
@@ -166,13 +165,13 @@ def main(argv=None):
     for gpus in args.gpus:
         for margin in (args.margin_skins if gpus > 1 and args.margin_skins else [None]):
             launch(args, gpus, rows, margin)
-    stamp = datetime.datetime.now(datetime.timezone.utc)
-    text = (f"# MD over ranks, {stamp:%Y-%m-%d %H:%M} UTC, commit {provenance.commit()}, device {args.device}, "
+    stamp = provenance.stamp()
+    text = (f"# MD over ranks, {stamp} UTC, commit {provenance.commit()}, device {args.device}, "
             f"{args.precision}\n\nLJ fcc liquid, density {DENSITY}, T0 {TEMP}, rc {RC}, skin {SKIN}, dt {DT}, NVE. "
             "Speed-up and overhead are against the single-process path on one GPU (while mode).\n\n"
             + table(rows, args) + "\n")
     print(text)
-    path = provenance.save(args.out, f"bench_dist_md_{stamp:%Y-%m-%d_%H%M}_{args.device}.md", text)
+    path = provenance.save(args.out, f"bench_dist_md_{stamp}_{args.device}.md", text)
     provenance.save(args.out, path.with_suffix(".json").name, json.dumps(rows, indent=1))
     print(f"saved {path}")
     return 0

@@ -10,7 +10,6 @@ as ``scripts/results/md_<date>_<time>_<gpu>.md``.
 Usage: ``PYTHONPATH=. python3 scripts/bench_md.py [--sizes 4000 32000] [--seconds 1]``
 """
 import argparse
-import datetime
 import os
 import platform
 import re
@@ -21,6 +20,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import provenance  # noqa: E402
 from solvers.md import LennardJones, Simulation, VelocityVerlet, lattice_state  # noqa: E402
+from solvers import kernels  # noqa: E402
 
 DENSITY, TEMP, SEED, RC, SKIN, DT = 0.8442, 1.44, 87287, 2.5, 0.3, 0.005
 
@@ -94,7 +94,7 @@ def main(argv=None):
     args = p.parse_args(argv)
 
     import cupy
-    gpu = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["name"].decode()
+    gpu = kernels.device_name()
     try:
         import openmm
         omm_version = openmm.version.full_version
@@ -133,9 +133,9 @@ def main(argv=None):
             ratio = f"{sps / best:.2f}" if best else "n/a"
             rows.append(f"| {n:,} | {name} | {precision} | {sps:,.0f} | {sps * n:.3e} | {ratio} | {steps} | {e:.6f} |")
 
-    stamp = datetime.datetime.now(datetime.timezone.utc)
+    stamp = provenance.stamp()
     lines = [
-        f"# MD benchmark, {stamp:%Y-%m-%d %H:%M} UTC, {gpu}, commit {provenance.commit()}",
+        f"# MD benchmark, {stamp} UTC, {gpu}, commit {provenance.commit()}",
         "",
         f"LJ fcc liquid, density {DENSITY}, T0 {TEMP}, rc {RC} (unshifted), skin {SKIN}, dt {DT}, NVE; "
         f"graphsolve rebuilds the list when a particle moved > skin/2 (checked every step, on the device). "
@@ -153,7 +153,7 @@ def main(argv=None):
     text = "\n".join(lines) + "\n"
     print(text)
     slug = re.sub(r"[^A-Za-z0-9]+", "-", gpu).strip("-")
-    path = provenance.save(args.out, f"md_{stamp:%Y-%m-%d_%H%M}_{slug}.md", text)
+    path = provenance.save(args.out, f"md_{stamp}_{slug}.md", text)
     print(f"saved {path}")
     return 0
 

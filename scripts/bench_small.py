@@ -19,7 +19,6 @@ Run on a GPU machine: ``python scripts/bench_small.py [--systems 10000] [--side 
 Prints markdown tables and saves them (with the commit) under ``scripts/results/``.
 """
 import argparse
-import datetime
 import os
 import pathlib
 import sys
@@ -34,6 +33,7 @@ import provenance  # noqa: E402
 import solvers  # noqa: E402
 from solvers.gallery import poisson, power_law_laplacian, random_geometric_laplacian, variable_diffusion  # noqa: E402
 from solvers.mmio import read_matrix  # noqa: E402
+from solvers import kernels  # noqa: E402
 
 RTOL = 1e-8
 DATA = pathlib.Path(__file__).resolve().parent.parent / "tests" / "data" / "matrices"
@@ -294,10 +294,9 @@ def main(argv=None):
     ap.add_argument("--columns-side", type=int, default=1024, help="grid side of the right-hand sides' Poisson matrix")
     ap.add_argument("--out", default=str(pathlib.Path(__file__).resolve().parent / "results"))
     args = ap.parse_args(argv)
-    import cupy
-    gpu = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["name"].decode()
-    now = datetime.datetime.now(datetime.timezone.utc)
-    sections = [f"# Small systems, {now:%Y-%m-%d %H:%M} UTC, {gpu}, commit {provenance.commit()}", ""]
+    gpu = kernels.device_name()
+    now = provenance.stamp()
+    sections = [f"# Small systems, {now} UTC, {gpu}, commit {provenance.commit()}", ""]
     if args.only in (None, "iterations"):
         sections += ["## PCG per iteration, float64, Jacobi, while mode", "",
                      *iteration_table(args.iterations, args.reps, [n for n in args.matrices.split(",") if n]), ""]
@@ -310,7 +309,7 @@ def main(argv=None):
         sections += ["## Batched solves", "", *batch_table(args.systems, args.side, args.reps, args.sample), ""]
     text = "\n".join(sections)
     print(text)
-    provenance.save(args.out, f"small_{now:%Y-%m-%d_%H%M}_{gpu.replace(' ', '_')}_{provenance.commit()}.md", text)
+    provenance.save(args.out, f"small_{now}_{gpu.replace(' ', '_')}_{provenance.commit()}.md", text)
     return 0
 
 

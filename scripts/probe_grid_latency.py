@@ -12,7 +12,6 @@ Prints a markdown table as it goes and saves it under ``scripts/results/`` (or
 ``--out``) with the date, the GPU and the commit.
 """
 import argparse
-import datetime
 import pathlib
 import sys
 import time
@@ -24,6 +23,7 @@ import provenance  # noqa: E402
 from probe_formats import ITERATIONS, timed_solves  # noqa: E402
 import solvers.pcg.gpu as pcg_gpu  # noqa: E402
 from solvers.gallery import poisson, power_law_laplacian, random_geometric_laplacian, stencil27  # noqa: E402
+from solvers import kernels  # noqa: E402
 
 SMALL = (("geometric 50k", lambda: random_geometric_laplacian(50_000)),
          ("power-law 100k", lambda: power_law_laplacian(100_000)),
@@ -50,12 +50,11 @@ def main(argv=None):
     ap.add_argument("--threads", default="0,256,512,1024", help="threads a block to try (0: the solver's)")
     ap.add_argument("--out", default=str(pathlib.Path(__file__).resolve().parent / "results"))
     args = ap.parse_args(argv)
-    import cupy
-    gpu = cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()
+    gpu = kernels.device_name()
     commit = provenance.commit()
-    stamp = datetime.datetime.now(datetime.timezone.utc)
-    name = f"probe_grid_latency_{stamp:%Y-%m-%d_%H%M}_{gpu.replace(' ', '_')}_{commit}.md"
-    lines = [f"# Grid latency probe, {stamp:%Y-%m-%d %H:%M} UTC, {gpu}, commit {commit}", "",
+    stamp = provenance.stamp()
+    name = f"probe_grid_latency_{stamp}_{gpu.replace(' ', '_')}_{commit}.md"
+    lines = [f"# Grid latency probe, {stamp} UTC, {gpu}, commit {commit}", "",
              f"python scripts/probe_grid_latency.py {' '.join(argv if argv is not None else sys.argv[1:])}: "
              f"{ITERATIONS} iterations in while mode (32 a launch), Jacobi, float64, fastest of 3 solves.", "",
              "| matrix | variant | threads a block | blocks | us/it | iterations | layout |",

@@ -34,6 +34,7 @@ import numpy as np
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 import provenance  # noqa: E402
 import solvers  # noqa: E402
+from solvers import kernels  # noqa: E402
 from bench_precond import METHODS, RTOL, problems, warm_up  # noqa: E402
 
 #: ``module:attribute`` paths of the stages timed (functions, or ``Class.method``).
@@ -179,7 +180,7 @@ def main(argv=None):
         ap.error(f"--graphs: unknown {', '.join(unknown)}; choose from {', '.join(GRAPHS)}")
     import cupy
 
-    gpu = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["name"].decode()
+    gpu = kernels.device_name()
     lines = []
 
     def say(text=""):

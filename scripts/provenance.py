@@ -12,13 +12,14 @@ if str(REPO) not in sys.path:
 from solvers.outfiles import AtomicFile  # noqa: E402
 
 # the run's start: every file a run saves (a table rewritten after each problem) bears the same stamp,
-# and two runs of a day on one commit do not overwrite each other's
+# and two runs on one commit do not overwrite each other's (to the second: runs follow each other within
+# a minute on the GPU machine)
 _STARTED = datetime.datetime.now(datetime.timezone.utc)
 
 
 def stamp():
-    """The run's start, UTC, as ``YYYY-MM-DD_HHMM`` (in results files' names and titles)."""
-    return _STARTED.strftime("%Y-%m-%d_%H%M")
+    """The run's start, UTC, as ``YYYY-MM-DD_HHMMSS`` (in results files' names and titles)."""
+    return _STARTED.strftime("%Y-%m-%d_%H%M%S")
 
 
 def commit():

@@ -429,13 +429,13 @@ def test_complex_check_reads_other_libraries_dtypes():
 
 def test_a_benchmark_run_saves_its_results_whole_under_one_stamp(tmp_path, monkeypatch):
     """The bench and probe scripts rewrite their table after each problem: one file a run (the run's start in
-    its name, so two runs of a day do not overwrite each other), written whole, never a directory replaced."""
+    its name, to the second, so two runs do not overwrite each other), written whole, never a directory replaced."""
     monkeypatch.syspath_prepend(str(REPO / "scripts"))
     import provenance
     first = provenance.stamp()
     path = provenance.save(tmp_path / "results", f"pcg_{first}.md", "| a |\n")
     provenance.save(tmp_path / "results", f"pcg_{provenance.stamp()}.md", "| a |\n| b |\n")
-    assert provenance.stamp() == first and len(first) == len("2026-12-02_1848")
+    assert provenance.stamp() == first and len(first) == len("2026-12-02_184812")
     assert [p.name for p in (tmp_path / "results").iterdir()] == [path.name] and leftovers(tmp_path / "results") == []
     assert path.read_text() == "| a |\n| b |\n"
     (tmp_path / "results" / "table.md").mkdir()
