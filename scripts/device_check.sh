@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: every GPU test (REQUIRE_GPU=1), then, with BENCH=1, a benchmark.
 # Usage (from the repo root, on the GPU machine): bash scripts/device_check.sh [pytest args...]
-# With pytest args, runs just those. Without, runs the tests marked `gpu`: split over two GPUs when
-# the machine has two (one pytest process a GPU, about half the time), then the two-GPU MPI suites.
+# With pytest args that name tests (a path or a node id), runs just those. Without, or with options
+# only (`-rs`, `-x`: added to the run, not a selection of every test, CPU ones too), runs the tests
+# marked `gpu`: split over two GPUs when the machine has two (one pytest process a GPU, about half the
+# time), then the two-GPU MPI suites.
 # Wheels in .whl/ (PyAMG, hypothesis: a GPU machine without a package index) are installed first,
 # with the same Python that runs the tests. Logs go to $OUT (or ./.out) so the caller can fetch them.
 set -uo pipefail
@@ -18,6 +20,9 @@ fi
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 gpus=$(wc -l < "$OUT/gpu.txt")
 pytest=(python3 -m pytest -q -p no:cacheprovider --tb=short)
+named=0
+for arg in "$@"; do [ -e "${arg%%::*}" ] && named=1; done
+if [ "$named" = 0 ]; then pytest+=("$@"); set --; fi
 if [ $# -gt 0 ]; then
   "${pytest[@]}" "$@" 2>&1 | tee "$OUT/tests.log" | tail -40
   echo "tests exit: ${PIPESTATUS[0]}"
