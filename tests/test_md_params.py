@@ -3,7 +3,7 @@ static_asserts, compiled in tests/test_kernels_compile.py)."""
 import numpy as np
 import pytest
 
-from solvers.kernels import md_params
+from solvers.kernels import md_params, md_ref
 from solvers.md import LennardJones, Morse
 from solvers.md.integrators import Langevin, VelocityVerlet
 
@@ -78,13 +78,11 @@ def test_backends_fill_every_field_through_one_function(integrator, distributed)
 @pytest.mark.parametrize("tpp", [1, 2, 4, 8, 16, 32])
 def test_neighbour_list_entries_hold_every_slot(tpp):
     """The list's allocation covers every slot the kernels write: a capacity that is not a multiple
-    of the lanes a particle still gets whole runs of slots (78 slots at 4 lanes reach 80 rows' worth)."""
-    from solvers.kernels.md_ref import neighbour_slot
-
+    of the lanes a particle still gets whole runs of slots (a capacity of 78 at 4 lanes takes 80 a particle)."""
     rows = 7
     for maxnb in range(1, 70):
         g, s = np.meshgrid(np.arange(rows), np.arange(maxnb), indexing="ij")
-        where = neighbour_slot(g, s, rows, tpp)
+        where = md_ref.neighbour_slot(g, s, rows, tpp)
         entries = md_params.neighbour_list_entries(maxnb, rows, tpp)
         assert where.max() < entries <= rows * (maxnb + tpp - 1)
         assert np.unique(where).size == where.size  # no two slots share an entry
