@@ -15,6 +15,8 @@ from solvers.formats.sell import LayoutBuild, neighbour_key, neighbours_order
 from solvers.gallery import (periodic_poisson, poisson, power_law_laplacian, random_geometric_laplacian,
                              stencil27)
 
+from fuzzing import fuzz, spd_matrices
+
 
 def one_long_row(n=300, length=2000):
     """A diagonal matrix plus one row (and column) coupled to ``length`` others: pieces of a long row."""
@@ -700,3 +702,75 @@ def test_sell_rows_of_a_rectangular_matrix_keep_their_length_order_on_the_device
     assert SELL(indptr, indices, cupy, row_order="auto").row_order == "length"
     with pytest.raises(InputError, match="need a square matrix"):
         SELL(indptr, indices, cupy, row_order="neighbours")
+
+
+# -- random patterns (tests/fuzzing.py) ------------------------------------------------------------
+SELL_OPTIONS = st.fixed_dictionaries({"lanes": st.sampled_from((None, 1, 2, 4, 8)),
+                                      "row_order": st.sampled_from(("auto", "neighbours", "length")),
+                                      "renumber": st.booleans()})
+# the arrays a layout is made of, where it has its own (CSR keeps the pattern's)
+LAYOUT_ARRAYS = {"dia": ("_src", "rest_ptr", "rest_col"), "ell": ("_src", "col"),
+                 "sell": ("_src", "col", "slice_ptr", "slice_rows", "piece_ptr", "piece_row", "long_rows",
+                          "row_pieces", "numbering", "places")}
+
+
+def random_layout(A, fmt, options, xp):
+    """``A``'s layout in ``fmt`` (SELL with ``options``) built with ``xp``; None where the format refuses ``A``
+    (then for the reason it gives)."""
+    pattern = tuple(xp.asarray(a) for a in arrays(A))
+    lengths = np.diff(A.indptr)
+    try:
+        if fmt == "sell":
+            return SELL(*pattern, xp, **options)
+        return choose_format(*pattern, xp, fmt)
+    except DiagonalsDoNotFit:
+        assert fmt == "dia"
+    except InputError as exc:  # ELL and DIA hold rows of 1 to 64 entries
+        assert fmt in ("ell", "dia") and f"{fmt.upper()} needs rows" in str(exc)
+        assert lengths.max() > ELL.MAX_WIDTH or lengths.min() == 0
+    return None
+
+
+@given(A=spd_matrices(), fmt=st.sampled_from(("auto", "dia", "ell", "sell", "csr")), options=SELL_OPTIONS)
+@fuzz(200)
+def test_random_patterns_every_layout_reproduces_the_product(A, fmt, options):
+    """Every format (SELL with every lane count, row order and numbering) over random row-length profiles:
+    the product in the layout's numbering, every row laid out once, the values back in CSR order."""
+    layout = random_layout(A, fmt, options, np)
+    if layout is None:
+        return
+    n = A.shape[0]
+    order = np.arange(n) if layout.numbering is None else layout.numbering
+    if layout.numbering is not None:
+        assert np.array_equal(np.sort(order), np.arange(n)) and np.array_equal(layout.places[order], np.arange(n))
+    x = np.random.default_rng(n).standard_normal(n)
+    val = layout.values(A.data)
+    np.testing.assert_allclose(layout.product(val, x[order]), (A @ x)[order], rtol=1e-13, atol=1e-12)
+    np.testing.assert_array_equal(layout.csr_values(val), A.data)
+    if layout.name == "sell":
+        rows = layout.slice_rows.reshape(-1, layout.lanes)
+        assert np.all(rows == rows[:, :1])  # the lanes of a row agree on it
+        laid_out = np.concatenate([rows[:, 0][rows[:, 0] >= 0], layout.long_rows])
+        assert np.array_equal(np.sort(laid_out), np.arange(n))  # every row once, in a slice or in pieces
+        long = np.diff(A.indptr)[order] > SELL.LONG_ROW
+        assert np.array_equal(np.sort(layout.long_rows), np.flatnonzero(long))
+        assert np.all(np.diff(layout.piece_ptr) <= SELL.PIECE_LENGTH)
+
+
+@pytest.mark.gpu
+@given(A=spd_matrices(), fmt=st.sampled_from(("dia", "ell", "sell")), options=SELL_OPTIONS)
+@fuzz(60)
+def test_random_patterns_device_layouts_are_numpys(cupy, A, fmt, options):
+    """The layout kernels over random row-length profiles: every array, the sizes and the values NumPy's."""
+    ref = random_layout(A, fmt, options, np)
+    dev = random_layout(A, fmt, options, cupy)
+    assert (dev is None) == (ref is None)
+    if ref is None:
+        return
+    assert (dev.size, dev.nnz, dev.describe(), dev.defines) == (ref.size, ref.nnz, ref.describe(), ref.defines)
+    for field in LAYOUT_ARRAYS[fmt]:
+        got, expected = getattr(dev, field, None), getattr(ref, field, None)
+        assert (got is None) == (expected is None), field
+        if got is not None:
+            np.testing.assert_array_equal(got.get(), expected, err_msg=field)
+    np.testing.assert_array_equal(dev.values(cupy.asarray(A.data)).get(), ref.values(A.data))

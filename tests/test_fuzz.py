@@ -21,17 +21,13 @@ import numpy as np
 import pytest
 
 hypothesis = pytest.importorskip("hypothesis")
-from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
+from hypothesis import given, strategies as st  # noqa: E402
 
 from solvers.errors import InputError  # noqa: E402
 from solvers.mmio import read_matrix  # noqa: E402
 
 from contract import EXAMPLE, SMALL_SPD, assert_one_line_error, leftovers, run_python  # noqa: E402
-
-
-def fuzz(examples):
-    return settings(max_examples=examples, deadline=None, derandomize=True, database=None,
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+from fuzzing import fuzz  # noqa: E402
 
 
 def call_cli(main, argv):

@@ -1,14 +1,20 @@
 """GPU PCG: kernels against their NumPy reference, drivers against each other and the CPU."""
+import re
+
 import numpy as np
 import pytest
 import scipy.sparse as sp
+from hypothesis import given, strategies as st
 
 import solvers
+from solvers.formats import ELL
 from solvers.gallery import (anisotropic_diffusion, periodic_poisson, poisson, power_law_laplacian,
                              random_geometric_laplacian, stencil27)
 from solvers.mmio import read_matrix
 from solvers.pcg.result import Reason
 from solvers.pcg.solver import FORMAT_NUMBERING
+
+from fuzzing import fuzz, spd_matrices
 
 pytestmark = pytest.mark.gpu
 MODES = ("eager", "graph", "while")
@@ -366,6 +372,41 @@ def test_every_format_and_gather_agrees_across_modes_and_with_cpu(cupy, variant,
         assert all(cupy.array_equal(xs[m], xs["while"]) for m in MODES), name
         assert abs(its["while"] - cpu.iterations) <= max(1, int(0.02 * cpu.iterations)), (name, its, cpu.iterations)
         np.testing.assert_allclose(xs["while"].get(), cpu.x, rtol=1e-6, atol=1e-8 * np.abs(cpu.x).max())
+
+
+@given(A=spd_matrices(max_n=700), variant=st.sampled_from(("classic", "single-reduction")),
+       config=st.sampled_from(CONFIGS), path=st.sampled_from(("auto", "grid")))
+@fuzz(40)
+def test_random_systems_solve_alike_in_every_format_and_mode(cupy, A, variant, config, path):
+    """Random row-length profiles (hub rows cut into pieces, diagonal-only rows, scattered numberings): each
+    format and gather converges, with the same bits in eager and while mode, to a true residual within the
+    tolerance, and so does the public solver (on chip where ``auto`` takes it there)."""
+    from solvers.pcg.gpu import GPUPCG
+    fmt, gather = config
+    n = A.shape[0]
+    b = np.random.default_rng(n).standard_normal(n)
+
+    def assert_solves(x):  # the true residual: the tolerance, with room for the recurrence's drift
+        assert np.linalg.norm(b - A @ x.get()) <= 1e-9 * np.linalg.norm(b)
+
+    solver = solvers.PCG(A, device="gpu", path=path, rtol=1e-10, maxiter=10 * n + 100)
+    res = solver.solve(b)
+    assert res.converged, (solver.path, solver.format, res.reason)
+    assert_solves(res.x)
+    xs, its = {}, {}
+    for mode in ("eager", "while"):
+        try:
+            g = GPUPCG(A, "jacobi", np.float64, mode, 4, False, variant, fmt, gather)
+        except solvers.InputError as exc:  # ELL holds rows of 1 to 64 entries, DIA entries on few diagonals
+            assert re.search(f"{fmt.upper()} (needs|holds at most)", str(exc)), str(exc)
+            assert fmt == "dia" or fmt == "ell" and np.diff(A.indptr).max() > ELL.MAX_WIDTH
+            return
+        x, reason, its[mode], _, _ = g.solve(g.check_vector(b, "b"), None, 1e-10 * np.linalg.norm(b), 10 * n + 100,
+                                             None, False)
+        assert reason is Reason.CONVERGED, (mode, g.describe())
+        xs[mode] = x
+    assert its["eager"] == its["while"] and cupy.array_equal(xs["eager"], xs["while"])
+    assert_solves(xs["while"])
 
 
 @pytest.mark.parametrize("variant", ["classic", "single-reduction"])
