@@ -120,6 +120,19 @@ class DeviceAccess:
         """Bytes of the device arrays this process holds."""
         return sum(a.nbytes for a in vars(self).values() if isinstance(a, self._cp.ndarray))
 
+    def _allocate_cells_and_list(self, rows):
+        """Cell and neighbour-list buffers for up to ``rows`` particles of this process."""
+        cp = self._cp
+        ncells = int(np.prod(self.ncell))
+        self.cell_count = cp.zeros(ncells, np.int32)
+        self.cell_atoms = cp.zeros(ncells * self.cellcap, np.int32)
+        self.cell_sorted = cp.zeros(ncells * self.cellcap, np.int32)
+        self.cell_pos = cp.zeros((ncells * self.cellcap, 4), self.real)
+        self.cell_start = cp.zeros(ncells, np.int32)
+        self.order = cp.arange(rows, dtype=np.int32)
+        self.nlist = cp.zeros(md_params.neighbour_list_entries(self.maxnb, rows, self.tpp), np.int32)
+        self.ncount = cp.zeros(rows, np.int32)
+
 
 class GpuBackend(DeviceAccess):
     """Lennard-Jones MD on one GPU, in ``double`` or ``mixed`` precision.
@@ -233,16 +246,7 @@ class GpuBackend(DeviceAccess):
         return self._params
 
     def _allocate_lists(self):
-        cp = self._cp
-        ncells = int(np.prod(self.ncell))
-        self.cell_count = cp.zeros(ncells, np.int32)
-        self.cell_atoms = cp.zeros(ncells * self.cellcap, np.int32)
-        self.cell_sorted = cp.zeros(ncells * self.cellcap, np.int32)
-        self.cell_pos = cp.zeros((ncells * self.cellcap, 4), self.real)
-        self.cell_start = cp.zeros(ncells, np.int32)
-        self.order = cp.arange(self.n, dtype=np.int32)
-        self.nlist = cp.zeros(md_params.neighbour_list_entries(self.maxnb, self.n, self.tpp), np.int32)
-        self.ncount = cp.zeros(self.n, np.int32)
+        self._allocate_cells_and_list(self.n)
         self._params = None
 
     def _grow(self, ctl):

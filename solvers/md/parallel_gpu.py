@@ -259,17 +259,7 @@ class DistGpuBackend(DeviceAccess):
                                            reach=self.reach, grid=dom.grid, coords=dom.coords, offsets=offsets)
 
     def _allocate_lists(self):
-        """Cell and neighbour-list buffers for up to ``capacity`` own particles."""
-        cp = self._cp
-        ncells = int(np.prod(self.ncell))
-        self.cell_count = cp.zeros(ncells, np.int32)
-        self.cell_atoms = cp.zeros(ncells * self.cellcap, np.int32)
-        self.cell_sorted = cp.zeros(ncells * self.cellcap, np.int32)
-        self.cell_pos = cp.zeros((ncells * self.cellcap, 4), self.real)
-        self.cell_start = cp.zeros(ncells, np.int32)
-        self.order = cp.arange(self.capacity, dtype=np.int32)
-        self.nlist = cp.empty(md_params.neighbour_list_entries(self.maxnb, self.capacity, self.tpp), np.int32)
-        self.ncount = cp.zeros(self.capacity, np.int32)
+        self._allocate_cells_and_list(self.capacity)
 
     def _param_values(self):
         return param_values(self, pos=self.frame, pos_alt=self.frame, n_local=self.n_local, by_cell=False, count=1,
