@@ -202,7 +202,7 @@ def test_one_row_a_thread_on_16_blocks_unless_that_reads_too_much_from_other_blo
     assert 0.09 < remote_fraction(*pattern(five), Shape(256, 1, 16)) <= ONCHIP_MAX_REMOTE
     # a 9-point stencil reads three entries of a neighbour's line: 512 rows a block instead
     nine = (sp.kron(sp.eye(64), poisson((64,))) + sp.kron(poisson((64,)), sp.eye(64))
-            + sp.kron(sp.diags([1, 1], [-1, 1], (64, 64)), sp.diags([1, 1], [-1, 1], (64, 64)))).tocsr()
+            + sp.kron(sp.diags([1.0, 1.0], [-1, 1], (64, 64)), sp.diags([1.0, 1.0], [-1, 1], (64, 64)))).tocsr()
     assert nine.nnz == (3 * 64 - 2) ** 2
     assert remote_fraction(*pattern(nine), Shape(256, 1, 16)) > ONCHIP_MAX_REMOTE
     assert latency_shape(4096, pattern(nine)) == Shape(512, 1, 8)
