@@ -1,4 +1,6 @@
 """Batched PCG: many systems at once, each as if solved alone; failures stay with their system."""
+import warnings
+
 import numpy as np
 import pytest
 import scipy.sparse as sp
@@ -73,6 +75,15 @@ def test_a_failing_system_is_reported_alone():
     np.testing.assert_array_equal(res.x[3], ok.x)
     res = solvers.BatchedPCG(mats[:1], rtol=1e-9, device="cpu").solve(b[:1], maxiter=3)
     assert res.reasons[0] is Reason.MAX_ITERATIONS and res.iterations[0] == 3
+
+
+def test_relative_residuals_of_a_non_finite_b_are_nan_without_a_warning():
+    res = solvers.BatchedPCG(diffusion_batch(2), rtol=1e-9, device="cpu").solve(np.ones((2, 64)))
+    res.true_residual_norms[1] = res.b_norms[1] = np.inf  # as the GPU reports a system stopped for an inf in b
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        relative = res.relative_residuals
+    assert relative[0] < 1e-9 and np.isnan(relative[1])
 
 
 def test_a_convergence_the_true_residual_does_not_confirm_is_not_reported(monkeypatch):

@@ -82,8 +82,10 @@ class BatchResult:
 
     @property
     def relative_residuals(self):
-        """``||b - A x|| / ||b||`` of each system (the absolute norm where ``b`` is zero)."""
-        return self.true_residual_norms / np.where(self.b_norms > 0, self.b_norms, 1.0)
+        """``||b - A x|| / ||b||`` of each system (the absolute norm where ``b`` is zero, nan where it is not
+        finite)."""
+        with np.errstate(invalid="ignore"):  # inf / inf: a system stopped for its non-finite b
+            return self.true_residual_norms / np.where(self.b_norms > 0, self.b_norms, 1.0)
 
 
 def _as_csr(A, s):
